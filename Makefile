@@ -1,0 +1,53 @@
+# Unwind: the two commands a newcomer needs are `make demo` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PORT ?= 8000
+
+.PHONY: demo demo-check test test-pg migrate run worker chaos bench schema clean help
+
+help:
+	@echo "make demo        install, migrate, seed, serve with a worker, run the scenarios; Ctrl-C stops all"
+	@echo "make demo-check  the same scenarios, non-interactive; exits non-zero on any mismatch"
+	@echo "make test        the whole suite (SQLite by default; DATABASE_URL=postgres://... for PostgreSQL)"
+	@echo "make chaos       faults and load on PostgreSQL with real workers; prints the integrity table"
+	@echo "make bench       benchmarks on PostgreSQL, side by side with DBOS and the raw floor"
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "Python 3.11 is needed (set PY=/path/to/python3.11)"; exit 1; }
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e .
+	@touch $(STAMP)
+
+$(TEST_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e ".[test]"
+	@touch $(TEST_STAMP) $(STAMP)
+
+migrate: $(STAMP)
+	$(BIN)/python manage.py migrate --noinput
+
+demo: $(STAMP)
+	$(BIN)/python manage.py demo --serve --port $(PORT)
+
+demo-check: $(STAMP)
+	$(BIN)/python manage.py demo --check --port $(PORT)
+
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+run: migrate
+	$(BIN)/python manage.py runserver $(PORT)
+
+worker: migrate
+	$(BIN)/python manage.py worker
+
+schema: $(TEST_STAMP)
+	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+
+clean:
+	rm -rf $(VENV) var/*.sqlite3* var/test-artifacts

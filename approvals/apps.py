@@ -1,0 +1,14 @@
+from django.apps import AppConfig
+
+
+class ApprovalsConfig(AppConfig):
+    name = "approvals"
+
+    def ready(self):
+        from approvals import services
+        from ledger import events
+
+        events.subscribe("approval_required", services.on_approval_required)
+        events.subscribe("approval_withdrawn", services.on_approval_withdrawn)
+        events.subscribe("compensation_failed", services.on_compensation_failed)
+        events.subscribe("sweep", services.on_sweep)

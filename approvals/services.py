@@ -1,0 +1,215 @@
+"""The approval gate: requests, decisions (separation of duties, quorum, expiry) and the email outbox."""
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.mail import EmailMultiAlternatives
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus
+from ledger.audit import ledger_transaction
+from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
+from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role
+from ledger.services.actions import action_approve, action_reject
+
+log = logging.getLogger("unwind.approvals")
+SEND_BATCH = 50
+MAX_SEND_ATTEMPTS = 8
+
+
+def actor_of(user) -> str:
+    return f"user:{user.get_username()}"
+
+
+def role_of(user, tenant_id: int) -> str | None:
+    membership = Membership.objects.filter(user=user, tenant_id=tenant_id).only("role").first()
+    return membership.role if membership else None
+
+
+def require_role(user, tenant_id: int, role: str) -> None:
+    have = role_of(user, tenant_id)
+    if have is None or ROLE_ORDER[have] < ROLE_ORDER[role]:
+        raise PermissionDenied(f"this needs the {role} role in the tenant; you are {have or 'not a member'}")
+
+
+def build_preview(action: Action) -> dict:
+    plan = action.compensation_plan or {}
+    forward = action.compensates if action.kind == "compensation" else None
+    return {
+        "tool": action.tool.name,
+        "description": action.tool.description,
+        "args": action.args,
+        "target": {"type": action.target_type, "id": action.target_id},
+        "before": action.before if forward is None else forward.after,
+        "proposed": action.args,
+        "compensation": None if forward is not None else {
+            "strategy": plan.get("strategy"), "tool": plan.get("tool"), "args": plan.get("args"),
+        },
+        "undoes": None if forward is None else {"seq": forward.seq, "tool": forward.tool.name, "args": forward.args,
+                                               "before": forward.before},
+        "intent": action.intent,
+        "run_goal": action.run.goal,
+        "on_behalf_of": action.run.on_behalf_of,
+    }
+
+
+def approvers_emails(tenant_id: int) -> list[str]:
+    roles = [r for r in Role.values if ROLE_ORDER[r] >= ROLE_ORDER[Role.APPROVER]]
+    return sorted(set(Membership.objects.filter(tenant_id=tenant_id, role__in=roles)
+                      .exclude(user__email="").values_list("user__email", flat=True)))
+
+
+def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict) -> Notification | None:
+    """Write an outbox row in the current transaction; a worker sends it after commit."""
+    if not recipients:
+        return None
+    context = {**context, "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
+    return Notification.objects.create(
+        tenant_id=tenant_id, kind=kind, recipients=recipients, subject=subject[:250],
+        body_text=render_to_string(f"{template}.txt", context),
+        body_html=render_to_string(f"{template}.html", context),
+        next_attempt_at=timezone.now(),
+    )
+
+
+# --- engine event handlers (run inside the engine's transaction) -----------------------------------
+
+def on_approval_required(*, action: Action, requested_by: str) -> None:
+    tenant = action.run.tenant
+    request = ApprovalRequest.objects.create(
+        tenant_id=action.tenant_id, run_id=action.run_id, action=action, is_compensation=action.kind == "compensation",
+        args_hash=action.args_hash, preview=build_preview(action), risk=action.risk, requested_by=requested_by,
+        required=max(1, action.approvals_required),
+        expires_at=timezone.now() + timedelta(seconds=tenant.approval_ttl_seconds),
+    )
+    url = reverse("approvals:detail", args=[request.pk])
+    notify(tenant_id=action.tenant_id, kind="approval_requested", recipients=approvers_emails(action.tenant_id),
+           subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)", template="approvals/email/approval_requested",
+           context={"request": request, "action": action, "url": url})
+
+
+def on_approval_withdrawn(*, action: Action, reason: str) -> None:
+    ApprovalRequest.objects.filter(action=action, status=ApprovalStatus.PENDING).update(
+        status=ApprovalStatus.WITHDRAWN, decided_at=timezone.now(), outcome_reason=reason[:2000])
+
+
+# --- decisions ------------------------------------------------------------------------------------
+
+def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: str = "") -> ApprovalRequest:
+    """One person's decision. Rejections need a reason; approvals count distinct people up to the quorum."""
+    require_role(user, request.tenant_id, Role.APPROVER)
+    if not approve and not reason.strip():
+        raise ValidationFailed("a rejection needs a reason the agent and the requester will read", field="reason")
+    actor = actor_of(user)
+    release = None
+    with ledger_transaction(request.tenant_id) as audit:
+        request = ApprovalRequest.objects.select_for_update().select_related("action", "run").get(pk=request.pk)
+        if request.status != ApprovalStatus.PENDING:
+            raise StateConflict(f"this request is already {request.status}; nothing to decide")
+        if request.expires_at <= timezone.now():
+            raise StateConflict("this request has expired; the run has gone on without it")
+        if request.requested_by == actor or (request.run.on_behalf_of and request.run.on_behalf_of in
+                                             (user.get_username(), user.email)):
+            raise PermissionDenied("you asked for this action (or it acts on your behalf); someone else must decide")
+        if request.args_hash != request.action.args_hash:
+            raise StateConflict("the action's arguments changed since this request was made; it no longer applies")
+        try:
+            with transaction.atomic():
+                ApprovalDecision.objects.create(request=request, user=user, reason=reason[:4000],
+                                                decision=Decision.APPROVE if approve else Decision.REJECT)
+        except IntegrityError:
+            raise StateConflict("you have already decided on this request") from None
+        audit.record("approval.approve" if approve else "approval.reject", actor=actor, run=request.run,
+                     action=request.action, request=request.pk, reason=reason[:1000])
+        if not approve:
+            ApprovalRequest.objects.filter(pk=request.pk).update(
+                status=ApprovalStatus.REJECTED, decided_at=timezone.now(), outcome_reason=reason[:4000])
+            action_reject(action=request.action, reason=reason, actor=actor)
+        else:
+            approvals = request.decisions.filter(decision=Decision.APPROVE).values("user").distinct().count()
+            if approvals >= request.required:
+                ApprovalRequest.objects.filter(pk=request.pk).update(status=ApprovalStatus.APPROVED, decided_at=timezone.now())
+                release = request
+    if release is not None:
+        action_approve(action=Action.objects.select_related("tool").get(pk=release.action_id),
+                       args_hash=release.args_hash, actor=actor)
+    request.refresh_from_db()
+    return request
+
+
+def approvals_expire(*, now=None) -> int:
+    """Expire overdue requests: an expiry counts as a rejection, and the run goes on by policy."""
+    now = now or timezone.now()
+    expired = 0
+    for request in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now).select_related("action")[:200]:
+        with ledger_transaction(request.tenant_id) as audit:
+            if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
+                    status=ApprovalStatus.EXPIRED, decided_at=now, outcome_reason="no decision before it expired") != 1:
+                continue
+            audit.record("approval.expired", actor="system:sweeper", action=request.action, request=request.pk)
+            action = Action.objects.select_related("tool").get(pk=request.action_id)
+            if action.status == ActionStatus.AWAITING_APPROVAL:
+                action_reject(action=action, reason=f"no decision within {request.tenant.approval_ttl_seconds}s: expired",
+                              actor="system:sweeper", expired=True)
+            notify(tenant_id=request.tenant_id, kind="approval_expired", recipients=approvers_emails(request.tenant_id),
+                   subject=f"[Unwind] Approval expired: {action.tool.name}", template="approvals/email/approval_expired",
+                   context={"request": request, "action": action, "url": reverse("approvals:detail", args=[request.pk])})
+            expired += 1
+    return expired
+
+
+# --- outbox ---------------------------------------------------------------------------------------
+
+def notifications_send(*, now=None) -> int:
+    """Send due outbox rows. Each is claimed with a conditional update, so two workers never both send it."""
+    now = now or timezone.now()
+    sent = 0
+    due = Notification.objects.filter(
+        Q(status=NotificationStatus.PENDING, next_attempt_at__lte=now)
+        | Q(status=NotificationStatus.SENDING, lease_expires_at__lt=now)).values_list("pk", "status")[:SEND_BATCH]
+    for pk, status in list(due):
+        lease = now + timedelta(seconds=60)
+        if Notification.objects.filter(pk=pk, status=status).update(
+                status=NotificationStatus.SENDING, lease_expires_at=lease) != 1:
+            continue
+        note = Notification.objects.get(pk=pk)
+        message = EmailMultiAlternatives(note.subject, note.body_text, settings.DEFAULT_FROM_EMAIL, note.recipients)
+        if note.body_html:
+            message.attach_alternative(note.body_html, "text/html")
+        try:
+            message.send(fail_silently=False)
+        except Exception as exc:  # noqa: BLE001 - any mail-server failure is retried later, never lost
+            attempts = note.attempts + 1
+            final = attempts >= MAX_SEND_ATTEMPTS
+            Notification.objects.filter(pk=pk, status=NotificationStatus.SENDING).update(
+                status=NotificationStatus.FAILED if final else NotificationStatus.PENDING, attempts=attempts,
+                last_error=f"{exc.__class__.__name__}: {exc}"[:2000], lease_expires_at=None,
+                next_attempt_at=now + timedelta(seconds=min(600, 2 ** attempts)))
+            log.warning("notification %s not sent (attempt %s): %s", pk, attempts, exc)
+            continue
+        Notification.objects.filter(pk=pk, status=NotificationStatus.SENDING).update(
+            status=NotificationStatus.SENT, attempts=note.attempts + 1, sent_at=timezone.now(), lease_expires_at=None,
+            last_error="")
+        sent += 1
+    return sent
+
+
+def on_sweep(*, now) -> None:
+    approvals_expire(now=now)
+    notifications_send(now=now)
+
+
+def on_compensation_failed(*, action: Action | None, forward: Action) -> None:
+    operators = sorted(set(Membership.objects.filter(tenant_id=forward.tenant_id, role__in=[Role.OPERATOR, Role.ADMIN])
+                           .exclude(user__email="").values_list("user__email", flat=True)))
+    notify(tenant_id=forward.tenant_id, kind="compensation_failed", recipients=operators,
+           subject=f"[Unwind] Compensation failed: {forward.tool.name} in run {forward.run_id}",
+           template="approvals/email/compensation_failed", context={"forward": forward, "compensation": action,
+                                                    "url": f"/console/runs/{forward.run_id}/"})
+

@@ -1,0 +1,103 @@
+"""Typed readers for environment variables.
+
+Each reader fails at start with a sentence that names the variable and says what was wrong, so a
+misconfigured deployment never boots half-right.
+"""
+import os
+from urllib.parse import parse_qs, unquote, urlparse
+
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false (1/0, yes/no, on/off), not {raw!r}.")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a whole number, not {raw!r}.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}.")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, not {raw!r}.") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, not {value}.")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(name: str, url: str, *, base_dir) -> dict:
+    """Turn DATABASE_URL into a Django DATABASES entry (sqlite:///path or postgres://...)."""
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        path = unquote(parsed.path)
+        if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+            path = path.lstrip("/")
+        if not path:
+            raise ImproperlyConfigured(f"{name} names no SQLite file: {url!r} (try sqlite:///var/unwind.sqlite3).")
+        full = path if os.path.isabs(path) else str(base_dir / path)
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": full,
+            # IMMEDIATE takes the write lock at BEGIN, so two processes never deadlock upgrading a
+            # read lock; WAL lets the web process read while the worker writes.
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+            "TEST": {"NAME": str(base_dir / "var" / "test.sqlite3")},
+        }
+    if parsed.scheme in {"postgres", "postgresql", "pgsql"}:
+        dbname = unquote(parsed.path.lstrip("/"))
+        if not dbname:
+            raise ImproperlyConfigured(f"{name} names no database: {url!r} (add /dbname at the end).")
+        options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": dbname,
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+            "CONN_MAX_AGE": int(options.pop("conn_max_age", 0)),
+            "OPTIONS": options,
+        }
+    raise ImproperlyConfigured(
+        f"{name} must start with sqlite:/// or postgres://, not {parsed.scheme or url!r}."
+    )

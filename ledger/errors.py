@@ -1,0 +1,52 @@
+"""Refusals an agent or person can act on: a stable machine code, an HTTP status, a sentence."""
+
+
+class UnwindError(Exception):
+    code = "error"
+    status = 400
+    title = "Request refused"
+
+    def __init__(self, detail: str, **extra):
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = extra
+
+
+class ValidationFailed(UnwindError):
+    code, status, title = "validation_error", 400, "Invalid input"
+
+
+class UnknownTool(UnwindError):
+    code, status, title = "unknown_tool", 404, "Unknown tool"
+
+
+class NotFound(UnwindError):
+    code, status, title = "not_found", 404, "Not found"
+
+
+class OrderingViolation(UnwindError):
+    code, status, title = "ordering_violation", 409, "Saga ordering law violated"
+
+
+class IdempotencyMismatch(UnwindError):
+    code, status, title = "idempotency_mismatch", 422, "Idempotency key reused with different arguments"
+
+
+class StillInFlight(UnwindError):
+    code, status, title = "in_flight", 409, "The first request with this key is still running"
+
+
+class RunNotActive(UnwindError):
+    code, status, title = "run_not_active", 409, "The run accepts no new actions"
+
+
+class RunCancelled(UnwindError):
+    code, status, title = "run_cancelled", 409, "The run was cancelled"
+
+
+class StateConflict(UnwindError):
+    code, status, title = "state_conflict", 409, "The state has moved on"
+
+
+class PermissionDenied(UnwindError):
+    code, status, title = "permission_denied", 403, "Not allowed"

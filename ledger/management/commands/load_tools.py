@@ -1,0 +1,40 @@
+import json
+from pathlib import Path
+
+import yaml
+from django.core.management.base import BaseCommand, CommandError
+
+from ledger.errors import UnwindError
+from ledger.models import Tenant
+from ledger.services.tools import tools_load
+
+
+class Command(BaseCommand):
+    help = "Load tools and their policy from a JSON or YAML policy file (see README, 'Policy files')."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file")
+        parser.add_argument("--tenant", help="tenant slug (default: the file's 'tenant' field)")
+
+    def handle(self, *args, file, tenant=None, **options):
+        path = Path(file)
+        if not path.exists():
+            raise CommandError(f"{file}: no such file")
+        text = path.read_text()
+        try:
+            document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise CommandError(f"{file} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        slug = tenant or (document or {}).get("tenant") if isinstance(document, dict) else tenant
+        if not slug:
+            raise CommandError("name the tenant with --tenant or a 'tenant' field in the file")
+        tenant_obj = Tenant.objects.filter(slug=slug).first()
+        if tenant_obj is None:
+            raise CommandError(f"tenant {slug!r} does not exist (create it with: manage.py create_tenant {slug})")
+        try:
+            tools = tools_load(tenant=tenant_obj, document=document, actor="system:load_tools")
+        except UnwindError as exc:
+            raise CommandError(f"{file}: {exc.detail}") from None
+        for tool in tools:
+            self.stdout.write(f"  {tool.name:32s} {tool.saga_role:14s} risk={tool.risk:8s} approval={tool.approval}")
+        self.stdout.write(self.style.SUCCESS(f"loaded {len(tools)} tool(s) into {slug}"))

@@ -1,0 +1,59 @@
+"""`manage.py worker`: one django-q2 cluster plus the sweep clock, stopped together.
+
+django-q2's own scheduler ticks about every 30 seconds, too coarse for leases and backoffs measured
+in seconds, so the sweep runs here on its own clock (UNWIND_SWEEP_INTERVAL). Sweeps on several
+machines at once are safe: every claim is a conditional update.
+"""
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from ledger.services.sweep import sweep
+
+
+class Command(BaseCommand):
+    help = "Run a worker: a django-q2 cluster (qcluster) and the sweep clock, until SIGINT/SIGTERM."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-cluster", action="store_true", help="only run the sweep clock")
+        parser.add_argument("--no-sweep", action="store_true", help="only run the django-q2 cluster")
+
+    def handle(self, *args, no_cluster=False, no_sweep=False, **options):
+        stop = threading.Event()
+        cluster = None
+        if not no_cluster:
+            cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=str(settings.BASE_DIR))
+
+        def shutdown(signum, frame):
+            stop.set()
+
+        signal.signal(signal.SIGTERM, shutdown)
+        signal.signal(signal.SIGINT, shutdown)
+        self.stderr.write(f"worker: cluster={'off' if no_cluster else cluster.pid} sweep every {settings.UNWIND_SWEEP_INTERVAL}s")
+        try:
+            while not stop.is_set():
+                if not no_sweep:
+                    try:
+                        sweep()
+                    except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the clock
+                        self.stderr.write(f"sweep failed: {exc.__class__.__name__}: {exc}")
+                    finally:
+                        close_old_connections()
+                if cluster is not None and cluster.poll() is not None:
+                    self.stderr.write(f"qcluster exited with {cluster.returncode}; stopping")
+                    break
+                stop.wait(settings.UNWIND_SWEEP_INTERVAL)
+        finally:
+            if cluster is not None and cluster.poll() is None:
+                cluster.send_signal(signal.SIGTERM)
+                try:
+                    cluster.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    cluster.kill()
+        return None

@@ -1,0 +1,337 @@
+"""The action ledger: the system of record every recovery decision is made from.
+
+Status fields are never assigned directly: each state machine has one transition function in
+`ledger.transitions` that applies an allowed change with a conditional UPDATE and checks the rowcount.
+"""
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Risk(models.TextChoices):
+    LOW = "low", "low"
+    MEDIUM = "medium", "medium"
+    HIGH = "high", "high"
+    CRITICAL = "critical", "critical"
+
+
+RISK_ORDER = {Risk.LOW: 0, Risk.MEDIUM: 1, Risk.HIGH: 2, Risk.CRITICAL: 3}
+
+
+class ActionClass(models.TextChoices):
+    READ_ONLY = "read_only", "read-only"
+    DRAFT = "draft", "draft"
+    INTERNAL_UPDATE = "internal_update", "internal update"
+    EXTERNAL_REVERSIBLE = "external_reversible", "external reversible"
+    EXTERNAL_IRREVERSIBLE = "external_irreversible", "external irreversible"
+
+
+class SagaRole(models.TextChoices):
+    COMPENSATABLE = "compensatable", "compensatable"
+    PIVOT = "pivot", "pivot"
+    RETRIABLE = "retriable", "retriable"
+
+
+class ApprovalRule(models.TextChoices):
+    AUTO = "auto", "automatic"
+    MANUAL = "manual", "manual"
+    THRESHOLD = "threshold", "manual from the tenant's risk threshold"
+
+
+class Executor(models.TextChoices):
+    HTTP = "http", "HTTP endpoint"
+    PYTHON = "python", "in-process Python callable"
+    CLIENT = "client", "executed by the agent"
+
+
+class CompensationStrategy(models.TextChoices):
+    TWIN = "twin", "twin tool"
+    SNAPSHOT = "snapshot", "restore the before-snapshot"
+    CORRECTION = "correction", "send a correction"
+    NONE = "none", "none"
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "viewer"
+    APPROVER = "approver", "approver"
+    OPERATOR = "operator", "operator"
+    ADMIN = "admin", "admin"
+
+
+ROLE_ORDER = {Role.VIEWER: 0, Role.APPROVER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    approval_threshold = models.CharField(
+        max_length=16, choices=Risk.choices, default=Risk.HIGH,
+        help_text="Tools whose approval rule is 'threshold' need a person from this risk up.",
+    )
+    approval_ttl_seconds = models.PositiveIntegerField(default=3600)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self):
+        return self.slug
+
+
+class Agent(models.Model):
+    """An API client of a tenant. Its key is stored as a SHA-256 hash and found by a visible prefix."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="agents")
+    name = models.CharField(max_length=100)
+    key_prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="agent_name_unique_per_tenant")]
+
+    def __str__(self):
+        return f"{self.tenant.slug}/{self.name}"
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="one_membership_per_user_tenant")]
+
+    def __str__(self):
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+class Tool(models.Model):
+    """A registered tool and its policy (see README, "Policy files")."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tools")
+    name = models.CharField(max_length=120)
+    description = models.TextField(blank=True)
+    args_schema = models.JSONField(default=dict, blank=True)
+    action_class = models.CharField(max_length=32, choices=ActionClass.choices, default=ActionClass.INTERNAL_UPDATE)
+    saga_role = models.CharField(max_length=16, choices=SagaRole.choices, default=SagaRole.COMPENSATABLE)
+    risk = models.CharField(max_length=16, choices=Risk.choices, default=Risk.LOW)
+    approval = models.CharField(max_length=16, choices=ApprovalRule.choices, default=ApprovalRule.THRESHOLD)
+    approvals_required = models.PositiveSmallIntegerField(default=1)
+    executor = models.CharField(max_length=16, choices=Executor.choices, default=Executor.HTTP)
+    endpoint = models.CharField(max_length=500, blank=True, help_text="URL (http) or dotted path (python).")
+    target_type = models.CharField(max_length=60, blank=True)
+    target_from = models.CharField(max_length=120, blank=True, help_text="Where the target id comes from, e.g. args.ticket_id")
+    key_fields = models.JSONField(default=list, blank=True, help_text="Arg paths that identify the logical action; empty = all args.")
+    honours_idempotency_key = models.BooleanField(default=True)
+    snapshot = models.JSONField(default=dict, blank=True, help_text='{"read": URL or dotted path, "fields": [...]}')
+    verify = models.JSONField(default=dict, blank=True, help_text='{"expect": {"field": "$args.x"}} against the after-snapshot')
+    lookup = models.JSONField(default=dict, blank=True, help_text='{"read": URL with {key}}: did a call with this key happen?')
+    compensation = models.JSONField(default=dict, blank=True)
+    timeout_seconds = models.FloatField(default=10.0)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    backoff_seconds = models.FloatField(default=0.2)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="tool_name_unique_per_tenant")]
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "running", "running"
+    AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
+    COMPLETED = "completed", "completed"
+    UNWINDING = "unwinding", "unwinding"
+    COMPENSATED = "compensated", "compensated"
+    NEEDS_ATTENTION = "needs_attention", "needs attention"
+    CLOSED = "closed", "closed"
+
+
+RUN_FINAL = {RunStatus.COMPLETED, RunStatus.COMPENSATED, RunStatus.CLOSED}
+
+
+class Run(models.Model):
+    """One agent workflow: a saga."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs")
+    on_behalf_of = models.CharField(max_length=200, blank=True)
+    goal = models.TextField(blank=True)
+    intent = models.JSONField(default=dict, blank=True)
+    plan = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    pivot_committed = models.BooleanField(default=False)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    attention_reason = models.CharField(max_length=40, blank=True)
+    attention_detail = models.TextField(blank=True)
+    next_seq = models.PositiveIntegerField(default=1)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
+        ]
+
+    def __str__(self):
+        return f"run {self.pk} ({self.status})"
+
+
+class ActionKind(models.TextChoices):
+    FORWARD = "forward", "forward"
+    COMPENSATION = "compensation", "compensation"
+
+
+class ActionStatus(models.TextChoices):
+    PLANNED = "planned", "planned"
+    AWAITING_APPROVAL = "awaiting_approval", "awaiting approval"
+    APPROVED = "approved", "approved"
+    REJECTED = "rejected", "rejected"
+    EXPIRED = "expired", "expired"
+    RUNNING = "running", "running"
+    RETRY_SCHEDULED = "retry_scheduled", "retry scheduled"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    LOST = "lost", "outcome unknown"
+    COMPENSATING = "compensating", "compensating"
+    COMPENSATED = "compensated", "compensated"
+    COMPENSATION_FAILED = "compensation_failed", "compensation failed"
+    SKIPPED = "skipped", "skipped"
+
+
+class Action(models.Model):
+    """The ledger entry for one proposed tool call, or for the compensation of one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="actions")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="actions")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=16, choices=ActionKind.choices, default=ActionKind.FORWARD)
+    compensates = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="compensations"
+    )
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="actions")
+    saga_role = models.CharField(max_length=16, choices=SagaRole.choices)
+    risk = models.CharField(max_length=16, choices=Risk.choices)
+    args = models.JSONField(default=dict)
+    args_hash = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=60, blank=True)
+    target_id = models.CharField(max_length=200, blank=True)
+    idempotency_key = models.CharField(max_length=255)
+    key_source = models.CharField(max_length=16, default="derived")
+    status = models.CharField(max_length=24, choices=ActionStatus.choices, default=ActionStatus.PLANNED)
+    approvals_required = models.PositiveSmallIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField(default=3)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=120, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error_class = models.CharField(max_length=40, blank=True)
+    error_message = models.TextField(blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    verification = models.JSONField(null=True, blank=True)
+    intent = models.JSONField(default=dict, blank=True)
+    compensation_plan = models.JSONField(default=dict, blank=True)
+    decision_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="idempotency_key_unique_per_tenant"),
+            models.UniqueConstraint(fields=["run", "seq"], name="action_seq_unique_per_run"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "lease_expires_at"], name="action_status_lease"),
+            models.Index(fields=["status", "next_attempt_at"], name="action_status_due"),
+            models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
+        ]
+        ordering = ["run_id", "seq"]
+
+    def __str__(self):
+        return f"{self.tool.name}#{self.seq} ({self.status})"
+
+    @property
+    def is_compensation(self) -> bool:
+        return self.kind == ActionKind.COMPENSATION
+
+
+class Attempt(models.Model):
+    """One try of an action: who ran it, for how long, and how it ended."""
+
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="attempt_set")
+    number = models.PositiveSmallIntegerField()
+    worker = models.CharField(max_length=120)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=24, default="running")
+    error_class = models.CharField(max_length=40, blank=True)
+    error_message = models.TextField(blank=True)
+    latency_ms = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["action", "number"], name="attempt_number_unique")]
+        ordering = ["action_id", "number"]
+
+
+class Checkpoint(models.Model):
+    """Run state saved at a safe point; resume starts from the newest one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    label = models.CharField(max_length=60)
+    state = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run_id", "id"]
+
+
+class AuditEvent(models.Model):
+    """Append-only, hash-chained record of every transition and decision, one chain per tenant.
+
+    It refers to ledger rows by id, not by foreign key, so deleting a ledger row leaves its history
+    (and the gap is what `verify_audit` reports).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    seq = models.PositiveBigIntegerField()
+    kind = models.CharField(max_length=60)
+    actor = models.CharField(max_length=160)
+    run_ref = models.BigIntegerField(null=True, blank=True)
+    action_ref = models.BigIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "seq"], name="audit_seq_unique_per_tenant")]
+        indexes = [
+            models.Index(fields=["run_ref", "seq"], name="audit_run"),
+            models.Index(fields=["action_ref", "seq"], name="audit_action"),
+        ]
+        ordering = ["tenant_id", "seq"]
+
+
+class AuditHead(models.Model):
+    """The newest link of a tenant's chain; locking it serialises appends to that chain."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.PROTECT, primary_key=True, related_name="+")
+    seq = models.PositiveBigIntegerField(default=0)
+    hash = models.CharField(max_length=64, default="0" * 64)
+
+
+ACTIVE_ACTION_STATUSES = (
+    ActionStatus.PLANNED, ActionStatus.AWAITING_APPROVAL, ActionStatus.APPROVED,
+    ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED,
+)
+IN_FLIGHT = Q(status__in=[ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED])

@@ -1,0 +1,259 @@
+"""Tool policy: parsing policy files, the approval rule, and the saga ordering law.
+
+A policy file is JSON or YAML, either in the shape of seed 004's configuration template
+(`{"agentSafety": {"policies": {...}, "unwind": {...}, "audit": {...}}}`) or flat
+(`{"tenant": ..., "defaults": {...}, "tools": {...}}`). Every error names the field it is about.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from ledger import mapping
+from ledger.errors import OrderingViolation, ValidationFailed
+from ledger.models import (
+    RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tenant, Tool,
+)
+
+TOOL_KEYS = {
+    "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
+    "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
+    "compensation", "timeout", "retry",
+}
+COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
+ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
+           "snapshot": CompensationStrategy.SNAPSHOT, "restore": CompensationStrategy.SNAPSHOT,
+           "correction": CompensationStrategy.CORRECTION, "none": CompensationStrategy.NONE}
+
+
+def _fail(where: str, why: str):
+    raise ValidationFailed(f"{where}: {why}", field=where)
+
+
+def _choice(value: Any, choices, where: str) -> str:
+    if not isinstance(value, str) or value.strip().lower() not in choices.values:
+        _fail(where, f"must be one of {', '.join(choices.values)}, not {value!r}")
+    return value.strip().lower()
+
+
+def _number(value: Any, where: str, *, minimum: float, integer: bool = False):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and int(value) != value):
+        _fail(where, f"must be a {'whole ' if integer else ''}number, not {value!r}")
+    if value < minimum:
+        _fail(where, f"must be at least {minimum}, not {value}")
+    return int(value) if integer else float(value)
+
+
+def _duration(value: Any, where: str) -> float:
+    """30, "30s", "2m", "500ms" -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number(value, where, minimum=0)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        for suffix, factor in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)):
+            if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
+                return float(text[: -len(suffix)]) * factor
+    _fail(where, f"must be a duration like 30s, 2m or 500ms, not {value!r}")
+
+
+def _dict(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        _fail(where, f"must be an object, not {type(value).__name__}")
+    return value
+
+
+def _template(value: Any, where: str):
+    try:
+        mapping.check(value, where=where)
+    except mapping.MappingError as exc:
+        raise ValidationFailed(str(exc), field=where) from None
+    return value
+
+
+def parse_tool(name: str, spec: Any, *, where: str) -> dict:
+    """Validate one tool's policy and return the Tool field values."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 120:
+        _fail(where, "a tool needs a name of 1 to 120 characters")
+    spec = _dict(spec, where)
+    unknown = set(spec) - TOOL_KEYS
+    if unknown:
+        _fail(f"{where}.{sorted(unknown)[0]}", f"is not a tool setting (known: {', '.join(sorted(TOOL_KEYS))})")
+    fields: dict[str, Any] = {"description": str(spec.get("description", ""))}
+
+    schema = spec.get("args_schema", {})
+    _dict(schema, f"{where}.args_schema")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        _fail(f"{where}.args_schema", f"is not a valid JSON Schema: {exc.message}")
+    fields["args_schema"] = schema
+
+    fields["action_class"] = _choice(spec.get("action_class", "internal_update"), ActionClass, f"{where}.action_class")
+    fields["saga_role"] = _choice(spec.get("saga_role", "compensatable"), SagaRole, f"{where}.saga_role")
+    fields["risk"] = _choice(spec.get("risk", "low"), Risk, f"{where}.risk")
+    fields["approval"] = _choice(spec.get("approval", "threshold"), ApprovalRule, f"{where}.approval")
+    fields["approvals_required"] = _number(spec.get("approvals_required", 1), f"{where}.approvals_required", minimum=1, integer=True)
+
+    executor = spec.get("executor", "http" if spec.get("endpoint") or spec.get("url") else
+                        "python" if spec.get("path") else "client")
+    if isinstance(executor, dict):
+        executor_spec = executor
+        kind = executor_spec.get("kind", "http")
+    else:
+        executor_spec = spec
+        kind = executor
+    fields["executor"] = _choice(kind, Executor, f"{where}.executor")
+    endpoint = executor_spec.get("endpoint") or executor_spec.get("url") or executor_spec.get("path") or ""
+    if fields["executor"] != Executor.CLIENT and not endpoint:
+        _fail(f"{where}.executor", f"a {fields['executor']} tool needs an endpoint (url or path)")
+    if fields["executor"] == Executor.HTTP and not (endpoint.startswith("/") or endpoint.startswith("http")):
+        _fail(f"{where}.endpoint", f"must be an http(s) URL or a path starting with /, not {endpoint!r}")
+    fields["endpoint"] = str(endpoint)
+
+    target = _dict(spec.get("target", {}), f"{where}.target")
+    fields["target_type"] = str(target.get("type", ""))
+    target_from = str(target.get("from", ""))
+    if target_from and target_from.split(".")[0] not in {"args", "result"}:
+        _fail(f"{where}.target.from", f"must start with args. or result., not {target_from!r}")
+    fields["target_from"] = target_from
+
+    idem = _dict(spec.get("idempotency", {}), f"{where}.idempotency")
+    key_fields = idem.get("key_fields", [])
+    if not isinstance(key_fields, list) or not all(isinstance(k, str) for k in key_fields):
+        _fail(f"{where}.idempotency.key_fields", "must be a list of argument names")
+    fields["key_fields"] = key_fields
+    honours = idem.get("honours_key", True)
+    if not isinstance(honours, bool):
+        _fail(f"{where}.idempotency.honours_key", "must be true or false")
+    fields["honours_idempotency_key"] = honours
+
+    for part in ("snapshot", "verify", "lookup"):
+        fields[part] = _template(_dict(spec.get(part, {}), f"{where}.{part}"), f"{where}.{part}")
+    if fields["verify"] and not (fields["snapshot"].get("read") or fields["verify"].get("read")):
+        _fail(f"{where}.verify", "needs a snapshot.read (or verify.read) to read the target back")
+
+    comp = spec.get("compensation", {"strategy": "none"})
+    if isinstance(comp, str):
+        comp = {"strategy": comp}
+    comp = _dict(comp, f"{where}.compensation")
+    unknown = set(comp) - COMPENSATION_KEYS
+    if unknown:
+        _fail(f"{where}.compensation.{sorted(unknown)[0]}", f"is not a compensation setting (known: {', '.join(sorted(COMPENSATION_KEYS))})")
+    strategy = str(comp.get("strategy", "twin")).strip().lower()
+    if strategy not in ALIASES:
+        _fail(f"{where}.compensation.strategy", f"must be one of twin, snapshot, correction, none, not {comp.get('strategy')!r}")
+    plan = {"strategy": ALIASES[strategy]}
+    if plan["strategy"] != CompensationStrategy.NONE:
+        tool = comp.get("tool")
+        if not tool and fields["executor"] != Executor.CLIENT:
+            _fail(f"{where}.compensation.tool", f"a {plan['strategy']} compensation needs the tool that performs it")
+        if plan["strategy"] == CompensationStrategy.SNAPSHOT and not fields["snapshot"].get("read") and fields["executor"] != Executor.CLIENT:
+            _fail(f"{where}.snapshot.read", "a snapshot compensation needs a way to read the target (snapshot.read)")
+        plan["tool"] = str(tool or name)
+        plan["args"] = _template(_dict(comp.get("args", {}), f"{where}.compensation.args"), f"{where}.compensation.args")
+        plan["risk"] = _choice(comp.get("risk", fields["risk"]), Risk, f"{where}.compensation.risk")
+        plan["approval"] = _choice(comp.get("approval", "threshold"), ApprovalRule, f"{where}.compensation.approval")
+        plan["approvals_required"] = _number(comp.get("approvals_required", 1), f"{where}.compensation.approvals_required", minimum=1, integer=True)
+    fields["compensation"] = plan
+
+    fields["timeout_seconds"] = _duration(spec.get("timeout", 10), f"{where}.timeout")
+    retry = _dict(spec.get("retry", {}), f"{where}.retry")
+    fields["max_attempts"] = _number(retry.get("max_attempts", 3), f"{where}.retry.max_attempts", minimum=1, integer=True)
+    fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff")
+    return fields
+
+
+@dataclass
+class PolicyDocument:
+    tenant: str | None
+    defaults: dict
+    tools: dict[str, dict]
+
+
+def parse_document(document: Any) -> PolicyDocument:
+    document = _dict(document, "policy")
+    if "agentSafety" in document:
+        safety = _dict(document["agentSafety"], "agentSafety")
+        unwind = _dict(safety.get("unwind", {}), "agentSafety.unwind")
+        if str(unwind.get("strategy", "LIFO")).upper() != "LIFO":
+            _fail("agentSafety.unwind.strategy", "Unwind compensates newest-first; only LIFO is supported")
+        if str(unwind.get("onCompensationFailure", "ALERT_AND_CONTINUE")).upper() != "ALERT_AND_CONTINUE":
+            _fail("agentSafety.unwind.onCompensationFailure", "only ALERT_AND_CONTINUE is supported")
+        if "timeout" in unwind:
+            _duration(unwind["timeout"], "agentSafety.unwind.timeout")
+        audit = _dict(safety.get("audit", {}), "agentSafety.audit")
+        for flag in ("captureIntent", "captureSnapshot"):
+            if flag in audit and audit[flag] is not True:
+                _fail(f"agentSafety.audit.{flag}", "Unwind always captures it; it cannot be turned off")
+        policies = _dict(safety.get("policies", {}), "agentSafety.policies")
+        tools = {name: parse_tool(name, spec, where=f"agentSafety.policies.{name}") for name, spec in policies.items()}
+        return PolicyDocument(tenant=document.get("tenant"), defaults=_parse_defaults(document.get("defaults", {})), tools=tools)
+    unknown = set(document) - {"tenant", "defaults", "tools"}
+    if unknown:
+        _fail(sorted(unknown)[0], "is not a policy section (known: tenant, defaults, tools, or agentSafety)")
+    tools_spec = _dict(document.get("tools", {}), "tools")
+    tools = {name: parse_tool(name, spec, where=f"tools.{name}") for name, spec in tools_spec.items()}
+    return PolicyDocument(tenant=document.get("tenant"), defaults=_parse_defaults(document.get("defaults", {})), tools=tools)
+
+
+def _parse_defaults(defaults: Any) -> dict:
+    defaults = _dict(defaults, "defaults")
+    unknown = set(defaults) - {"approval_threshold", "approval_ttl"}
+    if unknown:
+        _fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl)")
+    parsed = {}
+    if "approval_threshold" in defaults:
+        parsed["approval_threshold"] = _choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
+    if "approval_ttl" in defaults:
+        parsed["approval_ttl_seconds"] = int(_duration(defaults["approval_ttl"], "defaults.approval_ttl"))
+        if parsed["approval_ttl_seconds"] < 1:
+            _fail("defaults.approval_ttl", "must be at least one second")
+    return parsed
+
+
+def approvals_needed(*, rule: str, risk: str, required: int, tenant: Tenant) -> int:
+    """How many distinct approvals an action needs before it runs (0 = none)."""
+    if rule == ApprovalRule.AUTO:
+        return 0
+    if rule == ApprovalRule.MANUAL or RISK_ORDER[risk] >= RISK_ORDER[tenant.approval_threshold]:
+        return max(1, required)
+    return 0
+
+
+ROLE_RANK = {SagaRole.COMPENSATABLE: 0, SagaRole.PIVOT: 1, SagaRole.RETRIABLE: 2}
+
+
+def check_order(earlier: list[tuple[int, str, str]], *, tool: Tool) -> None:
+    """Refuse `tool` if it would break the ordering law after the run's `earlier` (seq, tool, role) steps.
+
+    Compensatable steps first, then at most one pivot, then retriable steps. Read-only tools change
+    nothing and may come anywhere.
+    """
+    if tool.action_class == ActionClass.READ_ONLY:
+        return
+    role = tool.saga_role
+    for seq, name, other in earlier:
+        if role == SagaRole.PIVOT and other == SagaRole.PIVOT:
+            raise OrderingViolation(
+                f"{tool.name} is a pivot, but {name} (step {seq}) already is this run's pivot; a run has at most one",
+                rule="one_pivot", conflicts_with={"seq": seq, "tool": name})
+        if ROLE_RANK[other] > ROLE_RANK[role]:
+            rule = "compensatable_before_pivot" if role == SagaRole.COMPENSATABLE else "pivot_before_retriable"
+            raise OrderingViolation(
+                f"{tool.name} is {role}, but {name} (step {seq}) is {other}: compensatable steps come first, "
+                f"then at most one pivot, then retriable steps",
+                rule=rule, conflicts_with={"seq": seq, "tool": name})
+
+
+def check_plan(plan: list[str], tools: dict[str, Tool]) -> None:
+    """Check a declared plan (tool names in order) against the ordering law before anything runs."""
+    earlier: list[tuple[int, str, str]] = []
+    for index, name in enumerate(plan, start=1):
+        tool = tools.get(name)
+        if tool is None:
+            raise ValidationFailed(f"plan[{index - 1}]: {name!r} is not a registered tool", field=f"plan[{index - 1}]")
+        check_order(earlier, tool=tool)
+        if tool.action_class != ActionClass.READ_ONLY:
+            earlier.append((index, name, tool.saga_role))

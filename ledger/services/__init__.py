@@ -1,0 +1,1 @@
+"""Writes. Every state change in the ledger goes through a function in this package."""

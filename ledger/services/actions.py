@@ -1,0 +1,288 @@
+"""Entry points for actions: propose, report a client-executed outcome, approve, reject, expire."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jsonschema
+from django.db import IntegrityError
+from django.db.models import F, Q
+from django.utils import timezone
+
+from ledger import events
+from ledger.audit import ledger_transaction
+from ledger.canonical import canonical, digest
+from ledger.errors import (
+    IdempotencyMismatch, RunCancelled, RunNotActive, StateConflict, StillInFlight, UnknownTool, ValidationFailed,
+)
+from ledger.executors import ToolError, ToolOutcome
+from ledger.models import (
+    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool,
+)
+from ledger.policy import approvals_needed, check_order
+from ledger.services.dispatch import enqueue, new_owner
+from ledger.services import execution
+from ledger.transitions import action_transition, run_transition
+
+IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+MAX_KEY_LENGTH = 255
+
+
+@dataclass
+class Proposal:
+    action: Action
+    replayed: bool
+    owner: str = ""
+
+    @property
+    def claimed(self) -> bool:
+        """The proposal inserted the action already running, for the caller to execute now."""
+        return bool(self.owner) and not self.replayed
+
+
+def validate_args(tool: Tool, args) -> dict:
+    if not isinstance(args, dict):
+        raise ValidationFailed(f"args must be a JSON object, not {type(args).__name__}", field="args")
+    validator = jsonschema.Draft202012Validator(tool.args_schema or {}, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+    if errors:
+        problems = [{"field": ".".join(["args", *map(str, e.absolute_path)]), "message": e.message} for e in errors]
+        first = problems[0]
+        raise ValidationFailed(f"{first['field']}: {first['message']}", field=first["field"], errors=problems)
+    return canonical(args)
+
+
+def target_of(tool: Tool, args: dict, explicit: str | None) -> str:
+    if explicit not in (None, ""):
+        return str(explicit)[:200]
+    if tool.target_from.startswith("args."):
+        value = args
+        for part in tool.target_from.split(".")[1:]:
+            value = value.get(part) if isinstance(value, dict) else None
+        return "" if value is None else str(value)[:200]
+    return ""
+
+
+def derive_key(*, run: Run, tool: Tool, target_id: str, args: dict) -> str:
+    """Guarantee 1's fallback: a key from the action's content, never from its position in the run."""
+    material = {name: args.get(name) for name in tool.key_fields} if tool.key_fields else args
+    return "uw-" + digest(run.tenant_id, run.pk, tool.name, target_id, material)
+
+
+def check_key(key: str) -> str:
+    key = key.strip()
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise ValidationFailed(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable characters", field="Idempotency-Key")
+    return key
+
+
+def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str) -> Proposal:
+    if existing.run_id != run.pk or existing.tool_id != tool.pk or existing.args_hash != args_hash:
+        raise IdempotencyMismatch(
+            f"key {existing.idempotency_key!r} was first used for {existing.tool.name} in run {existing.run_id} "
+            f"with other arguments; use a new key for a different action",
+            action_id=existing.pk)
+    if existing.status in IN_FLIGHT:
+        raise StillInFlight(f"action {existing.pk} with this key is still {existing.status}; wait for it or poll",
+                            action_id=existing.pk)
+    return Proposal(action=existing, replayed=True)
+
+
+def action_propose(
+    *, run: Run, tool_name: str, args, actor: str, target: str | None = None, intent: dict | None = None,
+    idempotency_key: str | None = None,
+) -> Proposal:
+    """Record a proposed tool call: validate, check policy and the ordering law, claim it or gate it.
+
+    Returns the recorded action. When `claimed`, the action is already `running` with a lease owned
+    by `owner`, and the caller executes it (`execution.execute`), inline or in a worker.
+    """
+    tool = Tool.objects.filter(tenant_id=run.tenant_id, name=tool_name).first() if isinstance(tool_name, str) else None
+    if tool is None:
+        raise UnknownTool(f"{tool_name!r} is not a registered tool of this tenant", field="tool")
+    clean = validate_args(tool, args)
+    args_hash = digest(clean)
+    target_id = target_of(tool, clean, target)
+    key = check_key(idempotency_key) if idempotency_key is not None else derive_key(
+        run=run, tool=tool, target_id=target_id, args=clean)
+    source = "header" if idempotency_key is not None else "derived"
+    existing = Action.objects.select_related("tool").filter(tenant_id=run.tenant_id, idempotency_key=key).first()
+    if existing is not None:
+        return replay(existing, run=run, tool=tool, args_hash=args_hash)
+    if intent is not None and not isinstance(intent, dict):
+        raise ValidationFailed("intent must be an object with goal, reasoning, confidence, model", field="intent")
+    before = None
+    if target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY:
+        try:
+            before = execution.snapshot_fields(tool, execution.read_target(tool, target_id))
+        except ToolError as error:
+            raise StateConflict(f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}") from None
+    try:
+        return _record(run=run, tool=tool, args=clean, args_hash=args_hash, target_id=target_id, key=key,
+                       source=source, intent=intent or {}, before=before, actor=actor)
+    except IntegrityError:
+        # A concurrent request with the same key won the insert: answer as its duplicate.
+        existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
+        return replay(existing, run=run, tool=tool, args_hash=args_hash)
+
+
+def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor) -> Proposal:
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run.pk)
+        if run.cancel_requested_at:
+            raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
+        if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
+            raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; it accepts no new actions")
+        earlier = [(a.seq, a.tool.name, a.saga_role) for a in run.actions.filter(kind=ActionKind.FORWARD).exclude(
+            status__in=[A.REJECTED, A.EXPIRED, A.SKIPPED]).exclude(tool__action_class=ActionClass.READ_ONLY)
+            .select_related("tool").order_by("seq")]
+        check_order(earlier, tool=tool)
+        required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, tenant=run.tenant)
+        seq = run.next_seq
+        Run.objects.filter(pk=run.pk).update(next_seq=F("next_seq") + 1)
+        owner = "" if required else new_owner()
+        client = tool.executor == Executor.CLIENT
+        action = Action.objects.create(
+            tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
+            risk=tool.risk, args=args, args_hash=args_hash, target_type=tool.target_type, target_id=target_id,
+            idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
+            approvals_required=required, attempts=0 if required else 1, max_attempts=tool.max_attempts,
+            lease_owner=owner, lease_expires_at=None if required else execution.lease_until(
+                tool.timeout_seconds if client else tool.timeout_seconds + 1),
+            before=before, intent=intent, compensation_plan=dict(tool.compensation),
+        )
+        action.tool = tool
+        audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source)
+        if required:
+            if run.status == R.RUNNING:
+                run_transition(run, R.AWAITING_APPROVAL, log=audit, actor=actor)
+            execution.checkpoint_save(run, "awaiting_approval", log=audit)
+            events.emit("approval_required", action=action, requested_by=actor)
+        else:
+            execution.start_attempt(action, owner)
+    return Proposal(action=action, replayed=False, owner="" if client else owner)
+
+
+def action_report(*, action: Action, ok: bool, result=None, error: str = "", actor: str) -> Action:
+    """The agent reports the outcome of a client-executed tool (forward or compensation)."""
+    if action.tool.executor != Executor.CLIENT:
+        raise StateConflict(f"{action.tool.name} is executed by Unwind, not reported by the agent")
+    if action.status != A.RUNNING:
+        if action.status in (A.SUCCEEDED, A.COMPENSATING, A.COMPENSATED) and ok and action.result == canonical(result or {}):
+            return action  # the same report again
+        raise StateConflict(f"action {action.pk} is {action.status}; it is not waiting for a report")
+    if ok:
+        execution.record_success(action, ToolOutcome(result=canonical(result if result is not None else {})),
+                                 latency_ms=None, actor=actor)
+    else:
+        execution.record_failure(action, ToolError(error or "the agent reported a failure", transient=False),
+                                 latency_ms=None, retry_inline=False, delay=0, owner=action.lease_owner, actor=actor)
+    action.refresh_from_db()
+    return action
+
+
+def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
+    """Release an action that waited for approval. The approval is bound to the exact args hash."""
+    if args_hash != action.args_hash:
+        raise StateConflict("the approval was given for other arguments than this action's; it does not apply")
+    owner = new_owner()
+    with ledger_transaction(action.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        action_transition(action, A.APPROVED, log=audit, actor=actor)
+        if action.kind == ActionKind.COMPENSATION:
+            execution.enqueue_unwind_after(run)
+            return action
+        if run.cancel_requested_at or run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
+            return action
+        client = action.tool.executor == Executor.CLIENT
+        action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
+                          lease_owner="" if client else owner,
+                          lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+        execution.start_attempt(action, owner)
+        if run.status == R.AWAITING_APPROVAL and not run.actions.filter(status=A.AWAITING_APPROVAL).exists():
+            run_transition(run, R.RUNNING, log=audit, actor=actor)
+        if not client:
+            enqueue("ledger.tasks.execute_action", action.pk, owner)
+    return action
+
+
+def action_reject(*, action: Action, reason: str, actor: str, expired: bool = False) -> Action:
+    """A rejection (or expiry) of a gated action: unwind before the pivot, recovery queue after it."""
+    if not reason.strip():
+        raise ValidationFailed("a rejection needs a reason", field="reason")
+    with ledger_transaction(action.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        action_transition(action, A.EXPIRED if expired else A.REJECTED, log=audit, actor=actor,
+                          note={"reason": reason[:1000]}, decision_reason=reason[:4000])
+        word = "expired" if expired else "was rejected"
+        if action.kind == ActionKind.COMPENSATION:
+            forward = Action.objects.get(pk=action.compensates_id)
+            action_transition(forward, A.COMPENSATION_FAILED, log=audit, actor=actor,
+                              note={"error": f"compensation {word}: {reason}"[:500]})
+            events.emit("compensation_failed", action=action, forward=forward)
+            if run.status == R.UNWINDING:
+                execution.enqueue_unwind_after(run)
+            return action
+        if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
+            return action
+        why = f"{action.tool.name} (step {action.seq}) {word}: {reason}"
+        if run.pivot_committed:
+            execution.needs_attention(run, "approval_expired" if expired else "approval_rejected",
+                                      why + ". The pivot has committed, so the run cannot be unwound automatically.",
+                                      action=action, log=audit)
+        else:
+            execution.start_unwind(run, why, log=audit, actor=actor)
+    return action
+
+
+def action_reclaim(action_id: int) -> str | None:
+    """Crash recovery: take over an action whose lease expired. Returns the new owner, or None if not ours."""
+    owner = new_owner()
+    now = timezone.now()
+    action = Action.objects.select_related("tool").get(pk=action_id)
+    if action.status != A.RUNNING or action.lease_expires_at is None or action.lease_expires_at >= now:
+        return None
+    try:
+        with ledger_transaction(action.tenant_id) as audit:
+            execution.finish_attempt(action, "lost", latency_ms=None)
+            if action.tool.executor == Executor.CLIENT or not (
+                    action.tool.honours_idempotency_key or action.tool.lookup.get("read") or action.tool.verify.get("expect")):
+                why = ("the agent never reported the outcome" if action.tool.executor == Executor.CLIENT
+                       else "the worker was lost mid-call and the tool can neither be read back nor deduplicated")
+                action_transition(action, A.LOST, log=audit, actor="system:sweeper", note={"why": why},
+                                  where=_lease_still(action), lease_owner="", lease_expires_at=None,
+                                  error_class="lease_lost", error_message=why)
+                run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+                if run.status in (R.RUNNING, R.AWAITING_APPROVAL, R.UNWINDING):
+                    execution.needs_attention(run, "lease_lost", f"{action.tool.name} (step {action.seq}): {why}",
+                                              action=action, log=audit)
+                return None
+            action_transition(action, A.RUNNING, log=audit, actor="system:sweeper", where=_lease_still(action),
+                              note={"reclaimed_from": action.lease_owner}, attempts=action.attempts + 1,
+                              max_attempts=max(action.max_attempts, action.attempts + 1), lease_owner=owner,
+                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+            execution.start_attempt(action, owner)
+    except StateConflict:
+        return None
+    return owner
+
+
+def _lease_still(action: Action):
+    return Q(lease_expires_at=action.lease_expires_at, attempts=action.attempts)
+
+
+def action_claim_due(action_id: int) -> str | None:
+    """Claim a scheduled retry whose time has come. Returns the owner, or None if another worker has it."""
+    owner = new_owner()
+    action = Action.objects.select_related("tool").get(pk=action_id)
+    if action.status != A.RETRY_SCHEDULED:
+        return None
+    try:
+        with ledger_transaction(action.tenant_id) as audit:
+            action_transition(action, A.RUNNING, log=audit, actor="system:sweeper",
+                              where=Q(next_attempt_at__lte=timezone.now()), attempts=action.attempts + 1,
+                              next_attempt_at=None, lease_owner=owner,
+                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+            execution.start_attempt(action, owner)
+    except StateConflict:
+        return None
+    return owner

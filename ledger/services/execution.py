@@ -1,0 +1,499 @@
+"""The engine: call a claimed action's tool, record the outcome, retry, unwind, settle the run.
+
+A step costs two commits on the fast path: the proposal inserts the action already claimed (status
+running, with a lease), and the outcome commit records result, snapshots, verification and the
+compensation plan together. Tool calls and snapshot reads always happen outside any transaction.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger import events, mapping
+from ledger.audit import AuditLog, ledger_transaction
+from ledger.canonical import canonical, digest
+from ledger.errors import StateConflict
+from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
+from ledger.models import (
+    ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor, Run,
+    RunStatus as R, SagaRole, Tool,
+)
+from ledger.policy import approvals_needed
+from ledger.services.dispatch import enqueue, new_owner
+from ledger.transitions import action_transition, run_transition
+
+log = logging.getLogger("unwind.engine")
+
+SYSTEM = "system:engine"
+INLINE_RETRY_LIMIT = 2.0  # seconds: longer backoffs are scheduled, not slept through
+PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED)
+
+
+def lease_until(seconds: float | None = None):
+    return timezone.now() + timedelta(seconds=seconds or settings.UNWIND_LEASE_SECONDS)
+
+
+def backoff_delay(tool: Tool, attempt: int) -> float:
+    """Exponential backoff with full jitter, capped."""
+    base = tool.backoff_seconds * (2 ** max(0, attempt - 1))
+    return min(settings.UNWIND_MAX_BACKOFF, random.uniform(base / 2, base))
+
+
+# --- reading targets -----------------------------------------------------------------------------
+
+def read_target(tool: Tool, target_id: str) -> object:
+    """The target's current state through the tool's snapshot reader, or None when it has none."""
+    reader = tool.snapshot.get("read")
+    if not reader or not target_id:
+        return None
+    if tool.executor == Executor.PYTHON or not (reader.startswith("/") or reader.startswith("http")):
+        return python_read(path=reader, target=target_id)
+    return http_read(url=resolve_url(reader, target=target_id), timeout=tool.timeout_seconds)
+
+
+def snapshot_fields(tool: Tool, state: object) -> object:
+    fields = tool.snapshot.get("fields")
+    if fields and isinstance(state, dict):
+        return {name: state.get(name) for name in fields}
+    return state
+
+
+def context_for(action: Action, *, after=None) -> dict:
+    return {
+        "args": action.args, "result": action.result, "before": action.before,
+        "after": action.after if after is None else after, "target": action.target_id,
+        "key": action.idempotency_key, "intent": action.intent,
+    }
+
+
+def target_from_result(tool: Tool, result) -> str:
+    if tool.target_from.startswith("result.") and isinstance(result, dict):
+        value = mapping.resolve("$" + tool.target_from, {"result": result})
+        return "" if value is None else str(value)
+    return ""
+
+
+def already_done(action: Action) -> dict | None:
+    """After an attempt whose outcome is unknown: did the effect happen? Read back, never guess.
+
+    Returns the evidence (a result) when it did, None when it did not. Raises ToolError when it cannot
+    be told (the caller then treats the outcome as unknown).
+    """
+    tool = action.tool
+    lookup = tool.lookup.get("read")
+    if lookup:
+        if lookup.startswith("/") or lookup.startswith("http"):
+            url = resolve_url(lookup, key=action.idempotency_key, target=action.target_id)
+            found = http_read(url=url, timeout=tool.timeout_seconds)
+        else:
+            found = python_read(path=lookup, target=action.idempotency_key)
+        items = found.get("results", found) if isinstance(found, dict) else found
+        return {"recovered": True, "evidence": items[0] if isinstance(items, list) else items} if items else None
+    if tool.verify.get("expect") and action.target_id:
+        state = read_target(tool, action.target_id)
+        expected = mapping.resolve(tool.verify["expect"], context_for(action, after=state))
+        if isinstance(state, dict) and all(state.get(k) == v for k, v in expected.items()):
+            return {"recovered": True, "evidence": state}
+        return None
+    raise ToolError("the tool cannot be read back and does not honour idempotency keys", transient=False)
+
+
+# --- calling tools ---------------------------------------------------------------------------------
+
+def call_tool(action: Action) -> ToolOutcome:
+    tool = action.tool
+    if tool.executor == Executor.HTTP:
+        url = resolve_url(tool.endpoint, target=action.target_id)
+        return http_call(url=url, args=action.args, idempotency_key=action.idempotency_key, timeout=tool.timeout_seconds)
+    if tool.executor == Executor.PYTHON:
+        return python_call(path=tool.endpoint, args=action.args, idempotency_key=action.idempotency_key,
+                           target=action.target_id or None)
+    raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
+
+
+def needs_read_back(action: Action) -> bool:
+    """A retry or reclaim of a tool that ignores idempotency keys must first check it did not already act."""
+    return action.attempts > 1 and not action.tool.honours_idempotency_key
+
+
+def execute(action_id: int, *, owner: str, budget: float | None = None) -> Action:
+    """Run a claimed action (status running, lease held by `owner`) to an outcome.
+
+    Transient failures are retried inline while the backoff is short and the budget allows;
+    otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
+    """
+    started = time.monotonic()
+    action = Action.objects.select_related("tool", "run", "run__tenant").get(pk=action_id)
+    while True:
+        if action.status != A.RUNNING or action.lease_owner != owner:
+            return action
+        t0 = time.monotonic()
+        try:
+            if needs_read_back(action):
+                evidence = already_done(action)
+                outcome = ToolOutcome(result=evidence) if evidence is not None else call_tool(action)
+            else:
+                outcome = call_tool(action)
+        except ToolError as error:
+            latency = (time.monotonic() - t0) * 1000
+            delay = backoff_delay(action.tool, action.attempts)
+            remaining = None if budget is None else budget - (time.monotonic() - started)
+            inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining)
+            retried = record_failure(action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner)
+            if retried and inline:
+                time.sleep(delay)
+                continue
+            return action
+        latency = (time.monotonic() - t0) * 1000
+        record_success(action, outcome, latency_ms=latency)
+        return action
+
+
+def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = SYSTEM) -> None:
+    tool = action.tool
+    result = outcome.result
+    target_id = action.target_id or target_from_result(tool, result)
+    after = None
+    verification = None
+    if action.kind == ActionKind.FORWARD and tool.snapshot.get("read") and target_id:
+        try:
+            after = snapshot_fields(tool, read_target(tool, target_id))
+        except ToolError as error:
+            verification = {"ok": False, "detail": f"could not read the target back: {error.message}"}
+    if action.kind == ActionKind.FORWARD and tool.verify.get("expect") and verification is None:
+        try:
+            expected = mapping.resolve(tool.verify["expect"], {**context_for(action, after=after), "result": result, "target": target_id})
+            observed = after if after is not None else result
+            mismatched = {k: {"expected": v, "observed": (observed or {}).get(k)} for k, v in expected.items()
+                          if not isinstance(observed, dict) or observed.get(k) != v}
+            verification = {"ok": not mismatched, "mismatched": mismatched} if mismatched else {"ok": True}
+        except mapping.MappingError as error:
+            verification = {"ok": False, "detail": str(error)}
+    plan = dict(action.compensation_plan)
+    if plan.get("strategy") not in (None, CompensationStrategy.NONE):
+        preview_action = Action(args=action.args, result=result, before=action.before, after=after,
+                                target_id=target_id, idempotency_key=action.idempotency_key, intent=action.intent)
+        try:
+            plan["args_preview"] = mapping.resolve(plan.get("args", {}), context_for(preview_action))
+            plan.pop("error", None)
+        except mapping.MappingError as error:
+            plan["error"] = str(error)
+    with ledger_transaction(action.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        action_transition(action, A.SUCCEEDED, log=audit, actor=actor, result=result, after=after,
+                          verification=verification, target_id=target_id, compensation_plan=plan,
+                          lease_owner="", lease_expires_at=None, error_class="", error_message="")
+        finish_attempt(action, "succeeded", latency_ms=latency_ms)
+        if action.kind == ActionKind.COMPENSATION:
+            forward = Action.objects.get(pk=action.compensates_id)
+            action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
+            if run.status == R.UNWINDING:
+                enqueue_unwind_after(run)
+            return
+        if action.saga_role == SagaRole.PIVOT and not run.pivot_committed:
+            Run.objects.filter(pk=run.pk).update(pivot_committed=True)
+            run.pivot_committed = True
+            audit.record("run.pivot_committed", actor=actor, run=run, action=action)
+            checkpoint_save(run, "pivot_committed", log=audit)
+        if run.status in (R.UNWINDING,) or run.cancel_requested_at:
+            # A late completion after a cancel or a failure elsewhere: it is compensated like the rest.
+            if run.status == R.UNWINDING:
+                enqueue_unwind_after(run)
+            return
+        if verification is not None and not verification.get("ok"):
+            needs_attention(run, "verification_failed", f"{tool.name} (step {action.seq}) did not verify: "
+                            f"{verification.get('detail') or verification.get('mismatched')}", action=action, log=audit)
+            return
+        if run.status == R.AWAITING_APPROVAL and not run.actions.filter(kind=ActionKind.FORWARD, status=A.AWAITING_APPROVAL).exists():
+            run_transition(run, R.RUNNING, log=audit, actor=actor)
+
+
+def record_failure(action: Action, error: ToolError, *, latency_ms: float | None, retry_inline: bool, delay: float,
+                   owner: str, actor: str = SYSTEM) -> bool:
+    """Record a failed attempt. Returns True when the action will be retried (inline or scheduled)."""
+    note = {"error_class": error.error_class, "error": error.message[:500]}
+    with ledger_transaction(action.tenant_id) as audit:
+        finish_attempt(action, "failed_transient" if error.transient else "failed_permanent", latency_ms=latency_ms,
+                       error=error)
+        if error.transient and action.attempts < action.max_attempts:
+            if retry_inline:
+                action_transition(action, A.RUNNING, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
+                                  attempts=action.attempts + 1, lease_expires_at=lease_until(action.tool.timeout_seconds + delay),
+                                  error_class=error.error_class, error_message=error.message[:2000])
+                start_attempt(action, owner)
+            else:
+                action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note,
+                                  next_attempt_at=timezone.now() + timedelta(seconds=delay), lease_owner="",
+                                  lease_expires_at=None, error_class=error.error_class, error_message=error.message[:2000])
+            return True
+        action_transition(action, A.FAILED, log=audit, actor=actor, note=note, lease_owner="", lease_expires_at=None,
+                          error_class=error.error_class, error_message=error.message[:2000])
+        after_failure(action, log=audit, actor=actor)
+    return False
+
+
+def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
+    """An action failed for good: unwind before the pivot, recovery queue after it; compensations alert and continue."""
+    run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+    if action.kind == ActionKind.COMPENSATION:
+        forward = Action.objects.select_related("tool").get(pk=action.compensates_id)
+        action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=actor,
+                          note={"error": action.error_message[:500]})
+        events.emit("compensation_failed", action=action, forward=forward)
+        if run.status == R.UNWINDING:
+            enqueue_unwind_after(run)
+        return
+    if run.status in (R.UNWINDING, R.NEEDS_ATTENTION) or run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
+        if run.status == R.UNWINDING:
+            enqueue_unwind_after(run)
+        return
+    if run.pivot_committed:
+        needs_attention(run, "step_failed", f"{action.tool.name} (step {action.seq}) failed after the pivot and "
+                        f"{action.attempts} attempt(s): {action.error_message}. The run only moves forward from here.",
+                        action=action, log=log)
+    else:
+        start_unwind(run, f"{action.tool.name} (step {action.seq}) failed: {action.error_message}", log=log, actor=actor)
+
+
+def start_attempt(action: Action, owner: str) -> None:
+    Attempt.objects.create(action=action, number=action.attempts, worker=owner[:120], started_at=timezone.now())
+
+
+def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, error: ToolError | None = None) -> None:
+    Attempt.objects.filter(action=action, number=action.attempts, finished_at__isnull=True).update(
+        finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
+        error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
+
+
+# --- run-level decisions ----------------------------------------------------------------------------
+
+def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
+    actions = list(run.actions.filter(kind=ActionKind.FORWARD).values("id", "seq", "status", "tool__name"))
+    completed = [a["id"] for a in actions if a["status"] in (A.SUCCEEDED, A.COMPENSATED)]
+    pending = [a["id"] for a in actions if a["status"] in (*PENDING, A.RUNNING, A.FAILED, A.LOST)]
+    summary = ", ".join(f"{a['tool__name']} {a['status'].replace('_', ' ')}" for a in actions) or "no actions yet"
+    mode = {R.UNWINDING: "compensate", R.NEEDS_ATTENTION: "resume_or_compensate",
+            R.AWAITING_APPROVAL: "await_approval"}.get(run.status, "resume")
+    checkpoint = Checkpoint.objects.create(tenant_id=run.tenant_id, run=run, label=label, state={
+        "run_status": run.status, "pivot_committed": run.pivot_committed,
+        "completed_action_ids": completed, "pending_action_ids": pending,
+        "awaiting_approval_ids": [a["id"] for a in actions if a["status"] == A.AWAITING_APPROVAL],
+        "recovery_mode": mode, "summary": summary,
+    })
+    log.record("run.checkpoint", actor=SYSTEM, run=run, label=label, checkpoint=checkpoint.pk)
+    return checkpoint
+
+
+def needs_attention(run: Run, reason: str, detail: str, *, action: Action | None, log: AuditLog, actor: str = SYSTEM) -> None:
+    run_transition(run, R.NEEDS_ATTENTION, log=log, actor=actor, note={"reason": reason},
+                   attention_reason=reason, attention_detail=detail[:4000], lease_expires_at=None)
+    checkpoint_save(run, f"needs_attention:{reason}", log=log)
+    events.emit("run_needs_attention", run=run, reason=reason, detail=detail, action=action)
+
+
+def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str) -> None:
+    for pending in run.actions.filter(status__in=PENDING).select_related("tool"):
+        was_waiting = pending.status == A.AWAITING_APPROVAL
+        action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
+                          lease_expires_at=None, next_attempt_at=None)
+        if was_waiting:
+            events.emit("approval_withdrawn", action=pending, reason=why)
+
+
+def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str) -> None:
+    skip_pending(run, log=log, actor=actor, why=why)
+    run_transition(run, R.UNWINDING, log=log, actor=actor, note={"why": why[:500]}, attention_detail=why[:4000])
+    checkpoint_save(run, "unwind_started", log=log)
+    enqueue_unwind_after(run)
+
+
+def enqueue_unwind_after(run: Run) -> None:
+    """Queue an unwinder unless one holds the run's lease (it will see the new state itself)."""
+    if run.lease_expires_at is None or run.lease_expires_at < timezone.now():
+        enqueue("ledger.tasks.unwind_run", run.pk)
+
+
+# --- unwinding ----------------------------------------------------------------------------------------
+
+def compensable(action: Action) -> bool:
+    return action.compensation_plan.get("strategy") not in (None, "", CompensationStrategy.NONE)
+
+
+def unwind(run_id: int, *, budget: float | None = None) -> Run:
+    """Compensate the run's succeeded actions newest-first, then settle it. Safe to call any number of times.
+
+    Holds the run's lease while it works, so one unwinder at a time; a crashed unwinder's lease
+    expires and the sweeper starts another, which picks up exactly where the ledger says.
+    """
+    owner = new_owner()
+    started = time.monotonic()
+    now = timezone.now()
+    claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)).update(lease_expires_at=lease_until())
+    if claimed != 1:
+        return Run.objects.get(pk=run_id)
+    try:
+        while True:
+            if budget is not None and time.monotonic() - started > budget:
+                enqueue("ledger.tasks.unwind_run", run_id)
+                break
+            compensation = next_compensation(run_id, owner=owner)
+            if compensation is None:
+                break
+            if compensation.tool.executor == Executor.CLIENT:
+                break  # the agent runs it and reports; its report continues the unwind
+            if drift_detected(compensation):
+                continue
+            execute(compensation.pk, owner=owner, budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
+            compensation.refresh_from_db(fields=["status"])
+            if compensation.status != A.SUCCEEDED and compensation.status != A.FAILED:
+                break  # scheduled for a later retry; its completion continues the unwind
+    finally:
+        Run.objects.filter(pk=run_id).update(lease_expires_at=None)
+    return Run.objects.get(pk=run_id)
+
+
+def next_compensation(run_id: int, *, owner: str) -> Action | None:
+    """Pick the newest action still to compensate and claim its compensation; settle the run if none is left.
+
+    Returns the claimed compensation (status running, lease held by `owner`), or None when the unwinder
+    should stop (the run settled, or it waits for something: an in-flight step, an approval, a report).
+    """
+    with ledger_transaction(Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)) as audit:
+        run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run_id)
+        if run.status != R.UNWINDING:
+            return None
+        skip_pending(run, log=audit, actor=SYSTEM, why="the run is being unwound")
+        if run.actions.filter(kind=ActionKind.FORWARD, status=A.RUNNING).exists():
+            return None  # a step still in flight; when it lands it re-enqueues the unwind
+        forward = (run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.SUCCEEDED, A.COMPENSATING])
+                   .select_related("tool").order_by("-seq"))
+        candidate = next((a for a in forward if compensable(a)), None)
+        if candidate is None:
+            settle(run, log=audit)
+            return None
+        if candidate.status == A.COMPENSATING:
+            compensation = candidate.compensations.select_related("tool").order_by("-id").first()
+            if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
+                return plan_compensation(run, candidate, owner=owner, log=audit)
+            if compensation.status in (A.FAILED, A.APPROVED):
+                retry = compensation.status == A.FAILED
+                action_transition(compensation, A.RUNNING, log=audit, actor=SYSTEM, attempts=compensation.attempts + 1,
+                                  max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
+                                  else compensation.max_attempts,
+                                  lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
+                start_attempt(compensation, owner)
+                return compensation
+            return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
+        return plan_compensation(run, candidate, owner=owner, log=audit)
+
+
+def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -> Action | None:
+    """Create the compensation action for `forward`, with its args resolved just in time."""
+    plan = forward.compensation_plan
+    tool = Tool.objects.filter(tenant_id=run.tenant_id, name=plan.get("tool")).first()
+    try:
+        if tool is None:
+            raise mapping.MappingError(f"compensation tool {plan.get('tool')!r} is not registered")
+        args = mapping.resolve(plan.get("args", {}), context_for(forward))
+    except mapping.MappingError as error:
+        if forward.status == A.SUCCEEDED:
+            action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM)
+        action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=SYSTEM, note={"error": str(error)})
+        events.emit("compensation_failed", action=None, forward=forward)
+        return None
+    args = canonical(args)
+    required = approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
+                                required=plan.get("approvals_required", 1), tenant=run.tenant)
+    seq = run.next_seq
+    Run.objects.filter(pk=run.pk).update(next_seq=seq + 1)
+    run.next_seq = seq + 1
+    claim_now = not required and tool.executor != Executor.CLIENT
+    earlier = forward.compensations.count()
+    compensation = Action.objects.create(
+        tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.COMPENSATION, compensates=forward, tool=tool,
+        saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_hash=digest(args),
+        target_type=forward.target_type, target_id=forward.target_id,
+        idempotency_key=f"{forward.idempotency_key}:undo" + (f":{earlier + 1}" if earlier else ""),
+        key_source="compensation",
+        status=A.AWAITING_APPROVAL if required else A.RUNNING, approvals_required=required,
+        attempts=0 if required else 1, max_attempts=tool.max_attempts,
+        lease_owner=owner if claim_now else "",
+        lease_expires_at=lease_until(tool.timeout_seconds) if not required else None,
+        intent={"goal": f"undo step {forward.seq} ({forward.tool.name})", "strategy": plan.get("strategy")},
+        compensation_plan={"strategy": CompensationStrategy.NONE, "force": bool(plan.get("force"))},
+    )
+    log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
+               strategy=plan.get("strategy"))
+    if forward.status == A.SUCCEEDED:
+        action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM, note={"compensation": compensation.pk})
+    if required:
+        events.emit("approval_required", action=compensation, requested_by=SYSTEM)
+        return None
+    if claim_now:
+        start_attempt(compensation, owner)
+    return compensation if claim_now else None
+
+
+def drift_detected(compensation: Action) -> bool:
+    """Guarantee 7: before a snapshot restore, compare the target now with the after-snapshot.
+
+    If someone changed it since, do not overwrite: fail the compensation as `drift` and let the run
+    go to the recovery queue. An operator may force it (`force` on the plan).
+    """
+    forward = Action.objects.select_related("tool").get(pk=compensation.compensates_id)
+    if forward.compensation_plan.get("strategy") != CompensationStrategy.SNAPSHOT or compensation.compensation_plan.get("force"):
+        return False
+    try:
+        current = snapshot_fields(forward.tool, read_target(forward.tool, forward.target_id))
+    except ToolError as error:
+        record_failure(compensation, ToolError(f"drift check could not read the target: {error.message}",
+                                               transient=error.transient, status=error.status),
+                       latency_ms=None, retry_inline=False, delay=backoff_delay(compensation.tool, compensation.attempts),
+                       owner=compensation.lease_owner)
+        return True
+    if current == forward.after:
+        return False
+    changed = sorted(k for k in (current or {}) if (forward.after or {}).get(k) != (current or {}).get(k)) \
+        if isinstance(current, dict) else ["state"]
+    error = ToolError(f"{forward.target_type or 'target'} {forward.target_id} changed since step {forward.seq} "
+                      f"({', '.join(changed)}); not overwriting someone else's change", transient=False)
+    error_class = "drift"
+    with ledger_transaction(compensation.tenant_id) as audit:
+        finish_attempt(compensation, "drift", latency_ms=None, error=error)
+        action_transition(compensation, A.FAILED, log=audit, actor=SYSTEM, note={"current": current},
+                          lease_owner="", lease_expires_at=None, error_class=error_class, error_message=error.message)
+        after_failure(compensation, log=audit, actor=SYSTEM)
+    return True
+
+
+def settle(run: Run, *, log: AuditLog) -> None:
+    """Nothing is left to compensate: the run is compensated, or a person must look at what remains."""
+    actions = list(run.actions.select_related("tool").order_by("seq"))
+    failed = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.COMPENSATION_FAILED]
+    standing = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.SUCCEEDED
+                and a.tool.action_class != ActionClass.READ_ONLY and not compensable(a)]
+    lost = [a for a in actions if a.status == A.LOST]
+    if not failed and not standing and not lost:
+        run_transition(run, R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None)
+        checkpoint_save(run, "compensated", log=log)
+        events.emit("run_finished", run=run)
+        return
+    comps = {a.compensates_id: a for a in actions if a.kind == ActionKind.COMPENSATION}  # newest wins: ordered by seq
+    drift = [a for a in failed if comps.get(a.pk) is not None and comps[a.pk].error_class == "drift"]
+    parts = []
+    for a in failed:
+        comp = comps.get(a.pk)
+        parts.append(f"{a.tool.name} (step {a.seq}) could not be compensated: "
+                     f"{comp.error_message if comp else 'no compensation could be planned'}")
+    parts += [f"{a.tool.name} (step {a.seq}) has no compensation and still stands" for a in standing]
+    parts += [f"{a.tool.name} (step {a.seq}) has an unknown outcome" for a in lost]
+    reason = "drift" if drift else "compensation_failed" if failed else "lease_lost" if lost else "irreversible_effects"
+    first = (drift or failed or lost or standing)[0]
+    needs_attention(run, reason, "; ".join(parts), action=first, log=log)

@@ -1,0 +1,148 @@
+"""Runs: open, complete, cancel, and the three operator decisions (resume, compensate, close)."""
+from __future__ import annotations
+
+from django.utils import timezone
+
+from ledger import events
+from ledger.audit import ledger_transaction
+from ledger.errors import StateConflict, ValidationFailed
+from ledger.models import Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool
+from ledger.policy import check_plan
+from ledger.services import execution
+from ledger.services.dispatch import enqueue, new_owner
+from ledger.transitions import action_transition, run_transition
+
+
+def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_of: str = "", intent: dict | None = None,
+             plan: list[str] | None = None, actor: str) -> Run:
+    """Open a run. A declared plan (tool names in order) is checked against the ordering law first."""
+    if intent is not None and not isinstance(intent, dict):
+        raise ValidationFailed("intent must be an object", field="intent")
+    plan = plan or []
+    if not isinstance(plan, list) or not all(isinstance(step, str) for step in plan):
+        raise ValidationFailed("plan must be a list of tool names", field="plan")
+    if plan:
+        check_plan(plan, {t.name: t for t in Tool.objects.filter(tenant=tenant, name__in=plan)})
+    with ledger_transaction(tenant.pk) as audit:
+        run = Run.objects.create(tenant=tenant, agent=agent, goal=str(goal)[:10000], on_behalf_of=str(on_behalf_of)[:200],
+                                 intent=intent or {}, plan=plan)
+        audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
+    return run
+
+
+def run_complete(*, run: Run, actor: str) -> Run:
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        if run.status == R.COMPLETED:
+            return run
+        busy = run.actions.filter(status__in=[*execution.PENDING, A.RUNNING]).order_by("seq").first()
+        if busy is not None:
+            raise StateConflict(f"step {busy.seq} ({busy.tool.name}) is still {busy.status.replace('_', ' ')}; "
+                                "wait for it before completing the run")
+        if run.status != R.RUNNING:
+            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
+        run_transition(run, R.COMPLETED, log=audit, actor=actor)
+        execution.checkpoint_save(run, "completed", log=audit)
+        events.emit("run_finished", run=run)
+    return run
+
+
+def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
+    """Cancel: start nothing new; unwind what was done before the pivot; after it, ask a person."""
+    unwind_now = False
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        if run.cancel_requested_at:
+            return run
+        if run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
+            raise StateConflict(f"run {run.pk} is already {run.status}; there is nothing to cancel")
+        Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
+        run.cancel_requested_at = timezone.now()
+        why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
+        audit.record("run.cancel_requested", actor=actor, run=run, reason=reason[:1000])
+        if run.status in (R.UNWINDING, R.NEEDS_ATTENTION):
+            execution.skip_pending(run, log=audit, actor=actor, why=why)
+            return run
+        if run.pivot_committed:
+            execution.skip_pending(run, log=audit, actor=actor, why=why)
+            execution.needs_attention(run, "cancelled_after_pivot", f"The run was {why} after its pivot committed; "
+                                      "what was done stands and cannot be unwound automatically.", action=None, log=audit)
+        else:
+            execution.start_unwind(run, why, log=audit, actor=actor)
+            unwind_now = True
+    if unwind_now:
+        execution.unwind(run.pk, budget=2.0)
+        run.refresh_from_db()
+    return run
+
+
+def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
+    """Continue from the last checkpoint: retry failed or lost steps with their same idempotency keys."""
+    owners = []
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        if run.status != R.NEEDS_ATTENTION:
+            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be resumed")
+        if run.cancel_requested_at and not run.pivot_committed:
+            raise StateConflict(f"run {run.pk} was cancelled; compensate or close it instead")
+        checkpoint = run.checkpoints.order_by("-id").first()
+        pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
+        retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).select_related("tool")
+        if pending_ids:
+            retry = retry.filter(pk__in=pending_ids)
+        if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() and not retry.exists():
+            raise StateConflict("this run stopped while being unwound; compensate it (retry the failed compensations) or close it")
+        run_transition(run, R.RUNNING, log=audit, actor=actor, note={"reason": reason[:1000]}, attention_reason="")
+        for action in retry:
+            owner = new_owner()
+            action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
+                              max_attempts=action.attempts + action.tool.max_attempts, lease_owner=owner,
+                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1),
+                              error_class="", error_message="")
+            execution.start_attempt(action, owner)
+            if action.tool.executor != "client":
+                owners.append((action.pk, owner))
+        execution.checkpoint_save(run, "resumed", log=audit)
+        events.emit("run_attention_cleared", run=run, resolution="resumed", actor=actor)
+        for action_id, owner in owners:
+            enqueue("ledger.tasks.execute_action", action_id, owner)
+    return run
+
+
+def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = False) -> Run:
+    """Unwind a run that needs attention, newest-first; failed compensations are tried again.
+
+    `force` lets a snapshot restore overwrite a target that drifted: a person looked and decided.
+    """
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        if run.status != R.NEEDS_ATTENTION:
+            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be compensated")
+        for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
+            if force:
+                Action.objects.filter(pk=forward.pk).update(compensation_plan=dict(forward.compensation_plan, force=True))
+                Action.objects.filter(compensates=forward).update(compensation_plan={"strategy": "none", "force": True})
+            action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force})
+        run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force},
+                       attention_reason="")
+        execution.checkpoint_save(run, "operator_compensate", log=audit)
+        events.emit("run_attention_cleared", run=run, resolution="compensated", actor=actor)
+    execution.unwind(run.pk, budget=2.0)
+    run.refresh_from_db()
+    return run
+
+
+def run_close(*, run: Run, actor: str, reason: str) -> Run:
+    """Mark a run that needs attention as handled. A reason is required: it goes into the audit chain."""
+    if not reason or not reason.strip():
+        raise ValidationFailed("closing a run needs a reason", field="reason")
+    with ledger_transaction(run.tenant_id) as audit:
+        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        if run.status != R.NEEDS_ATTENTION:
+            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be closed")
+        execution.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")
+        run_transition(run, R.CLOSED, log=audit, actor=actor, note={"reason": reason[:1000]})
+        execution.checkpoint_save(run, "closed", log=audit)
+        events.emit("run_attention_cleared", run=run, resolution="closed", actor=actor)
+        events.emit("run_finished", run=run)
+    return run

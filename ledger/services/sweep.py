@@ -1,0 +1,48 @@
+"""The periodic sweep: crash recovery, due retries, stalled unwinds, and other apps' timed work.
+
+Every claim is a conditional update, so any number of sweepers on any number of machines can run at
+once; at most one of them wins each piece of work.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger import events
+from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
+from ledger.services.actions import action_claim_due, action_reclaim
+from ledger.services.dispatch import enqueue
+
+log = logging.getLogger("unwind.sweep")
+BATCH = 200
+
+
+def sweep() -> dict:
+    now = timezone.now()
+    counts = {"reclaimed": 0, "retried": 0, "unwinds": 0}
+    expired = Action.objects.filter(status=A.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]
+    for action_id in list(expired):
+        owner = action_reclaim(action_id)
+        if owner:
+            counts["reclaimed"] += 1
+            enqueue("ledger.tasks.execute_action", action_id, owner)
+    due = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__lte=now).values_list("pk", flat=True)[:BATCH]
+    for action_id in list(due):
+        owner = action_claim_due(action_id)
+        if owner:
+            counts["retried"] += 1
+            enqueue("ledger.tasks.execute_action", action_id, owner)
+    stalled = Run.objects.filter(status=R.UNWINDING).filter(
+        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)).values_list("pk", flat=True)[:BATCH]
+    waiting = (A.RUNNING, A.RETRY_SCHEDULED, A.AWAITING_APPROVAL, A.APPROVED)
+    for run_id in list(stalled):
+        # An unwind that waits for a step in flight, a retry or a person is not stalled.
+        if not Action.objects.filter(run_id=run_id, status__in=waiting).exists():
+            counts["unwinds"] += 1
+            enqueue("ledger.tasks.unwind_run", run_id)
+    events.emit("sweep", now=now)
+    if any(counts.values()):
+        log.info("sweep: %s", counts)
+    return counts

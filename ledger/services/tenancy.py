@@ -1,0 +1,76 @@
+"""Tenants, agents (API keys) and memberships."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.audit import ledger_transaction
+from ledger.errors import StateConflict, ValidationFailed
+from ledger.models import Agent, AuditHead, Membership, Role, Tenant
+
+KEY_PREFIX = "uw_"
+
+
+def hash_key(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def tenant_create(*, slug: str, name: str = "", actor: str = "system:admin") -> Tenant:
+    with transaction.atomic():
+        tenant = Tenant(slug=slug, name=name or slug)
+        try:
+            tenant.full_clean()
+        except Exception as exc:  # ValidationError from the model: report which field
+            raise ValidationFailed(f"tenant: {exc}") from None
+        tenant.save()
+        AuditHead.objects.create(tenant=tenant)
+        with ledger_transaction(tenant.pk) as audit:
+            audit.record("tenant.created", actor=actor, slug=slug)
+    return tenant
+
+
+def agent_create(*, tenant: Tenant, name: str, actor: str = "system:admin") -> tuple[Agent, str]:
+    """Create an agent and return it with its API key. The key is shown this once; only its hash is kept."""
+    if not name or len(name) > 100:
+        raise ValidationFailed("an agent needs a name of 1 to 100 characters", field="name")
+    if Agent.objects.filter(tenant=tenant, name=name).exists():
+        raise StateConflict(f"tenant {tenant.slug} already has an agent named {name!r}")
+    prefix = secrets.token_hex(6)
+    raw = f"{KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    with ledger_transaction(tenant.pk) as audit:
+        agent = Agent.objects.create(tenant=tenant, name=name, key_prefix=prefix, key_hash=hash_key(raw))
+        audit.record("agent.created", actor=actor, agent=agent.pk, name=name, key_prefix=prefix)
+    return agent, raw
+
+
+def agent_revoke(*, agent: Agent, actor: str) -> Agent:
+    with ledger_transaction(agent.tenant_id) as audit:
+        Agent.objects.filter(pk=agent.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        audit.record("agent.revoked", actor=actor, agent=agent.pk)
+    agent.refresh_from_db()
+    return agent
+
+
+def agent_authenticate(raw: str) -> Agent | None:
+    """Find the agent for a raw key by its prefix and compare hashes in constant time."""
+    if not raw.startswith(KEY_PREFIX) or raw.count("_") < 2:
+        return None
+    prefix = raw[len(KEY_PREFIX):].split("_", 1)[0]
+    agent = Agent.objects.select_related("tenant").filter(key_prefix=prefix, revoked_at__isnull=True).first()
+    if agent is None or not hmac.compare_digest(agent.key_hash, hash_key(raw)):
+        return None
+    return agent
+
+
+def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, actor: str = "system:admin") -> Membership:
+    if role not in Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Role.values)}", field="role")
+    with ledger_transaction(tenant.pk) as audit:
+        membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
+        audit.record("membership.set", actor=actor, user=user.get_username(), role=role)
+    return membership

@@ -1,0 +1,80 @@
+"""One transition function per state machine.
+
+Each applies an allowed change as `UPDATE … WHERE id = … AND status = <expected>` and checks that
+exactly one row moved, so two workers can never both win; the loser gets StateConflict. Every
+transition is recorded in the audit chain in the same transaction.
+"""
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ledger.audit import AuditLog
+from ledger.errors import StateConflict
+from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
+
+ACTION_TRANSITIONS: dict[str, set[str]] = {
+    A.PLANNED: {A.AWAITING_APPROVAL, A.RUNNING, A.SKIPPED},
+    A.AWAITING_APPROVAL: {A.APPROVED, A.REJECTED, A.EXPIRED, A.SKIPPED},
+    A.APPROVED: {A.RUNNING, A.SKIPPED},
+    # running -> running is a reclaim after a lost lease (crash recovery).
+    A.RUNNING: {A.RUNNING, A.SUCCEEDED, A.FAILED, A.RETRY_SCHEDULED, A.LOST},
+    A.RETRY_SCHEDULED: {A.RUNNING, A.SKIPPED},
+    A.LOST: {A.RUNNING, A.SUCCEEDED, A.FAILED},
+    A.FAILED: {A.RUNNING},
+    A.SUCCEEDED: {A.COMPENSATING},
+    A.COMPENSATING: {A.COMPENSATED, A.COMPENSATION_FAILED},
+    A.COMPENSATION_FAILED: {A.COMPENSATING},
+    A.REJECTED: set(),
+    A.EXPIRED: set(),
+    A.COMPENSATED: set(),
+    A.SKIPPED: set(),
+}
+
+RUN_TRANSITIONS: dict[str, set[str]] = {
+    R.RUNNING: {R.AWAITING_APPROVAL, R.COMPLETED, R.UNWINDING, R.NEEDS_ATTENTION},
+    R.AWAITING_APPROVAL: {R.RUNNING, R.UNWINDING, R.NEEDS_ATTENTION},
+    R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION},
+    R.NEEDS_ATTENTION: {R.RUNNING, R.UNWINDING, R.CLOSED},
+    R.COMPLETED: set(),
+    R.COMPENSATED: set(),
+    R.CLOSED: set(),
+}
+
+
+def action_transition(
+    action: Action, to: str, *, log: AuditLog, actor: str, where: Q | None = None, note: dict | None = None, **fields
+) -> None:
+    """Move `action` from its current status to `to`, or raise StateConflict."""
+    current = action.status
+    if to not in ACTION_TRANSITIONS[current]:
+        raise StateConflict(f"action {action.pk} cannot go from {current} to {to}")
+    now = timezone.now()
+    fields["updated_at"] = now
+    if to in (A.SUCCEEDED, A.FAILED, A.REJECTED, A.EXPIRED, A.SKIPPED, A.COMPENSATED, A.COMPENSATION_FAILED, A.LOST):
+        fields.setdefault("finished_at", now)
+    query = Action.objects.filter(pk=action.pk, status=current)
+    if where is not None:
+        query = query.filter(where)
+    if query.update(status=to, **fields) != 1:
+        raise StateConflict(f"action {action.pk} is no longer {current}: someone else acted first")
+    action.status = to
+    for name, value in fields.items():
+        setattr(action, name, value)
+    log.record(f"{action.kind}.{to}", actor=actor, action=action, status_from=current, **(note or {}))
+
+
+def run_transition(run: Run, to: str, *, log: AuditLog, actor: str, note: dict | None = None, **fields) -> None:
+    current = run.status
+    if to not in RUN_TRANSITIONS[current]:
+        raise StateConflict(f"run {run.pk} cannot go from {current} to {to}")
+    now = timezone.now()
+    fields["updated_at"] = now
+    if to in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
+        fields.setdefault("finished_at", now)
+    if Run.objects.filter(pk=run.pk, status=current).update(status=to, **fields) != 1:
+        raise StateConflict(f"run {run.pk} is no longer {current}: someone else acted first")
+    run.status = to
+    for name, value in fields.items():
+        setattr(run, name, value)
+    log.record(f"run.{to}", actor=actor, run=run, status_from=current, **(note or {}))

@@ -1,0 +1,56 @@
+"""The recovery queue: runs that need a person, and what that person decided."""
+from django.db import models
+from django.db.models import Q
+
+
+class Reason(models.TextChoices):
+    STEP_FAILED = "step_failed", "step failed after its retries"
+    COMPENSATION_FAILED = "compensation_failed", "compensation failed"
+    VERIFICATION_FAILED = "verification_failed", "verification failed"
+    DRIFT = "drift", "target changed since (drift)"
+    APPROVAL_REJECTED = "approval_rejected", "approval rejected after the pivot"
+    APPROVAL_EXPIRED = "approval_expired", "approval expired after the pivot"
+    LEASE_LOST = "lease_lost", "worker lost, outcome unknown"
+    CANCELLED_AFTER_PIVOT = "cancelled_after_pivot", "cancelled after the pivot"
+    IRREVERSIBLE_EFFECTS = "irreversible_effects", "effects that cannot be undone"
+
+
+class ItemStatus(models.TextChoices):
+    OPEN = "open", "open"
+    RESOLVED = "resolved", "resolved"
+
+
+class Resolution(models.TextChoices):
+    RESUMED = "resumed", "resumed"
+    COMPENSATED = "compensated", "compensated"
+    CLOSED = "closed", "closed"
+
+
+class RecoveryItem(models.Model):
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="recovery_items")
+    run = models.ForeignKey("ledger.Run", on_delete=models.CASCADE, related_name="recovery_items")
+    action = models.ForeignKey("ledger.Action", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    reason = models.CharField(max_length=32, choices=Reason.choices)
+    risk = models.CharField(max_length=16, default="low")
+    tool_name = models.CharField(max_length=120, blank=True)
+    detail = models.TextField()
+    suggestion = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=ItemStatus.choices, default=ItemStatus.OPEN)
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True)
+    resolved_by = models.CharField(max_length=160, blank=True)
+    resolution_note = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run"], condition=Q(status="open"), name="one_open_item_per_run"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"], name="recovery_queue"),
+            models.Index(fields=["tenant", "status", "reason"], name="recovery_by_reason"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"recovery item {self.pk}: run {self.run_id} {self.reason} ({self.status})"

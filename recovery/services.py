@@ -1,0 +1,84 @@
+"""The recovery queue: items opened by the engine, resolved by people through the engine's run services."""
+from __future__ import annotations
+
+from django.db.models import Q
+from django.utils import timezone
+
+from approvals.services import notify, require_role
+from ledger.errors import StateConflict
+from ledger.models import RISK_ORDER, Action, ActionKind, ActionStatus, Membership, Risk, Role, Run
+from ledger.services.runs import run_close, run_compensate, run_resume
+from recovery.models import ItemStatus, RecoveryItem
+
+SUGGESTIONS = {
+    "step_failed": "Resume to retry the failed step with its same idempotency key, or close it if it was handled elsewhere.",
+    "compensation_failed": "Compensate to try the failed compensations again (newest first), or close it after undoing by hand.",
+    "verification_failed": "Check the target: compensate to undo the step, resume to accept it and go on, or close it.",
+    "drift": "Someone changed the target after the agent did. Compensate to overwrite it with the before-state anyway, or close it to keep their change.",
+    "approval_rejected": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
+    "approval_expired": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
+    "lease_lost": "The outcome of the step is unknown: check the target, then resume (retry with the same key), compensate, or close.",
+    "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
+    "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
+}
+
+
+def item_risk(run: Run) -> str:
+    risks = list(run.actions.filter(kind=ActionKind.FORWARD).exclude(
+        status__in=[ActionStatus.SKIPPED, ActionStatus.REJECTED, ActionStatus.EXPIRED, ActionStatus.COMPENSATED])
+        .values_list("risk", flat=True))
+    return max(risks, key=lambda r: RISK_ORDER[r], default=Risk.LOW)
+
+
+def on_run_needs_attention(*, run: Run, reason: str, detail: str, action: Action | None) -> None:
+    if RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exists():
+        RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).update(reason=reason, detail=detail,
+                                                                           action=action)
+        return
+    item = RecoveryItem.objects.create(
+        tenant_id=run.tenant_id, run=run, action=action, reason=reason, risk=item_risk(run),
+        tool_name=action.tool.name if action is not None else "", detail=detail,
+        suggestion=SUGGESTIONS.get(reason, "Resume, compensate or close it."))
+    operators = sorted(set(Membership.objects.filter(tenant_id=run.tenant_id, role__in=[Role.OPERATOR, Role.ADMIN])
+                           .exclude(user__email="").values_list("user__email", flat=True)))
+    notify(tenant_id=run.tenant_id, kind="run_needs_attention", recipients=operators,
+           subject=f"[Unwind] Run {run.pk} needs attention: {item.get_reason_display()}",
+           template="recovery/email/run_needs_attention", context={"item": item, "run": run, "url": f"/console/recovery/{item.pk}/"})
+
+
+def on_run_attention_cleared(*, run: Run, resolution: str, actor: str) -> None:
+    RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).update(
+        status=ItemStatus.RESOLVED, resolution=resolution, resolved_by=actor, resolved_at=timezone.now())
+
+
+def _open_item(item: RecoveryItem, user, *, role: str = Role.OPERATOR) -> RecoveryItem:
+    require_role(user, item.tenant_id, role)
+    item.refresh_from_db()
+    if item.status != ItemStatus.OPEN:
+        raise StateConflict(f"this item was already {item.resolution or item.status} by {item.resolved_by or 'someone'}")
+    return item
+
+
+def recovery_resume(*, item: RecoveryItem, user, reason: str = "") -> RecoveryItem:
+    item = _open_item(item, user)
+    run_resume(run=item.run, actor=f"user:{user.get_username()}", reason=reason)
+    return _after(item, reason)
+
+
+def recovery_compensate(*, item: RecoveryItem, user, reason: str = "") -> RecoveryItem:
+    item = _open_item(item, user)
+    run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift")
+    return _after(item, reason)
+
+
+def recovery_close(*, item: RecoveryItem, user, reason: str) -> RecoveryItem:
+    item = _open_item(item, user)
+    run_close(run=item.run, actor=f"user:{user.get_username()}", reason=reason)
+    return _after(item, reason)
+
+
+def _after(item: RecoveryItem, reason: str) -> RecoveryItem:
+    if reason:
+        RecoveryItem.objects.filter(pk=item.pk).filter(~Q(resolution_note=reason)).update(resolution_note=reason[:4000])
+    item.refresh_from_db()
+    return item

@@ -1,0 +1,82 @@
+"""In-process form of the sandbox tools, for Unwind's Python executor.
+
+Each tool is `fn(args, *, idempotency_key, target) -> dict` and goes through the same gateway as the
+HTTP views (`sandbox.tools.call_tool`): same validation, idempotency, faults and call log. A refusal or
+an injected fault raises `ToolError`, transient exactly when the HTTP status would be retried
+(408, 425, 429, 5xx). The readers return a record as JSON, or None when it does not exist.
+
+Tool arguments name their target (`ticket_id`, `charge_id`, ...); `target` is accepted for the
+executor contract and not needed beyond that.
+
+Example executor paths: "sandbox.callables:crm_update_ticket", reader "sandbox.callables:read_ticket".
+"""
+from collections.abc import Callable
+
+from ledger.executors import ToolError
+from sandbox import selectors
+from sandbox.models import ToolName
+from sandbox.tools import call_tool
+
+
+def _is_transient(status: int) -> bool:
+    return status in (408, 425, 429) or status >= 500
+
+
+def _tool_callable(name: ToolName) -> Callable[..., dict]:
+    def call(args: dict, *, idempotency_key: str, target: str | None = None) -> dict:
+        response = call_tool(name, args, idempotency_key=idempotency_key)
+        if response.ok:
+            return response.body
+        raise ToolError(
+            f"{name} answered {response.status}: {response.body['detail']}",
+            transient=_is_transient(response.status),
+            status=response.status,
+            body=response.body,
+        )
+
+    call.__name__ = call.__qualname__ = name.replace(".", "_")
+    call.__doc__ = f"Call the sandbox tool {name} in-process."
+    return call
+
+
+hr_create_user = _tool_callable(ToolName.HR_CREATE_USER)
+hr_delete_user = _tool_callable(ToolName.HR_DELETE_USER)
+licenses_provision = _tool_callable(ToolName.LICENSES_PROVISION)
+licenses_revoke = _tool_callable(ToolName.LICENSES_REVOKE)
+email_send = _tool_callable(ToolName.EMAIL_SEND)
+payments_charge = _tool_callable(ToolName.PAYMENTS_CHARGE)
+payments_refund = _tool_callable(ToolName.PAYMENTS_REFUND)
+travel_book_flight = _tool_callable(ToolName.TRAVEL_BOOK_FLIGHT)
+travel_cancel_flight = _tool_callable(ToolName.TRAVEL_CANCEL_FLIGHT)
+travel_reserve_hotel = _tool_callable(ToolName.TRAVEL_RESERVE_HOTEL)
+travel_cancel_hotel = _tool_callable(ToolName.TRAVEL_CANCEL_HOTEL)
+crm_create_ticket = _tool_callable(ToolName.CRM_CREATE_TICKET)
+crm_update_ticket = _tool_callable(ToolName.CRM_UPDATE_TICKET)
+
+
+def read_user(target: str) -> dict | None:
+    return selectors.record_get("users", target)
+
+
+def read_license(target: str) -> dict | None:
+    return selectors.record_get("licenses", target)
+
+
+def read_message(target: str) -> dict | None:
+    return selectors.record_get("messages", target)
+
+
+def read_charge(target: str) -> dict | None:
+    return selectors.record_get("charges", target)
+
+
+def read_flight(target: str) -> dict | None:
+    return selectors.record_get("flights", target)
+
+
+def read_hotel(target: str) -> dict | None:
+    return selectors.record_get("hotels", target)
+
+
+def read_ticket(target: str) -> dict | None:
+    return selectors.record_get("tickets", target)

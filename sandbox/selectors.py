@@ -1,0 +1,85 @@
+"""Reads of the sandbox's world, as JSON documents."""
+from collections.abc import Callable
+
+from django.db import models
+from django.db.models import Count, Q
+
+from sandbox.models import (
+    Charge,
+    DirectoryUser,
+    Fault,
+    FlightBooking,
+    HotelReservation,
+    License,
+    Message,
+    Ticket,
+    ToolCall,
+)
+from sandbox.serializers import (
+    call_json,
+    charge_json,
+    fault_json,
+    flight_json,
+    hotel_json,
+    license_json,
+    message_json,
+    ticket_json,
+    user_json,
+)
+
+# kind -> (model, serializer, order of a listing)
+KINDS: dict[str, tuple[type[models.Model], Callable[..., dict], str]] = {
+    "users": (DirectoryUser, user_json, "created_at"),
+    "licenses": (License, license_json, "created_at"),
+    "messages": (Message, message_json, "sent_at"),
+    "charges": (Charge, charge_json, "created_at"),
+    "flights": (FlightBooking, flight_json, "created_at"),
+    "hotels": (HotelReservation, hotel_json, "created_at"),
+    "tickets": (Ticket, ticket_json, "id"),
+    "faults": (Fault, fault_json, "id"),
+}
+DEFAULT_CALLS_LIMIT = 1000
+
+
+def record_get(kind: str, record_id: str) -> dict | None:
+    """One record of `kind` as JSON, or None when it does not exist."""
+    model, serialize, _ = KINDS[kind]
+    record = model.objects.filter(pk=record_id).first()
+    return serialize(record) if record is not None else None
+
+
+def record_list(kind: str, **filters: str) -> list[dict]:
+    model, serialize, order = KINDS[kind]
+    return [serialize(record) for record in model.objects.filter(**filters).order_by(order, "pk")]
+
+
+def call_counts() -> dict[str, dict[str, int]]:
+    """Per tool: how many calls, how many applied an effect, how many replayed a stored answer."""
+    rows = (
+        ToolCall.objects.values("tool")
+        .annotate(
+            calls=Count("id"),
+            effects=Count("id", filter=Q(effect_applied=True)),
+            replays=Count("id", filter=Q(replayed=True)),
+        )
+        .order_by("tool")
+    )
+    return {row["tool"]: {"calls": row["calls"], "effects": row["effects"], "replays": row["replays"]} for row in rows}
+
+
+def call_list(*, tool: str | None = None, idempotency_key: str | None = None, limit: int = DEFAULT_CALLS_LIMIT) -> dict:
+    """The most recent `limit` calls matching the filters, oldest first, and how many match in all."""
+    calls = ToolCall.objects.all()
+    if tool:
+        calls = calls.filter(tool=tool)
+    if idempotency_key:
+        calls = calls.filter(idempotency_key=idempotency_key)
+    recent = list(calls.order_by("-id")[:limit])
+    return {"count": calls.count(), "calls": [call_json(call) for call in reversed(recent)]}
+
+
+def world_state() -> dict:
+    """Everything the sandbox holds, in one document."""
+    state = {kind: record_list(kind) for kind in KINDS}
+    state["call_counts"] = call_counts()
+    return state

@@ -1,0 +1,110 @@
+"""Shared fixtures: two tenants with fixed personas, and the sandbox world's tools.
+
+Personas (healthchecks-style): in tenant "acme" alice approves, oscar operates, victor only views;
+ben is a second approver for quorum tests; mallory belongs to tenant "globex" only and is used for
+every isolation check.
+"""
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+
+from ledger.models import Tenant
+from ledger.services.tenancy import agent_create, membership_set, tenant_create
+from ledger.services.tools import tools_load
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = yaml.safe_load((ROOT / "sandbox" / "policy.yaml").read_text())
+
+READERS = {
+    "/sandbox/hr/users/": "sandbox.callables:read_user",
+    "/sandbox/crm/tickets/": "sandbox.callables:read_ticket",
+    "/sandbox/payments/charges/": "sandbox.callables:read_charge",
+    "/sandbox/email/messages?idempotency_key=": "sandbox.callables:messages_with_key",
+}
+
+
+def in_process_policy() -> dict:
+    """The sandbox policy with every HTTP tool switched to its in-process callable (no server needed)."""
+    policy = copy.deepcopy(POLICY)
+    for name, spec in policy["tools"].items():
+        spec["executor"] = {"kind": "python", "path": "sandbox.callables:" + name.replace(".", "_")}
+        for part in ("snapshot", "lookup"):
+            read = spec.get(part, {}).get("read")
+            if read:
+                spec[part]["read"] = next(v for k, v in READERS.items() if read.startswith(k))
+    return policy
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+needs_postgres = pytest.mark.skipif(
+    not settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+    reason="needs PostgreSQL for real row locks and concurrent writers (run with DATABASE_URL=postgres://…)",
+)
+
+
+class World:
+    def __init__(self):
+        User = get_user_model()
+        self.acme = tenant_create(slug="acme", name="Acme")
+        self.globex = tenant_create(slug="globex", name="Globex")
+        self.users = {}
+        for username, tenant, role in [
+            ("alice", self.acme, "approver"), ("ben", self.acme, "approver"), ("oscar", self.acme, "operator"),
+            ("victor", self.acme, "viewer"), ("mallory", self.globex, "admin"),
+        ]:
+            user = User.objects.create_user(username, f"{username}@example.com", "pw-" + username)
+            membership_set(tenant=tenant, user=user, role=role)
+            self.users[username] = user
+        self.agent, self.key = agent_create(tenant=self.acme, name="booker")
+        self.other_agent, self.other_key = agent_create(tenant=self.globex, name="intruder")
+
+    def __getattr__(self, name):
+        users = self.__dict__.get("users", {})
+        if name in users:
+            return users[name]
+        raise AttributeError(name)
+
+
+@pytest.fixture
+def world(db):
+    from sandbox.services import sandbox_reset
+
+    sandbox_reset()
+    return World()
+
+
+@pytest.fixture
+def tools(world):
+    """The sandbox tools, executed in-process, loaded into acme and globex."""
+    for tenant in (world.acme, world.globex):
+        tools_load(tenant=tenant, document=in_process_policy(), actor="test")
+    world.acme.refresh_from_db()
+    return world
+
+
+@pytest.fixture
+def http_tools(transactional_db, live_server, settings):
+    """The sandbox tools over real HTTP against a live server (the product's own policy file)."""
+    from sandbox.services import sandbox_reset
+
+    settings.UNWIND_TOOL_BASE_URL = live_server.url
+    sandbox_reset()
+    world = World()
+    tools_load(tenant=world.acme, document=POLICY, actor="test")
+    world.live_server = live_server
+    return world
+
+
+@pytest.fixture(autouse=True)
+def _engine_settings(settings):
+    settings.UNWIND_MAX_BACKOFF = 0.05
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -1,0 +1,30 @@
+"""Small helpers shared by tests: driving runs through the real services."""
+from ledger.models import Run
+from ledger.services import execution
+from ledger.services.actions import action_propose
+from ledger.services.runs import run_open
+
+
+def open_run(world, goal="test run", **kwargs) -> Run:
+    return run_open(tenant=world.acme, agent=world.agent, goal=goal, on_behalf_of="carol@example.com",
+                    actor="agent:booker", **kwargs)
+
+
+def act(run, tool, args, *, key=None, target=None, intent=None):
+    """Propose and, when claimed, execute inline, as the API's fast path does. Returns the action."""
+    proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker", idempotency_key=key,
+                              target=target, intent=intent or {"goal": run.goal, "confidence": 0.9})
+    if proposal.claimed:
+        execution.execute(proposal.action.pk, owner=proposal.owner)
+        run.refresh_from_db()
+        if run.status == "unwinding":
+            execution.unwind(run.pk)
+    proposal.action.refresh_from_db()
+    run.refresh_from_db()
+    return proposal.action
+
+
+def fault(tool, mode="status", **rule):
+    from sandbox.faults import fault_add
+
+    return fault_add({"tool": tool, "mode": mode, **rule})
