@@ -1,7 +1,15 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/console/recovery/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("approvals/", include("approvals.urls")),
+    path("console/", include("recovery.urls")),
     path("sandbox/", include("sandbox.urls")),
+    path("", include("ledger.urls")),
 ]

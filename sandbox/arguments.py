@@ -14,6 +14,31 @@ from sandbox.errors import InvalidArgument
 
 _REQUIRED = object()
 _ABSENT = object()
+MAX_DEPTH = 20
+
+
+def check_json_document(value: Any, *, depth: int = 0) -> None:
+    """Refuse what a JSON column cannot hold: NUL characters, NaN or infinite numbers, non-JSON values,
+    and nesting no tool needs."""
+    if depth > MAX_DEPTH:
+        raise InvalidArgument(f"the arguments nest deeper than {MAX_DEPTH} levels")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgument("the arguments contain a NUL character")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgument("the arguments contain a number that is not finite")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            if not isinstance(name, str):
+                raise InvalidArgument("the arguments' field names must be strings")
+            check_json_document(name, depth=depth + 1)
+            check_json_document(item, depth=depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            check_json_document(item, depth=depth + 1)
+    elif value is not None and not isinstance(value, (bool, int)):
+        raise InvalidArgument(f"the arguments hold a {type(value).__name__}, which is not JSON")
 
 
 class Arguments:

@@ -24,7 +24,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
 from sandbox import services
-from sandbox.arguments import Arguments
+from sandbox.arguments import Arguments, check_json_document
 from sandbox.errors import IdempotencyKeyReused, InvalidArgument, SandboxError
 from sandbox.faults import fault_claim, fault_error, fault_hold
 from sandbox.models import FaultMode, IdempotencyRecord, TicketPriority, TicketStatus, ToolCall, ToolName
@@ -235,12 +235,18 @@ def call_tool(name: str, raw_args: Any, *, idempotency_key: str | None) -> ToolR
     """Run one call of the tool `name` and return its answer; every call leaves a row in the call log."""
     tool = TOOLS[name]
     key = (idempotency_key or "").strip()
+    try:
+        _check_envelope(raw_args, key)
+    except InvalidArgument as error:
+        # What was sent cannot be stored as it is: the log keeps the refusal without it.
+        ToolCall.objects.create(tool=name, status=error.status)
+        return ToolResponse.from_error(error)
     fault = injected = None
 
     def log(status: int, *, effect_applied: bool = False, replayed: bool = False) -> None:
         ToolCall.objects.create(
             tool=name,
-            idempotency_key=key[:MAX_KEY_LENGTH],
+            idempotency_key=key,
             args=raw_args,
             status=status,
             effect_applied=effect_applied,
@@ -249,8 +255,6 @@ def call_tool(name: str, raw_args: Any, *, idempotency_key: str | None) -> ToolR
         )
 
     try:
-        if len(key) > MAX_KEY_LENGTH:
-            raise InvalidArgument(f"the Idempotency-Key must be at most {MAX_KEY_LENGTH} characters")
         fault = fault_claim(tool=name)
         if fault is not None:
             fault_hold(fault)
@@ -263,6 +267,14 @@ def call_tool(name: str, raw_args: Any, *, idempotency_key: str | None) -> ToolR
         log(error.status)
         return ToolResponse.from_error(error)
     return ToolResponse.from_error(injected) if injected is not None else ToolResponse(status, body)
+
+
+def _check_envelope(raw_args: Any, key: str) -> None:
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidArgument(f"the Idempotency-Key must be at most {MAX_KEY_LENGTH} characters")
+    if not key.isprintable():
+        raise InvalidArgument("the Idempotency-Key must not contain control characters")
+    check_json_document(raw_args)
 
 
 def _run(tool: Tool, args: dict, key: str, *, log: Callable[..., None], answer_status: int | None):

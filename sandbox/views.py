@@ -38,6 +38,7 @@ def _endpoint(**handlers: Callable[..., JsonResponse]):
             )
             return _error(error)
         try:
+            _refuse_nul(request, kwargs)
             return handler(request, **kwargs)
         except SandboxError as error:
             return _error(error)
@@ -45,12 +46,19 @@ def _endpoint(**handlers: Callable[..., JsonResponse]):
     return view
 
 
+def _refuse_nul(request: HttpRequest, path_values: dict[str, str]) -> None:
+    """No id or filter contains a NUL character; PostgreSQL could not even compare one."""
+    values = [*path_values.values(), *(value for _, values in request.GET.lists() for value in values)]
+    if any("\x00" in value for value in values):
+        raise InvalidArgument("the path and query must not contain NUL characters")
+
+
 def _json_body(request: HttpRequest) -> Any:
     if not request.body:
         return {}
     try:
         return json.loads(request.body)
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise InvalidArgument("the request body must be JSON") from None
 
 

@@ -772,6 +772,33 @@ def test_a_body_that_is_not_a_json_object_is_a_400(client, raw):
     assert Charge.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"customer": "cus\\u0000", "amount_cents": 100}',
+        '{"customer": "cus_42", "amount_cents": NaN}',
+        '{"customer": "cus_42", "amount_cents": 100, "meta": ' + "[" * 40 + "]" * 40 + "}",
+        "[" * 100_000,
+    ],
+)
+def test_arguments_a_json_column_cannot_hold_are_a_400_and_still_logged(client, raw):
+    response = post(client, "payments/charge", raw=raw)
+
+    assert response.status_code == 400
+    assert Charge.objects.count() == 0
+
+
+def test_nul_characters_in_ids_filters_and_keys_are_a_400(client):
+    assert get(client, "crm/tickets/T-%00").status_code == 400
+    assert get(client, "email/messages?to=a%00b").status_code == 400
+    assert get(client, "calls?idempotency_key=%00").status_code == 400
+    assert callables.read_ticket("T-182")["id"] == "T-182"
+    with pytest.raises(ToolError) as failure:
+        callables.payments_charge({"customer": "c", "amount_cents": 1}, idempotency_key="k\x00", target=None)
+    assert failure.value.status == 400
+    assert Charge.objects.count() == 0
+
+
 def test_a_wrong_method_is_a_json_405(client):
     response = get(client, "payments/charge")
 
