@@ -115,6 +115,8 @@ UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
 UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
+# The sandbox world under /sandbox/ (unauthenticated, with reset and fault injection): turn it off in production.
+UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", True)
 
 # Worker (django-q2). ORM broker by default: no extra server. Set UNWIND_REDIS_URL to use Redis.
 UNWIND_WORKERS = env_int("UNWIND_WORKERS", 2, minimum=1)

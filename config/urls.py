@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -10,6 +11,8 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("approvals/", include("approvals.urls")),
     path("console/", include("recovery.urls")),
-    path("sandbox/", include("sandbox.urls")),
     path("", include("ledger.urls")),
 ]
+
+if settings.UNWIND_SANDBOX:
+    urlpatterns.insert(0, path("sandbox/", include("sandbox.urls")))

@@ -89,7 +89,9 @@ class Arguments:
             raise InvalidArgument(f"{name} must be an email address, not {value!r}") from None
         return value
 
-    def integer(self, name: str, *, default: Any = _REQUIRED, minimum: int | None = None, maximum: int | None = None) -> Any:
+    def integer(
+        self, name: str, *, default: Any = _REQUIRED, minimum: int | None = None, maximum: int | None = None
+    ) -> Any:
         value = self._value(name)
         if value is _ABSENT:
             return self._default(name, default)
@@ -98,7 +100,9 @@ class Arguments:
         _check_range(name, value, minimum, maximum)
         return value
 
-    def number(self, name: str, *, default: Any = _REQUIRED, minimum: float | None = None, maximum: float | None = None) -> Any:
+    def number(
+        self, name: str, *, default: Any = _REQUIRED, minimum: float | None = None, maximum: float | None = None
+    ) -> Any:
         value = self._value(name)
         if value is _ABSENT:
             return self._default(name, default)

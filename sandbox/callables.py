@@ -3,7 +3,8 @@
 Each tool is `fn(args, *, idempotency_key, target) -> dict` and goes through the same gateway as the
 HTTP views (`sandbox.tools.call_tool`): same validation, idempotency, faults and call log. A refusal or
 an injected fault raises `ToolError`, transient exactly when the HTTP status would be retried
-(408, 425, 429, 5xx). The readers return a record as JSON, or None when it does not exist.
+(408, 425, 429, 5xx). The readers return a record as JSON, or None when it does not exist; `messages_with_key` lists the
+messages sent with a key, for reading back whether a send happened.
 
 Tool arguments name their target (`ticket_id`, `charge_id`, ...); `target` is accepted for the
 executor contract and not needed beyond that.
@@ -64,6 +65,12 @@ def read_license(target: str) -> dict | None:
 
 def read_message(target: str) -> dict | None:
     return selectors.record_get("messages", target)
+
+
+def messages_with_key(target: str) -> dict:
+    """Did a send with this Idempotency-Key happen? The same document as
+    GET /sandbox/email/messages?idempotency_key=<key>: {"results": [message, ...]}."""
+    return {"results": selectors.message_list(idempotency_key=target)}
 
 
 def read_charge(target: str) -> dict | None:

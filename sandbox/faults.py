@@ -33,13 +33,11 @@ def fault_add(raw: Any) -> Fault:
     """
     if not isinstance(raw, dict):
         raise InvalidArgument("a fault rule must be a JSON object")
+    # The mode decides which other fields a rule may have.
     mode = Arguments(raw, allowed=raw.keys()).choice("mode", FaultMode.values)
     args = Arguments(raw, allowed=_COMMON_FIELDS | _MODE_FIELDS[mode])
     tool = args.choice("tool", ToolName.values)
-    if args.given("times") and raw["times"] in (None, 0):
-        times = None
-    else:
-        times = args.integer("times", default=1, minimum=1)
+    times = args.integer("times", default=None if args.given("times") else 1, minimum=0) or None
     fields: dict = {}
     if mode in _DEFAULT_STATUS:
         fields["status"] = args.integer("status", default=_DEFAULT_STATUS[mode], minimum=400, maximum=599)
@@ -71,10 +69,10 @@ def fault_claim(*, tool: str) -> Fault | None:
     never both consume the last use of a rule.
     """
     live = Fault.objects.filter(tool=tool).filter(Q(times__isnull=True) | Q(hits__lt=F("times"))).order_by("id")
+    if not live.exists():  # the common case needs no transaction
+        return None
     with transaction.atomic():
         rules = list(live.all())
-        if not rules:
-            return None
         positional = [rule.pk for rule in rules if rule.nth is not None]
         if positional:
             # The increment holds the rows' locks until commit, so the re-read gives this call's own position.

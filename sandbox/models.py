@@ -173,7 +173,9 @@ class Ticket(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(priority__in=TicketPriority.values), name="sandbox_ticket_priority_valid"),
+            models.CheckConstraint(
+                condition=Q(priority__in=TicketPriority.values), name="sandbox_ticket_priority_valid"
+            ),
             models.CheckConstraint(condition=Q(status__in=TicketStatus.values), name="sandbox_ticket_status_valid"),
         ]
 
@@ -231,7 +233,9 @@ class Fault(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=Q(times__isnull=True) | Q(times__gte=1), name="sandbox_fault_times_positive"),
+            models.CheckConstraint(
+                condition=Q(times__isnull=True) | Q(times__gte=1), name="sandbox_fault_times_positive"
+            ),
             models.CheckConstraint(condition=Q(nth__isnull=True) | Q(nth__gte=1), name="sandbox_fault_nth_positive"),
         ]
 

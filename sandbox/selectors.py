@@ -48,9 +48,22 @@ def record_get(kind: str, record_id: str) -> dict | None:
     return serialize(record) if record is not None else None
 
 
-def record_list(kind: str, **filters: str) -> list[dict]:
+def record_list(kind: str) -> list[dict]:
     model, serialize, order = KINDS[kind]
-    return [serialize(record) for record in model.objects.filter(**filters).order_by(order, "pk")]
+    return [serialize(record) for record in model.objects.order_by(order, "pk")]
+
+
+def message_list(*, to: str | None = None, idempotency_key: str | None = None) -> list[dict]:
+    """Sent messages, optionally only those to one address or sent with one Idempotency-Key.
+
+    An empty key matches nothing: a message sent without a key is no evidence for any key.
+    """
+    messages = Message.objects.all()
+    if to is not None:
+        messages = messages.filter(to__iexact=to)
+    if idempotency_key is not None:
+        messages = messages.filter(idempotency_key=idempotency_key) if idempotency_key else messages.none()
+    return [message_json(message) for message in messages.order_by("sent_at", "pk")]
 
 
 def call_counts() -> dict[str, dict[str, int]]:
@@ -75,7 +88,7 @@ def call_list(*, tool: str | None = None, idempotency_key: str | None = None, li
     if idempotency_key:
         calls = calls.filter(idempotency_key=idempotency_key)
     recent = list(calls.order_by("-id")[:limit])
-    return {"count": calls.count(), "calls": [call_json(call) for call in reversed(recent)]}
+    return {"count": calls.count(), "results": [call_json(call) for call in reversed(recent)]}
 
 
 def world_state() -> dict:

@@ -69,7 +69,12 @@ def licenses_provision(*, user_id: str, sku: str) -> License:
 
 def licenses_revoke(*, license_id: str) -> tuple[License, bool]:
     return _transition(
-        License, license_id, source=LicenseStatus.ACTIVE, target=LicenseStatus.REVOKED, stamp="revoked_at", noun="license"
+        License,
+        license_id,
+        source=LicenseStatus.ACTIVE,
+        target=LicenseStatus.REVOKED,
+        stamp="revoked_at",
+        noun="license",
     )
 
 
@@ -83,7 +88,12 @@ def payments_charge(*, customer: str, amount_cents: int, currency: str) -> Charg
 
 def payments_refund(*, charge_id: str) -> tuple[Charge, bool]:
     return _transition(
-        Charge, charge_id, source=ChargeStatus.CAPTURED, target=ChargeStatus.REFUNDED, stamp="refunded_at", noun="charge"
+        Charge,
+        charge_id,
+        source=ChargeStatus.CAPTURED,
+        target=ChargeStatus.REFUNDED,
+        stamp="refunded_at",
+        noun="charge",
     )
 
 
@@ -152,7 +162,8 @@ def crm_update_ticket(
 @transaction.atomic
 def sandbox_reset() -> None:
     """Empty the world, forget every key, fault and call, and put the seed tickets back."""
-    for model in (ToolCall, IdempotencyRecord, Fault, DirectoryUser, License, Message, Charge, FlightBooking, HotelReservation, Ticket):
+    world = (DirectoryUser, License, Message, Charge, FlightBooking, HotelReservation, Ticket)
+    for model in (ToolCall, IdempotencyRecord, Fault, *world):
         model.objects.all().delete()
     Ticket.objects.bulk_create(
         Ticket(id=ticket_id, subject=subject, priority=priority, updated_by="system")

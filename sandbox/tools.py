@@ -3,6 +3,7 @@
 Both the HTTP views and the in-process callables go through `call_tool`, so a tool behaves the same
 whichever way Unwind reaches it. A call runs in this order:
 
+0. refuse what cannot even be recorded (an overlong key, NUL characters, NaN, deep nesting);
 1. claim a fault rule (if any) and sleep for its delay; `status` and `timeout` rules answer now, with
    nothing applied;
 2. validate the arguments (400 names the field);
@@ -71,7 +72,10 @@ def _parse_user_id(raw: Any) -> dict:
 
 def _parse_provision(raw: Any) -> dict:
     args = Arguments(raw, allowed={"user_id", "sku"})
-    return {"user_id": args.text("user_id", max_length=32), "sku": args.text("sku", default="workspace-standard", max_length=100)}
+    return {
+        "user_id": args.text("user_id", max_length=32),
+        "sku": args.text("sku", default="workspace-standard", max_length=100),
+    }
 
 
 def _parse_license_id(raw: Any) -> dict:
@@ -105,7 +109,11 @@ def _parse_charge_id(raw: Any) -> dict:
 
 def _parse_book_flight(raw: Any) -> dict:
     args = Arguments(raw, allowed={"passenger", "flight", "date"})
-    return {"passenger": args.text("passenger"), "flight": args.text("flight", max_length=20), "date": args.date("date")}
+    return {
+        "passenger": args.text("passenger"),
+        "flight": args.text("flight", max_length=20),
+        "date": args.date("date"),
+    }
 
 
 def _parse_booking_id(raw: Any) -> dict:
@@ -114,7 +122,11 @@ def _parse_booking_id(raw: Any) -> dict:
 
 def _parse_reserve_hotel(raw: Any) -> dict:
     args = Arguments(raw, allowed={"guest", "hotel", "nights"})
-    return {"guest": args.text("guest"), "hotel": args.text("hotel"), "nights": args.integer("nights", minimum=1, maximum=365)}
+    return {
+        "guest": args.text("guest"),
+        "hotel": args.text("hotel"),
+        "nights": args.integer("nights", minimum=1, maximum=365),
+    }
 
 
 def _parse_reservation_id(raw: Any) -> dict:

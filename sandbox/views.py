@@ -90,16 +90,12 @@ def record_endpoint(kind: str, noun: str):
 
 
 def _list_messages(request: HttpRequest) -> JsonResponse:
-    filters = {}
-    if request.GET.get("idempotency_key"):
-        filters["idempotency_key"] = request.GET["idempotency_key"]
-    if request.GET.get("to"):
-        filters["to__iexact"] = request.GET["to"]
-    return JsonResponse({"messages": selectors.record_list("messages", **filters)})
+    messages = selectors.message_list(to=request.GET.get("to"), idempotency_key=request.GET.get("idempotency_key"))
+    return JsonResponse({"results": messages})
 
 
 def _list_tickets(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"tickets": selectors.record_list("tickets")})
+    return JsonResponse({"results": selectors.record_list("tickets")})
 
 
 def _state(request: HttpRequest) -> JsonResponse:
@@ -122,7 +118,7 @@ def _list_calls(request: HttpRequest) -> JsonResponse:
 
 
 def _list_faults(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"faults": selectors.record_list("faults")})
+    return JsonResponse({"results": selectors.record_list("faults")})
 
 
 def _add_fault(request: HttpRequest) -> JsonResponse:

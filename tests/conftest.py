@@ -75,7 +75,7 @@ class World:
 
 
 @pytest.fixture
-def world(db):
+def world(db, _engine_settings):
     from sandbox.services import sandbox_reset
 
     sandbox_reset()
@@ -92,7 +92,7 @@ def tools(world):
 
 
 @pytest.fixture
-def http_tools(transactional_db, live_server, settings):
+def http_tools(transactional_db, live_server, settings, _engine_settings):
     """The sandbox tools over real HTTP against a live server (the product's own policy file)."""
     from sandbox.services import sandbox_reset
 
@@ -108,3 +108,4 @@ def http_tools(transactional_db, live_server, settings):
 def _engine_settings(settings):
     settings.UNWIND_MAX_BACKOFF = 0.05
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -10,6 +10,7 @@ from django.test import Client
 
 from ledger.executors import ToolError
 from sandbox import callables, tools
+from sandbox.faults import fault_add
 from sandbox.models import Charge, DirectoryUser, FlightBooking, HotelReservation, License, Message, Ticket, ToolCall
 from sandbox.services import sandbox_reset
 
@@ -137,7 +138,7 @@ def test_send_email_answers_201_and_reads_back(client):
     assert response.status_code == 201
     assert message["to"] == "bob@example.com" and message["subject"] == "Welcome"
     assert get(client, f"email/messages/{message['message_id']}").json()["body"] == "Hello Bob"
-    assert get(client, "email/messages?to=bob@example.com").json()["messages"] == [message]
+    assert get(client, "email/messages?to=bob@example.com").json()["results"] == [message]
 
 
 def test_email_send_ignores_the_idempotency_key_but_records_it(client):
@@ -148,7 +149,7 @@ def test_email_send_ignores_the_idempotency_key_but_records_it(client):
 
     assert first.status_code == second.status_code == 201
     assert first.json()["message_id"] != second.json()["message_id"]
-    listed = get(client, "email/messages?idempotency_key=welcome-bob").json()["messages"]
+    listed = get(client, "email/messages?idempotency_key=welcome-bob").json()["results"]
     assert [m["message_id"] for m in listed] == [first.json()["message_id"], second.json()["message_id"]]
     assert all(m["idempotency_key"] == "welcome-bob" for m in listed)
     assert [(c.effect_applied, c.replayed) for c in calls_of("email.send")] == [(True, False), (True, False)]
@@ -158,10 +159,11 @@ def test_listing_messages_filters_by_recipient_and_key(client):
     post(client, "email/send", {"to": "bob@example.com", "subject": "A"}, key="k-1")
     post(client, "email/send", {"to": "eve@example.com", "subject": "B"}, key="k-2")
 
-    assert [m["subject"] for m in get(client, "email/messages?to=eve@example.com").json()["messages"]] == ["B"]
-    assert [m["subject"] for m in get(client, "email/messages?idempotency_key=k-1").json()["messages"]] == ["A"]
-    assert get(client, "email/messages?idempotency_key=unknown").json()["messages"] == []
-    assert len(get(client, "email/messages").json()["messages"]) == 2
+    assert [m["subject"] for m in get(client, "email/messages?to=eve@example.com").json()["results"]] == ["B"]
+    assert [m["subject"] for m in get(client, "email/messages?idempotency_key=k-1").json()["results"]] == ["A"]
+    assert get(client, "email/messages?idempotency_key=unknown").json()["results"] == []
+    assert get(client, "email/messages?idempotency_key=").json()["results"] == []
+    assert len(get(client, "email/messages").json()["results"]) == 2
 
 
 # --- Payments -------------------------------------------------------------------------------------
@@ -260,7 +262,7 @@ def test_cancelling_unknown_bookings_is_404(client):
 
 
 def test_reset_seeds_the_three_tickets(client):
-    tickets = get(client, "crm/tickets").json()["tickets"]
+    tickets = get(client, "crm/tickets").json()["results"]
 
     assert [(t["id"], t["subject"], t["priority"], t["status"], t["version"]) for t in tickets] == [
         ("T-182", "Login page times out", "normal", "open", 1),
@@ -270,7 +272,8 @@ def test_reset_seeds_the_three_tickets(client):
 
 
 def test_update_ticket_answers_the_full_ticket_and_bumps_the_version(client):
-    response = post(client, "crm/tickets/update", {"ticket_id": "T-182", "priority": "urgent", "note": "Customer is blocked"})
+    change = {"ticket_id": "T-182", "priority": "urgent", "note": "Customer is blocked"}
+    response = post(client, "crm/tickets/update", change)
     ticket = response.json()
 
     assert response.status_code == 200
@@ -284,9 +287,8 @@ def test_restoring_a_ticket_is_an_update_with_the_old_values(client):
     before = get(client, "crm/tickets/T-204").json()
     post(client, "crm/tickets/update", {"ticket_id": "T-204", "priority": "high", "status": "pending"})
 
-    restored = post(
-        client, "crm/tickets/update", {"ticket_id": "T-204", "priority": before["priority"], "status": before["status"], "updated_by": "unwind"}
-    ).json()
+    restore = {"ticket_id": "T-204", "priority": before["priority"], "status": before["status"], "updated_by": "unwind"}
+    restored = post(client, "crm/tickets/update", restore).json()
 
     assert (restored["priority"], restored["status"]) == (before["priority"], before["status"])
     assert restored["version"] == 3 and restored["updated_by"] == "unwind"
@@ -448,7 +450,19 @@ def test_concurrent_calls_with_one_key_charge_exactly_once():
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_calls_consume_a_fault_exactly_once():
     sandbox_reset()
-    Client().post("/sandbox/faults", {"tool": "payments.charge", "mode": "status", "status": 503}, content_type="application/json")
+    fault_add({"tool": "payments.charge", "mode": "status", "status": 503})
+    args = {"customer": "cus_42", "amount_cents": 700}
+
+    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, idempotency_key=None))
+
+    assert sorted(r.status for r in responses) == [201] * 9 + [503]
+    assert Charge.objects.count() == 9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_calls_fire_a_positional_rule_exactly_once():
+    sandbox_reset()
+    fault_add({"tool": "payments.charge", "mode": "status", "status": 503, "nth": 4})
     args = {"customer": "cus_42", "amount_cents": 700}
 
     responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, idempotency_key=None))
@@ -606,10 +620,10 @@ def test_fault_listing_shows_consumption(client):
     add_fault(client, tool="payments.charge", mode="status", status=500, times=2)
     charge(client)
 
-    (rule,) = get(client, "faults").json()["faults"]
+    (rule,) = get(client, "faults").json()["results"]
     assert (rule["hits"], rule["spent"]) == (1, False)
     charge(client)
-    (rule,) = get(client, "faults").json()["faults"]
+    (rule,) = get(client, "faults").json()["results"]
     assert (rule["hits"], rule["spent"]) == (2, True)
 
 
@@ -619,13 +633,13 @@ def test_clearing_faults_by_tool_or_all(client):
     add_fault(client, tool="email.send", mode="latency", ms=10)
 
     by_tool = post(client, "faults/clear", {"tool": "payments.refund"})
-    remaining = [rule["tool"] for rule in get(client, "faults").json()["faults"]]
+    remaining = [rule["tool"] for rule in get(client, "faults").json()["results"]]
     everything = client.delete("/sandbox/faults")
 
     assert by_tool.json() == {"cleared": 1}
     assert remaining == ["payments.charge", "email.send"]
     assert everything.json() == {"cleared": 2}
-    assert get(client, "faults").json()["faults"] == []
+    assert get(client, "faults").json()["results"] == []
 
 
 @pytest.mark.parametrize(
@@ -641,6 +655,7 @@ def test_clearing_faults_by_tool_or_all(client):
         {"tool": "payments.charge", "mode": "timeout", "seconds": -1},
         {"tool": "payments.charge", "mode": "timeout", "seconds": 10_000},
         {"tool": "payments.charge", "mode": "status", "times": -1},
+        {"tool": "payments.charge", "mode": "status", "times": False},
         {"tool": "payments.charge", "mode": "status", "nth": 0},
         ["payments.charge", "status"],
     ],
@@ -650,7 +665,7 @@ def test_a_bad_fault_rule_is_refused(client, rule):
 
     assert response.status_code == 400
     assert response.json()["detail"]
-    assert get(client, "faults").json()["faults"] == []
+    assert get(client, "faults").json()["results"] == []
 
 
 def test_clearing_faults_of_an_unknown_tool_is_refused(client):
@@ -672,7 +687,8 @@ def test_state_holds_the_whole_world(client):
 
     state = get(client, "state").json()
 
-    assert {kind: len(state[kind]) for kind in ("users", "licenses", "messages", "charges", "flights", "hotels", "tickets", "faults")} == {
+    kinds = ("users", "licenses", "messages", "charges", "flights", "hotels", "tickets", "faults")
+    assert {kind: len(state[kind]) for kind in kinds} == {
         "users": 1, "licenses": 1, "messages": 1, "charges": 1, "flights": 1, "hotels": 1, "tickets": 3, "faults": 1,
     }
     assert state["call_counts"]["payments.charge"] == {"calls": 2, "effects": 1, "replays": 1}
@@ -710,13 +726,13 @@ def test_the_call_log_lists_every_call_with_its_outcome(client):
     by_key = get(client, "calls?idempotency_key=log-1").json()
 
     assert listing["count"] == 3
-    assert [(c["status"], c["effect_applied"], c["replayed"]) for c in listing["calls"]] == [
+    assert [(c["status"], c["effect_applied"], c["replayed"]) for c in listing["results"]] == [
         (201, True, False),
         (201, False, True),
         (400, False, False),
     ]
-    assert listing["calls"][0]["args"] == {"customer": "cus_42", "amount_cents": 100}
-    assert listing["calls"][0]["idempotency_key"] == "log-1"
+    assert listing["results"][0]["args"] == {"customer": "cus_42", "amount_cents": 100}
+    assert listing["results"][0]["idempotency_key"] == "log-1"
     assert by_key["count"] == 2
 
 
@@ -727,7 +743,7 @@ def test_the_call_log_keeps_the_most_recent_calls_under_a_limit(client):
     listing = get(client, "calls?limit=2").json()
 
     assert listing["count"] == 3
-    assert [c["args"]["amount_cents"] for c in listing["calls"]] == [2, 3]
+    assert [c["args"]["amount_cents"] for c in listing["results"]] == [2, 3]
     assert get(client, "calls?limit=zero").status_code == 400
 
 
@@ -828,11 +844,23 @@ def test_callables_share_the_tool_behaviour_and_idempotency():
 
 
 def test_callable_update_and_read_ticket():
-    ticket = callables.crm_update_ticket({"ticket_id": "T-311", "priority": "high"}, idempotency_key="cb-2", target="T-311")
+    ticket = callables.crm_update_ticket(
+        {"ticket_id": "T-311", "priority": "high"}, idempotency_key="cb-2", target="T-311"
+    )
 
     assert ticket["priority"] == "high"
     assert callables.read_ticket("T-311") == ticket
     assert callables.read_ticket("T-999") is None
+
+
+def test_messages_with_key_reads_back_whether_a_send_happened(client):
+    assert callables.messages_with_key("mail-9") == {"results": []}
+
+    mail = {"to": "bob@example.com", "subject": "Hi", "body": "x"}
+    sent = callables.email_send(mail, idempotency_key="mail-9", target=None)
+
+    assert callables.messages_with_key("mail-9") == {"results": [sent]}
+    assert get(client, "email/messages?idempotency_key=mail-9").json() == callables.messages_with_key("mail-9")
 
 
 def test_callable_readers_answer_none_for_unknown_records():
@@ -883,7 +911,10 @@ def test_callable_error_after_effect_is_transient_and_the_retry_replays(client):
 
 @pytest.mark.parametrize(
     "model",
-    ["directoryuser", "license", "message", "charge", "flightbooking", "hotelreservation", "ticket", "idempotencyrecord", "fault", "toolcall"],
+    [
+        "directoryuser", "license", "message", "charge", "flightbooking",
+        "hotelreservation", "ticket", "idempotencyrecord", "fault", "toolcall",
+    ],
 )
 def test_admin_lists_render(admin_client, model):
     create_user(Client())

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, mapping
+from ledger import events, failpoints, mapping
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.errors import StateConflict
@@ -134,6 +134,7 @@ def execute(action_id: int, *, owner: str, budget: float | None = None) -> Actio
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
         t0 = time.monotonic()
+        failpoints.hit("before_tool_call")
         try:
             if needs_read_back(action):
                 evidence = already_done(action)
@@ -151,6 +152,7 @@ def execute(action_id: int, *, owner: str, budget: float | None = None) -> Actio
                 continue
             return action
         latency = (time.monotonic() - t0) * 1000
+        failpoints.hit("after_tool_call")
         record_success(action, outcome, latency_ms=latency)
         return action
 
@@ -346,6 +348,7 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
             compensation = next_compensation(run_id, owner=owner)
             if compensation is None:
                 break
+            failpoints.hit("mid_unwind")
             if compensation.tool.executor == Executor.CLIENT:
                 break  # the agent runs it and reports; its report continues the unwind
             if drift_detected(compensation):

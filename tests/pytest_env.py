@@ -1,0 +1,8 @@
+"""Loaded with `-p tests.pytest_env` (pyproject) before pytest-django reads the settings.
+
+Background tasks run inline after commit in tests; the crash tests start real workers with this
+turned off in their own environment.
+"""
+import os
+
+os.environ.setdefault("UNWIND_TASKS_SYNC", "1")

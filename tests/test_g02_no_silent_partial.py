@@ -1,0 +1,49 @@
+"""Guarantee 2: every run ends completed, compensated, or needs_attention with an open recovery item."""
+from recovery.models import RecoveryItem
+from tests.helpers import act, fault, open_run
+
+
+def test_failure_after_the_pivot_opens_a_recovery_item_naming_what_is_left(tools):
+    tools.acme.approval_threshold = "critical"
+    tools.acme.save()
+    run = open_run(tools)
+    act(run, "travel.book_flight", {"passenger": "P", "flight": "LH1", "date": "2026-12-01"})
+    act(run, "payments.charge", {"customer": "cus_1", "amount_cents": 5000})
+    fault("email.send", "status", status=503, times=0)
+    mail = act(run, "email.send", {"to": "p@x.io", "subject": "Booked", "body": "ok"})
+    run.refresh_from_db()
+    assert mail.status == "failed" and mail.attempts == mail.max_attempts
+    assert run.status == "needs_attention"
+    item = RecoveryItem.objects.get(run=run, status="open")
+    assert item.reason == "step_failed" and "email.send" in item.detail and "after the pivot" in item.detail
+    assert item.action_id == mail.pk
+
+
+def test_a_compensation_that_keeps_failing_leaves_the_run_in_the_queue_not_failed(tools):
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "a@x.io", "name": "A"})
+    user2 = act(run, "hr.create_user", {"email": "b@x.io", "name": "B"})
+    fault("hr.delete_user", "status", status=500, times=0)
+    fault("licenses.provision", "status", status=400, times=1)
+    act(run, "licenses.provision", {"user_id": user2.result["id"]})
+    run.refresh_from_db()
+    assert run.status == "needs_attention"
+    item = RecoveryItem.objects.get(run=run, status="open")
+    assert item.reason == "compensation_failed"
+    assert item.detail.count("could not be compensated") == 2
+
+
+def test_completed_and_compensated_runs_have_no_open_item(tools):
+    from ledger.services.runs import run_complete
+
+    ok = open_run(tools)
+    act(ok, "hr.create_user", {"email": "a@x.io", "name": "A"})
+    run_complete(run=ok, actor="agent:booker")
+    bad = open_run(tools)
+    act(bad, "hr.create_user", {"email": "b@x.io", "name": "B"})
+    fault("travel.reserve_hotel", "status", status=409)
+    act(bad, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
+    bad.refresh_from_db()
+    ok.refresh_from_db()
+    assert (ok.status, bad.status) == ("completed", "compensated")
+    assert not RecoveryItem.objects.exists()

@@ -1,0 +1,153 @@
+"""Guarantee 5: a worker killed at any instant loses nothing, and nothing happens twice.
+
+The in-process tests stop a step between the tool call and the outcome commit by doing the tool
+call by hand; the process tests kill a real worker process with SIGKILL at a failpoint and let a
+real `manage.py worker` (django-q2 cluster + sweep) recover it.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from ledger.models import Action
+from ledger.services.actions import action_propose
+from ledger.services.sweep import sweep
+from ledger.services.tools import tool_upsert
+from recovery.models import RecoveryItem
+from sandbox import callables
+from sandbox.selectors import call_list, world_state
+from tests.conftest import in_process_policy
+from tests.helpers import open_run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def short_lease(world, name, **overrides):
+    spec = dict(in_process_policy()["tools"][name], timeout=0.2, **overrides)
+    tool_upsert(tenant=world.acme, name=name, spec=spec, actor="test")
+
+
+def wait_for_lease(action):
+    action.refresh_from_db()
+    time.sleep(max(0.0, (action.lease_expires_at.timestamp() - time.time())) + 0.05)
+
+
+def test_lost_worker_after_the_tool_call_is_replayed_with_the_same_key(tools, django_capture_on_commit_callbacks):
+    short_lease(tools, "hr.create_user")
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "a@x.io", "name": "A"}, actor="agent:booker")
+    # The worker called the tool, then died before recording the outcome.
+    callables.hr_create_user({"email": "a@x.io", "name": "A"}, idempotency_key=proposal.action.idempotency_key)
+    wait_for_lease(proposal.action)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep()["reclaimed"] == 1
+    action = Action.objects.get(pk=proposal.action.pk)
+    assert action.status == "succeeded" and action.attempts == 2
+    calls = call_list(tool="hr.create_user")["results"]
+    assert [c["effect_applied"] for c in calls] == [True, False]  # second call was a replay
+    assert len(world_state()["users"]) == 1
+    assert list(action.attempt_set.values_list("outcome", flat=True)) == ["lost", "succeeded"]
+
+
+def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, django_capture_on_commit_callbacks):
+    short_lease(tools, "email.send")
+    run = open_run(tools)
+    args = {"to": "a@x.io", "subject": "Hello", "body": "b"}
+    sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
+    callables.email_send(args, idempotency_key=sent.action.idempotency_key)
+    wait_for_lease(sent.action)
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep()
+    assert Action.objects.get(pk=sent.action.pk).status == "succeeded"
+    assert len(world_state()["messages"]) == 1  # read back, not re-sent
+
+
+def test_lost_before_the_tool_call_runs_it_exactly_once(tools, django_capture_on_commit_callbacks):
+    short_lease(tools, "email.send")
+    run = open_run(tools)
+    sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
+                          actor="agent:booker")
+    wait_for_lease(sent.action)
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep()
+    assert Action.objects.get(pk=sent.action.pk).status == "succeeded"
+    assert len(world_state()["messages"]) == 1
+
+
+def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_on_commit_callbacks):
+    spec = dict(in_process_policy()["tools"]["email.send"], timeout=0.2)
+    spec.pop("lookup")
+    tool_upsert(tenant=tools.acme, name="email.send", spec=spec, actor="test")
+    run = open_run(tools)
+    sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
+                          actor="agent:booker")
+    wait_for_lease(sent.action)
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep()
+    run.refresh_from_db()
+    assert Action.objects.get(pk=sent.action.pk).status == "lost"
+    assert run.status == "needs_attention"
+    assert RecoveryItem.objects.get(run=run).reason == "lease_lost"
+    assert world_state()["messages"] == []
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def process_env(live_server, **extra) -> dict:
+    env = dict(os.environ, DATABASE_URL=database_url(), UNWIND_TOOL_BASE_URL=live_server.url,
+               UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.2", UNWIND_WORKERS="2", PYTHONPATH=str(ROOT))
+    env.update(extra)
+    return env
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(connection.vendor == "sqlite" and ":memory:" in str(connection.settings_dict.get("NAME")),
+                    reason="worker processes need a database file or server")
+@pytest.mark.parametrize("tool,args", [
+    ("hr.create_user", {"email": "k@x.io", "name": "K"}),
+    ("email.send", {"to": "k@x.io", "subject": "S", "body": "b"}),
+])
+def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_worker(http_tools, tool, args):
+    from tests.conftest import POLICY
+
+    spec = dict(POLICY["tools"][tool], timeout=1)
+    tool_upsert(tenant=http_tools.acme, name=tool, spec=spec, actor="test")
+    run = open_run(http_tools)
+    proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker")
+    code = ("import django; django.setup(); from ledger.services import execution; "
+            f"execution.execute({proposal.action.pk}, owner={proposal.owner!r})")
+    dying = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True,
+                           env=process_env(http_tools.live_server, DJANGO_SETTINGS_MODULE="config.settings",
+                                           UNWIND_FAILPOINTS="after_tool_call"))
+    assert dying.returncode == -signal.SIGKILL, dying.stderr.decode()[-2000:]
+    assert Action.objects.get(pk=proposal.action.pk).status == "running"  # effect done, outcome unrecorded
+    worker = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=process_env(http_tools.live_server),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: Action.objects.get(pk=proposal.action.pk).status == "succeeded"), \
+            Action.objects.get(pk=proposal.action.pk).status
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    effects = [c for c in call_list(tool=tool)["results"] if c["effect_applied"]]
+    assert len(effects) == 1
+    assert Action.objects.get(pk=proposal.action.pk).attempts == 2
