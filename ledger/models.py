@@ -3,6 +3,8 @@
 Status fields are never assigned directly: each state machine has one transition function in
 `ledger.transitions` that applies an allowed change with a conditional UPDATE and checks the rowcount.
 """
+import hashlib
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -262,6 +264,15 @@ class Action(models.Model):
     @property
     def is_compensation(self) -> bool:
         return self.kind == ActionKind.COMPENSATION
+
+    @property
+    def tool_key(self) -> str:
+        """The Idempotency-Key sent to the tool: the ledger key, namespaced by tenant.
+
+        Agents choose their keys freely and two tenants may pick the same one; the services they
+        call are shared, so the key that leaves Unwind must not collide across tenants.
+        """
+        return "uw-" + hashlib.sha256(f"{self.tenant_id}:{self.idempotency_key}".encode()).hexdigest()[:40]
 
 
 class Attempt(models.Model):

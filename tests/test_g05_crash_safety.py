@@ -42,7 +42,7 @@ def test_lost_worker_after_the_tool_call_is_replayed_with_the_same_key(tools, dj
     run = open_run(tools)
     proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "a@x.io", "name": "A"}, actor="agent:booker")
     # The worker called the tool, then died before recording the outcome.
-    callables.hr_create_user({"email": "a@x.io", "name": "A"}, idempotency_key=proposal.action.idempotency_key)
+    callables.hr_create_user({"email": "a@x.io", "name": "A"}, idempotency_key=proposal.action.tool_key)
     wait_for_lease(proposal.action)
     with django_capture_on_commit_callbacks(execute=True):
         assert sweep()["reclaimed"] == 1
@@ -59,7 +59,7 @@ def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, dja
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Hello", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
-    callables.email_send(args, idempotency_key=sent.action.idempotency_key)
+    callables.email_send(args, idempotency_key=sent.action.tool_key)
     wait_for_lease(sent.action)
     with django_capture_on_commit_callbacks(execute=True):
         sweep()

@@ -89,10 +89,10 @@ def already_done(action: Action) -> dict | None:
     lookup = tool.lookup.get("read")
     if lookup:
         if lookup.startswith("/") or lookup.startswith("http"):
-            url = resolve_url(lookup, key=action.idempotency_key, target=action.target_id)
+            url = resolve_url(lookup, key=action.tool_key, target=action.target_id)
             found = http_read(url=url, timeout=tool.timeout_seconds)
         else:
-            found = python_read(path=lookup, target=action.idempotency_key)
+            found = python_read(path=lookup, target=action.tool_key)
         items = found.get("results", found) if isinstance(found, dict) else found
         return {"recovered": True, "evidence": items[0] if isinstance(items, list) else items} if items else None
     if tool.verify.get("expect") and action.target_id:
@@ -110,9 +110,9 @@ def call_tool(action: Action) -> ToolOutcome:
     tool = action.tool
     if tool.executor == Executor.HTTP:
         url = resolve_url(tool.endpoint, target=action.target_id)
-        return http_call(url=url, args=action.args, idempotency_key=action.idempotency_key, timeout=tool.timeout_seconds)
+        return http_call(url=url, args=action.args, idempotency_key=action.tool_key, timeout=tool.timeout_seconds)
     if tool.executor == Executor.PYTHON:
-        return python_call(path=tool.endpoint, args=action.args, idempotency_key=action.idempotency_key,
+        return python_call(path=tool.endpoint, args=action.args, idempotency_key=action.tool_key,
                            target=action.target_id or None)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
