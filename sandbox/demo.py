@@ -1,0 +1,192 @@
+"""The demo scenarios (seeds 000, 001, 003, 004), driven as an agent would: the Python client over HTTP.
+
+Each scenario returns a list of Checks: what was expected, what the ledger and the sandbox world
+say, and whether they agree. `manage.py demo --check` exits non-zero when any check disagrees.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import requests
+
+from unwind_client import ApprovalPending, Refused, Unwind, Unwound
+
+
+@dataclass
+class Check:
+    scenario: str
+    what: str
+    expected: object
+    observed: object
+
+    @property
+    def ok(self) -> bool:
+        return self.expected == self.observed
+
+
+@dataclass
+class Context:
+    base_url: str
+    client: Unwind
+    approve: Callable[[int, bool, str], None]  # (action_id, approve?, reason) as a person would
+    checks: list[Check] = field(default_factory=list)
+    runs: dict[str, int] = field(default_factory=dict)
+
+    def sandbox(self, method: str, path: str, **json) -> dict:
+        response = requests.request(method, f"{self.base_url}/sandbox/{path}", json=json or None, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def fault(self, tool: str, **rule) -> None:
+        self.sandbox("POST", "faults", tool=tool, **rule)
+
+    def run_status(self, run_id: int, *, settle: bool = True, timeout: float = 20.0) -> str:
+        """The run's status once it stops moving (unwinds finish in the background)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.client.get_run(run_id)["status"]
+            if not settle or status not in ("unwinding", "running", "awaiting_approval") or time.monotonic() > deadline:
+                return status
+            time.sleep(0.1)
+
+    def expect(self, scenario: str, what: str, expected, observed) -> None:
+        self.checks.append(Check(scenario, what, expected, observed))
+
+
+def onboarding(ctx: Context) -> None:
+    """Seed 001: create user, provision license, the welcome email fails 504 after its retries."""
+    s = "1 onboarding"
+    ctx.fault("email.send", mode="status", status=504, times=0)
+    run = ctx.client.open_run(goal="Onboard new hire Ashu Kumar (ashu@company.com)", on_behalf_of="hr@company.com",
+                              plan=["hr.create_user", "licenses.provision", "email.send"])
+    ctx.runs[s] = run.id
+    user = run.act("hr.create_user", {"email": "ashu@company.com", "name": "Ashu Kumar"},
+                   intent={"goal": "create the HR record", "confidence": 0.97})
+    run.act("licenses.provision", {"user_id": user["id"], "sku": "workspace-standard"},
+            intent={"goal": "give Ashu a workspace", "confidence": 0.95})
+    try:
+        run.act("email.send", {"to": "ashu@home.example", "subject": "Welcome to the team", "body": "Hi Ashu!"})
+        ctx.expect(s, "welcome email", "fails with 504", "sent")
+    except Unwound as unwound:
+        ctx.expect(s, "welcome email", "fails with 504", "fails with 504" if "504" in unwound.message else unwound.message)
+    ctx.sandbox("POST", "faults/clear", tool="email.send")
+    ctx.expect(s, "run ends", "compensated", ctx.run_status(run.id))
+    world = ctx.sandbox("GET", "state")
+    ctx.expect(s, "users left in HR", 0, len(world["users"]))
+    ctx.expect(s, "active licenses", 0, sum(1 for lic in world["licenses"] if lic["status"] == "active"))
+    undo = [a["tool"] for a in ctx.client.get_run(run.id)["actions"] if a["kind"] == "compensation"]
+    ctx.expect(s, "compensations, newest first", ["licenses.revoke", "hr.delete_user"], undo)
+
+
+def travel(ctx: Context) -> None:
+    """Seed 000: flight and hotel (compensatable), the charge (pivot, approved by a person), the confirmation (retriable)."""
+    s = "2 travel"
+    # A hotel failure unwinds the flight before any charge.
+    ctx.fault("travel.reserve_hotel", mode="status", status=409)
+    run = ctx.client.open_run(goal="Trip to Lisbon, 3 nights", on_behalf_of="carol@company.com")
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1351", "date": "2026-12-04"})
+    try:
+        run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Avenida", "nights": 3})
+    except Unwound:
+        pass
+    ctx.expect(s, "hotel failure: run ends", "compensated", ctx.run_status(run.id))
+    world = ctx.sandbox("GET", "state")
+    ctx.expect(s, "hotel failure: flight", ["cancelled"], [f["status"] for f in world["flights"]])
+    ctx.expect(s, "hotel failure: charges", 0, len(world["charges"]))
+
+    # The charge before the hotel: the ordering law refuses the hotel.
+    run = ctx.client.open_run(goal="Trip to Porto", on_behalf_of="carol@company.com")
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1942", "date": "2026-12-10"})
+    try:
+        run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 48000, "currency": "EUR"})
+    except ApprovalPending:
+        pass
+    try:
+        run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Infante", "nights": 2})
+        ctx.expect(s, "hotel after the charge", "refused: ordering_violation", "accepted")
+    except Refused as refused:
+        ctx.expect(s, "hotel after the charge", "refused: ordering_violation", f"refused: {refused.code}")
+    run.cancel()
+    ctx.expect(s, "refused run, cancelled", "compensated", ctx.run_status(run.id))
+
+    # The happy path with a person approving the charge and a flaky confirmation after the pivot.
+    run = ctx.client.open_run(goal="Trip to Madrid", on_behalf_of="carol@company.com",
+                              plan=["travel.book_flight", "travel.reserve_hotel", "payments.charge", "email.send"])
+    ctx.runs[s] = run.id
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "IB3117", "date": "2026-12-18"})
+    run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Urban", "nights": 2})
+    try:
+        run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 61000, "currency": "EUR"},
+                intent={"goal": "pay for the Madrid trip", "reasoning": "flight and hotel are booked", "confidence": 0.93})
+        ctx.expect(s, "charge", "waits for approval", "ran without approval")
+    except ApprovalPending as pending:
+        ctx.approve(pending.action_id, True, "")
+        charge = pending.wait(timeout=20)
+        ctx.expect(s, "charge", "waits for approval", "waits for approval")
+        ctx.expect(s, "charge captured after approval", "captured", charge.get("status"))
+    ctx.fault("email.send", mode="status", status=503, times=2)
+    run.act("email.send", {"to": "carol@company.com", "subject": "Your Madrid trip", "body": "Booked and paid."})
+    detail = ctx.client.get_run(run.id)
+    confirmation = [a for a in detail["actions"] if a["tool"] == "email.send"][0]
+    ctx.expect(s, "confirmation after the pivot", "succeeded after 3 attempts",
+               f"{confirmation['status']} after {confirmation['attempts']} attempts")
+    ctx.expect(s, "no compensation after the pivot", 0, sum(1 for a in detail["actions"] if a["kind"] == "compensation"))
+    run.complete()
+    ctx.expect(s, "run ends", "completed", ctx.run_status(run.id))
+
+
+def crm(ctx: Context) -> None:
+    """Seed 003: a priority change to the wrong ticket is restored; a drifted ticket is not overwritten."""
+    s = "3 crm"
+    run = ctx.client.open_run(goal="Escalate the invoice bug", on_behalf_of="support@company.com")
+    run.act("crm.update_ticket", {"ticket_id": "T-204", "priority": "high"},
+            intent={"goal": "escalate", "reasoning": "customer is blocked", "confidence": 0.6})
+    run.cancel(reason="wrong ticket: the login bug was meant")
+    ctx.expect(s, "wrong ticket: run ends", "compensated", ctx.run_status(run.id))
+    ticket = ctx.sandbox("GET", "crm/tickets/T-204")
+    ctx.expect(s, "T-204 priority restored", "normal", ticket["priority"])
+
+    run = ctx.client.open_run(goal="Escalate the login bug", on_behalf_of="support@company.com")
+    ctx.runs[s] = run.id
+    run.act("crm.update_ticket", {"ticket_id": "T-182", "priority": "high"})
+    ctx.sandbox("POST", "crm/tickets/update", ticket_id="T-182", status="pending", note="customer replied",
+                updated_by="dana")
+    run.cancel(reason="the agent should not have escalated")
+    ctx.expect(s, "drift: run ends", "needs_attention", ctx.run_status(run.id))
+    ticket = ctx.sandbox("GET", "crm/tickets/T-182")
+    ctx.expect(s, "drift: dana's change kept", ("high", "pending"), (ticket["priority"], ticket["status"]))
+
+
+def email_correction(ctx: Context) -> None:
+    """Seed 004: an email cannot be unsent; its compensation is a correction email."""
+    s = "4 email"
+    run = ctx.client.open_run(goal="Tell the customer their export ticket is escalated", on_behalf_of="support@company.com")
+    ctx.runs[s] = run.id
+    run.act("crm.update_ticket", {"ticket_id": "T-311", "priority": "urgent"})
+    run.act("email.send", {"to": "customer@example.com", "subject": "Your ticket T-311 is now urgent",
+                           "body": "We escalated your ticket."})
+    run.cancel(reason="escalation was not approved by the account manager")
+    ctx.expect(s, "run ends", "compensated", ctx.run_status(run.id))
+    messages = ctx.sandbox("GET", "email/messages?to=customer@example.com")["results"]
+    ctx.expect(s, "emails to the customer", ["Your ticket T-311 is now urgent", "Correction: Your ticket T-311 is now urgent"],
+               sorted(m["subject"] for m in messages))
+    ctx.expect(s, "T-311 priority restored", "low", ctx.sandbox("GET", "crm/tickets/T-311")["priority"])
+
+
+def waiting_in_the_inbox(ctx: Context) -> int:
+    """A charge left for a person to approve or reject in the inbox."""
+    run = ctx.client.open_run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "LH1169", "date": "2027-01-08"})
+    run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Adlon", "nights": 2})
+    try:
+        run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 92000, "currency": "EUR"},
+                intent={"goal": "pay for the Berlin trip", "reasoning": "flight and hotel are booked", "confidence": 0.88})
+    except ApprovalPending as pending:
+        ctx.runs["5 inbox"] = run.id
+        return pending.action_id
+    return 0
+
+
+SCENARIOS = [onboarding, travel, crm, email_correction]
