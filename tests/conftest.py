@@ -5,7 +5,6 @@ ben is a second approver for quorum tests; mallory belongs to tenant "globex" on
 every isolation check.
 """
 import copy
-import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from ledger.models import Tenant
 from ledger.services.tenancy import agent_create, membership_set, tenant_create
 from ledger.services.tools import tools_load
 

@@ -6,7 +6,6 @@ from django.db import connection
 
 from ledger.errors import IdempotencyMismatch, StillInFlight
 from ledger.models import Action
-from ledger.services import execution
 from ledger.services.actions import action_propose
 from sandbox.selectors import call_list
 from tests.conftest import needs_postgres

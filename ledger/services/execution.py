@@ -18,7 +18,6 @@ from django.utils import timezone
 from ledger import events, failpoints, mapping
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
-from ledger.errors import StateConflict
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor, Run,

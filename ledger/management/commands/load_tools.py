@@ -25,7 +25,9 @@ class Command(BaseCommand):
             document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except (ValueError, yaml.YAMLError) as exc:
             raise CommandError(f"{file} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-        slug = tenant or (document or {}).get("tenant") if isinstance(document, dict) else tenant
+        if not isinstance(document, dict):
+            raise CommandError(f"{file} must hold an object with 'tools' (or 'agentSafety'), not {type(document).__name__}")
+        slug = tenant or document.get("tenant")
         if not slug:
             raise CommandError("name the tenant with --tenant or a 'tenant' field in the file")
         tenant_obj = Tenant.objects.filter(slug=slug).first()

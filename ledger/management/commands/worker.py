@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
