@@ -101,21 +101,27 @@ def on_approval_withdrawn(*, action: Action, reason: str) -> None:
 
 # --- decisions ------------------------------------------------------------------------------------
 
+def is_requester(request: ApprovalRequest, user) -> bool:
+    """Separation of duties: whoever asked for the action, or on whose behalf it acts, cannot approve it."""
+    on_behalf_of = request.run.on_behalf_of
+    if request.requested_by == actor_of(user):
+        return True
+    return bool(on_behalf_of) and on_behalf_of in (user.get_username(), user.email)
+
+
 def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: str = "") -> ApprovalRequest:
     """One person's decision. Rejections need a reason; approvals count distinct people up to the quorum."""
     require_role(user, request.tenant_id, Role.APPROVER)
     if not approve and not reason.strip():
         raise ValidationFailed("a rejection needs a reason the agent and the requester will read", field="reason")
     actor = actor_of(user)
-    release = None
     with ledger_transaction(request.tenant_id) as audit:
         request = ApprovalRequest.objects.select_for_update().select_related("action", "run").get(pk=request.pk)
         if request.status != ApprovalStatus.PENDING:
             raise StateConflict(f"this request is already {request.status}; nothing to decide")
         if request.expires_at <= timezone.now():
             raise StateConflict("this request has expired; the run has gone on without it")
-        if request.requested_by == actor or (request.run.on_behalf_of and request.run.on_behalf_of in
-                                             (user.get_username(), user.email)):
+        if is_requester(request, user):
             raise PermissionDenied("you asked for this action (or it acts on your behalf); someone else must decide")
         if request.args_hash != request.action.args_hash:
             raise StateConflict("the action's arguments changed since this request was made; it no longer applies")
@@ -134,11 +140,10 @@ def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: st
         else:
             approvals = request.decisions.filter(decision=Decision.APPROVE).values("user").distinct().count()
             if approvals >= request.required:
+                # In the same transaction: if the action moved on meanwhile, the decision rolls back too.
                 ApprovalRequest.objects.filter(pk=request.pk).update(status=ApprovalStatus.APPROVED, decided_at=timezone.now())
-                release = request
-    if release is not None:
-        action_approve(action=Action.objects.select_related("tool").get(pk=release.action_id),
-                       args_hash=release.args_hash, actor=actor)
+                action_approve(action=Action.objects.select_related("tool").get(pk=request.action_id),
+                               args_hash=request.args_hash, actor=actor)
     request.refresh_from_db()
     return request
 

@@ -298,8 +298,13 @@ def needs_attention(run: Run, reason: str, detail: str, *, action: Action | None
     events.emit("run_needs_attention", run=run, reason=reason, detail=detail, action=action)
 
 
-def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str) -> None:
-    for pending in run.actions.filter(status__in=PENDING).select_related("tool"):
+def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only: bool = False) -> None:
+    """Skip what has not started. An unwind skips only forward steps: its own compensations may be waiting
+    for approval and must still run."""
+    pending_actions = run.actions.filter(status__in=PENDING).select_related("tool")
+    if forward_only:
+        pending_actions = pending_actions.filter(kind=ActionKind.FORWARD)
+    for pending in pending_actions:
         was_waiting = pending.status == A.AWAITING_APPROVAL
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
                           lease_expires_at=None, next_attempt_at=None)
@@ -308,7 +313,7 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str) -> None:
 
 
 def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str) -> None:
-    skip_pending(run, log=log, actor=actor, why=why)
+    skip_pending(run, log=log, actor=actor, why=why, forward_only=True)
     run_transition(run, R.UNWINDING, log=log, actor=actor, note={"why": why[:500]}, attention_detail=why[:4000])
     checkpoint_save(run, "unwind_started", log=log)
     enqueue_unwind_after(run)
@@ -371,7 +376,7 @@ def next_compensation(run_id: int, *, owner: str) -> Action | None:
         run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run_id)
         if run.status != R.UNWINDING:
             return None
-        skip_pending(run, log=audit, actor=SYSTEM, why="the run is being unwound")
+        skip_pending(run, log=audit, actor=SYSTEM, why="the run is being unwound", forward_only=True)
         if run.actions.filter(kind=ActionKind.FORWARD, status=A.RUNNING).exists():
             return None  # a step still in flight; when it lands it re-enqueues the unwind
         forward = (run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.SUCCEEDED, A.COMPENSATING])

@@ -1,0 +1,246 @@
+"""Reads for the approver pages: the inbox, one request as its approver sees it, and the words around a preview.
+
+Every read is scoped by the user's memberships: a request of a tenant the user does not belong to does
+not exist for them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
+from approvals.services import is_requester
+from ledger import mapping
+from ledger.models import ROLE_ORDER, Action, CompensationStrategy, Membership, Role, Tenant, Tool
+from ledger.policy import approvals_needed
+
+INBOX_PAGE_SIZE = 20
+ANY_STATUS = "all"
+
+
+# --- the inbox --------------------------------------------------------------------------------------
+
+def memberships_of(user) -> list[Membership]:
+    return list(Membership.objects.filter(user=user).select_related("tenant").order_by("tenant__slug"))
+
+
+def tool_names(*, tenant_ids: list[int]) -> list[str]:
+    names = Tool.objects.filter(tenant_id__in=tenant_ids).order_by("name").values_list("name", flat=True)
+    return list(names.distinct())
+
+
+def inbox_requests(*, tenant_ids: list[int], tenant: str = "", risk: str = "", tool: str = "",
+                   status: str = ApprovalStatus.PENDING) -> QuerySet[ApprovalRequest]:
+    """Requests of the given tenants, newest first, with everything an inbox row shows in the same query."""
+    requests = ApprovalRequest.objects.filter(tenant_id__in=tenant_ids)
+    if tenant:
+        requests = requests.filter(tenant__slug=tenant)
+    if risk:
+        requests = requests.filter(risk=risk)
+    if tool:
+        requests = requests.filter(action__tool__name=tool)
+    if status != ANY_STATUS:
+        requests = requests.filter(status=status or ApprovalStatus.PENDING)
+    return requests.select_related("tenant", "run__agent", "action__tool").order_by("-created_at", "-pk")
+
+
+# --- one request ------------------------------------------------------------------------------------
+
+def approval_for(user, pk: int) -> ApprovalRequest | None:
+    """The request with the user's role in its tenant as `viewer_role`, or None when they are not a member."""
+    role = Membership.objects.filter(user=user, tenant=OuterRef("tenant_id")).values("role")[:1]
+    decisions = ApprovalDecision.objects.select_related("user").order_by("created_at", "pk")
+    return (ApprovalRequest.objects.annotate(viewer_role=Subquery(role))
+            .filter(pk=pk, viewer_role__isnull=False)
+            .select_related("tenant", "run__agent", "action__tool")
+            .prefetch_related(Prefetch("decisions", queryset=decisions))
+            .first())
+
+
+def run_steps(run_id: int) -> list[Action]:
+    return list(Action.objects.filter(run_id=run_id).select_related("tool").order_by("seq"))
+
+
+@dataclass
+class DecisionState:
+    """What the decision panel offers this user, and why not when it offers nothing."""
+
+    can_decide: bool
+    refusal: str
+    overdue: bool
+    required: int = 1
+    approvals: list[ApprovalDecision] = field(default_factory=list)
+    rejections: list[ApprovalDecision] = field(default_factory=list)
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.required - len(self.approvals))
+
+
+def decision_state(approval: ApprovalRequest, user) -> DecisionState:
+    decisions = list(approval.decisions.all())
+    approvals = [d for d in decisions if d.decision == Decision.APPROVE]
+    rejections = [d for d in decisions if d.decision == Decision.REJECT]
+    pending = approval.status == ApprovalStatus.PENDING
+    overdue = pending and approval.expires_at <= timezone.now()
+    state = DecisionState(can_decide=False, refusal="", overdue=overdue, approvals=approvals, rejections=rejections,
+                          required=approval.required)
+    if not pending or overdue:
+        return state
+    role = approval.viewer_role
+    if ROLE_ORDER[role] < ROLE_ORDER[Role.APPROVER]:
+        state.refusal = (f"You can read this request, but deciding needs the approver role in "
+                         f"{approval.tenant.name}; you are a {role}.")
+    elif is_requester(approval, user):
+        state.refusal = ("You asked for this action, or it acts on your behalf, so someone else must decide "
+                         "(separation of duties).")
+    elif any(d.user_id == user.pk for d in decisions):
+        state.refusal = (f"You approved this. It needs {state.missing} more approval(s) from other people "
+                         "before it runs.")
+    else:
+        state.can_decide = True
+    return state
+
+
+# --- the preview in words ---------------------------------------------------------------------------
+
+def pretty(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+@dataclass
+class PreviewView:
+    """The stored preview of a request, arranged for reading."""
+
+    args: list[tuple[str, str]]
+    target: str
+    diff: list[dict]
+    no_diff_reason: str
+    compensation: str
+    undoes: str
+    intent: dict
+
+
+def preview_view(approval: ApprovalRequest) -> PreviewView:
+    preview = approval.preview or {}
+    args = preview.get("args") or {}
+    return PreviewView(
+        args=[(name, pretty(value)) for name, value in sorted(args.items())],
+        target=describe_target(preview, approval.action.tool),
+        diff=diff_rows(preview.get("before"), preview.get("proposed") or {}),
+        no_diff_reason=no_diff_reason(preview, approval),
+        compensation="" if approval.is_compensation else compensation_words(
+            preview, plan=approval.action.compensation_plan or {}, tenant=approval.tenant, risk=approval.risk),
+        undoes=undoes_words(preview.get("undoes")),
+        intent=intent_of(preview.get("intent") or {}),
+    )
+
+
+def describe_target(preview: dict, tool: Tool) -> str:
+    target = preview.get("target") or {}
+    kind = target.get("type") or "target"
+    if target.get("id"):
+        return f"{kind} {target['id']}"
+    if tool.target_from.startswith("result."):
+        return f"a new {kind}: its id ({tool.target_from.split('.', 1)[1]}) is known once the call returns"
+    return "no single target (the tool does not name one)"
+
+
+def diff_rows(before, proposed: dict) -> list[dict]:
+    """The before-snapshot against the proposed args on the same keys."""
+    if not isinstance(before, dict):
+        return []
+    rows = []
+    for name in sorted(before):
+        old = before[name]
+        if name in proposed:
+            rows.append({"field": name, "before": pretty(old), "after": pretty(proposed[name]),
+                         "changed": old != proposed[name]})
+        else:
+            rows.append({"field": name, "before": pretty(old), "after": None, "changed": False})
+    return rows
+
+
+def no_diff_reason(preview: dict, approval: ApprovalRequest) -> str:
+    if isinstance(preview.get("before"), dict):
+        return ""
+    if not (preview.get("target") or {}).get("id"):
+        return "The target does not exist before this call, so there is no earlier state to compare with."
+    if not approval.action.tool.snapshot.get("read"):
+        return f"{approval.action.tool.name} has no reader for its target, so Unwind cannot show the state before it."
+    return "Unwind could not read the target's state before the call."
+
+
+def describe_value(template, context: dict) -> str:
+    """A compensation argument in words: resolved where the preview already knows it, named where it does not."""
+    if isinstance(template, str) and template.startswith("$") and not template.startswith("$$"):
+        try:
+            return pretty(mapping.resolve(template, context))
+        except mapping.MappingError:
+            root, _, path = template[1:].partition(".")
+            name = path or root
+            return {
+                "result": f"the {name} this call returns",
+                "after": f"the {name} as it is after this call",
+                "before": f"the {name} as it was before this call",
+                "target": "the target's id",
+                "key": "this action's idempotency key",
+            }.get(root, template)
+    if isinstance(template, dict) and set(template) == {"$concat"}:
+        return " + ".join(describe_value(part, context) for part in template["$concat"])
+    if isinstance(template, dict) and set(template) == {"$default"}:
+        path, fallback = template["$default"]
+        return f"{describe_value(path, context)} (or {describe_value(fallback, context)} when that is missing)"
+    if isinstance(template, dict):
+        return "{" + ", ".join(f"{k}: {describe_value(v, context)}" for k, v in template.items()) + "}"
+    if isinstance(template, str) and template.startswith("$$"):
+        return pretty(template[1:])
+    return pretty(template)
+
+
+def compensation_words(preview: dict, *, plan: dict, tenant: Tenant, risk: str) -> str:
+    """The compensation plan as a sentence: "If this is undone later, Unwind will call … with …"."""
+    compensation = preview.get("compensation") or {}
+    strategy = compensation.get("strategy")
+    tool = compensation.get("tool")
+    if strategy in (None, "", CompensationStrategy.NONE) or not tool:
+        return ("This action has no compensation: if the run is undone later, its effect stays, and the run goes "
+                "to the recovery queue with a note saying so.")
+    target = (preview.get("target") or {}).get("id") or None
+    context = {"args": preview.get("args") or {}, "target": target}
+    if isinstance(preview.get("before"), dict):
+        context["before"] = preview["before"]
+    arguments = sorted((compensation.get("args") or {}).items())
+    described = [f"{name} = {describe_value(value, context)}" for name, value in arguments]
+    with_args = f"with {', '.join(described)}" if described else "with no arguments"
+    sentence = {
+        CompensationStrategy.SNAPSHOT: f"If this is undone later, Unwind will restore the state from before it by "
+                                       f"calling {tool} {with_args}. If someone else has changed the target by "
+                                       f"then, it will not overwrite their change; it asks a person instead.",
+        CompensationStrategy.CORRECTION: f"This cannot be taken back. If the run is undone later, Unwind will send a "
+                                         f"correction by calling {tool} {with_args}.",
+    }.get(strategy, f"If this is undone later, Unwind will call {tool} {with_args}.")
+    comp_risk = plan.get("risk", risk)
+    needed = approvals_needed(rule=plan.get("approval", "threshold"), risk=comp_risk,
+                              required=plan.get("approvals_required", 1), tenant=tenant)
+    if needed:
+        sentence += f" That call is {comp_risk} risk and will itself wait for {needed} approval(s)."
+    return sentence
+
+
+def undoes_words(undoes: dict | None) -> str:
+    if not undoes:
+        return ""
+    args = ", ".join(f"{name} = {pretty(value)}" for name, value in sorted((undoes.get("args") or {}).items()))
+    return f"This undoes step {undoes.get('seq')}, {undoes.get('tool')} called with {args or 'no arguments'}."
+
+
+def intent_of(intent: dict) -> dict:
+    confidence = intent.get("confidence")
+    if isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0 <= confidence <= 1:
+        confidence = f"{confidence:.0%}"
+    return {"goal": intent.get("goal") or "", "reasoning": intent.get("reasoning") or "",
+            "confidence": "" if confidence is None else str(confidence), "model": intent.get("model") or ""}
