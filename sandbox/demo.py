@@ -46,7 +46,7 @@ class Context:
         """The run's status once it stops moving (unwinds finish in the background)."""
         deadline = time.monotonic() + timeout
         while True:
-            status = self.client.get_run(run_id)["status"]
+            status = self.client.get_run(run_id).status
             if not settle or status not in ("unwinding", "running", "awaiting_approval") or time.monotonic() > deadline:
                 return status
             time.sleep(0.1)
@@ -59,7 +59,7 @@ def onboarding(ctx: Context) -> None:
     """Seed 001: create user, provision license, the welcome email fails 504 after its retries."""
     s = "1 onboarding"
     ctx.fault("email.send", mode="status", status=504, times=0)
-    run = ctx.client.open_run(goal="Onboard new hire Ashu Kumar (ashu@company.com)", on_behalf_of="hr@company.com",
+    run = ctx.client.run(goal="Onboard new hire Ashu Kumar (ashu@company.com)", on_behalf_of="hr@company.com",
                               plan=["hr.create_user", "licenses.provision", "email.send"])
     ctx.runs[s] = run.id
     user = run.act("hr.create_user", {"email": "ashu@company.com", "name": "Ashu Kumar"},
@@ -70,13 +70,13 @@ def onboarding(ctx: Context) -> None:
         run.act("email.send", {"to": "ashu@home.example", "subject": "Welcome to the team", "body": "Hi Ashu!"})
         ctx.expect(s, "welcome email", "fails with 504", "sent")
     except Unwound as unwound:
-        ctx.expect(s, "welcome email", "fails with 504", "fails with 504" if "504" in unwound.message else unwound.message)
+        ctx.expect(s, "welcome email", "fails with 504", "fails with 504" if unwound.error_class == "http_504" else str(unwound))
     ctx.sandbox("POST", "faults/clear", tool="email.send")
     ctx.expect(s, "run ends", "compensated", ctx.run_status(run.id))
     world = ctx.sandbox("GET", "state")
     ctx.expect(s, "users left in HR", 0, len(world["users"]))
     ctx.expect(s, "active licenses", 0, sum(1 for lic in world["licenses"] if lic["status"] == "active"))
-    undo = [a["tool"] for a in ctx.client.get_run(run.id)["actions"] if a["kind"] == "compensation"]
+    undo = [a["tool"] for a in ctx.client.get_run(run.id).data["actions"] if a["kind"] == "compensation"]
     ctx.expect(s, "compensations, newest first", ["licenses.revoke", "hr.delete_user"], undo)
 
 
@@ -85,7 +85,7 @@ def travel(ctx: Context) -> None:
     s = "2 travel"
     # A hotel failure unwinds the flight before any charge.
     ctx.fault("travel.reserve_hotel", mode="status", status=409)
-    run = ctx.client.open_run(goal="Trip to Lisbon, 3 nights", on_behalf_of="carol@company.com")
+    run = ctx.client.run(goal="Trip to Lisbon, 3 nights", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1351", "date": "2026-12-04"})
     try:
         run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Avenida", "nights": 3})
@@ -97,7 +97,7 @@ def travel(ctx: Context) -> None:
     ctx.expect(s, "hotel failure: charges", 0, len(world["charges"]))
 
     # The charge before the hotel: the ordering law refuses the hotel.
-    run = ctx.client.open_run(goal="Trip to Porto", on_behalf_of="carol@company.com")
+    run = ctx.client.run(goal="Trip to Porto", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1942", "date": "2026-12-10"})
     try:
         run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 48000, "currency": "EUR"})
@@ -112,7 +112,7 @@ def travel(ctx: Context) -> None:
     ctx.expect(s, "refused run, cancelled", "compensated", ctx.run_status(run.id))
 
     # The happy path with a person approving the charge and a flaky confirmation after the pivot.
-    run = ctx.client.open_run(goal="Trip to Madrid", on_behalf_of="carol@company.com",
+    run = ctx.client.run(goal="Trip to Madrid", on_behalf_of="carol@company.com",
                               plan=["travel.book_flight", "travel.reserve_hotel", "payments.charge", "email.send"])
     ctx.runs[s] = run.id
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "IB3117", "date": "2026-12-18"})
@@ -128,7 +128,7 @@ def travel(ctx: Context) -> None:
         ctx.expect(s, "charge captured after approval", "captured", charge.get("status"))
     ctx.fault("email.send", mode="status", status=503, times=2)
     run.act("email.send", {"to": "carol@company.com", "subject": "Your Madrid trip", "body": "Booked and paid."})
-    detail = ctx.client.get_run(run.id)
+    detail = ctx.client.get_run(run.id).data
     confirmation = [a for a in detail["actions"] if a["tool"] == "email.send"][0]
     ctx.expect(s, "confirmation after the pivot", "succeeded after 3 attempts",
                f"{confirmation['status']} after {confirmation['attempts']} attempts")
@@ -140,7 +140,7 @@ def travel(ctx: Context) -> None:
 def crm(ctx: Context) -> None:
     """Seed 003: a priority change to the wrong ticket is restored; a drifted ticket is not overwritten."""
     s = "3 crm"
-    run = ctx.client.open_run(goal="Escalate the invoice bug", on_behalf_of="support@company.com")
+    run = ctx.client.run(goal="Escalate the invoice bug", on_behalf_of="support@company.com")
     run.act("crm.update_ticket", {"ticket_id": "T-204", "priority": "high"},
             intent={"goal": "escalate", "reasoning": "customer is blocked", "confidence": 0.6})
     run.cancel(reason="wrong ticket: the login bug was meant")
@@ -148,7 +148,7 @@ def crm(ctx: Context) -> None:
     ticket = ctx.sandbox("GET", "crm/tickets/T-204")
     ctx.expect(s, "T-204 priority restored", "normal", ticket["priority"])
 
-    run = ctx.client.open_run(goal="Escalate the login bug", on_behalf_of="support@company.com")
+    run = ctx.client.run(goal="Escalate the login bug", on_behalf_of="support@company.com")
     ctx.runs[s] = run.id
     run.act("crm.update_ticket", {"ticket_id": "T-182", "priority": "high"})
     ctx.sandbox("POST", "crm/tickets/update", ticket_id="T-182", status="pending", note="customer replied",
@@ -162,7 +162,7 @@ def crm(ctx: Context) -> None:
 def email_correction(ctx: Context) -> None:
     """Seed 004: an email cannot be unsent; its compensation is a correction email."""
     s = "4 email"
-    run = ctx.client.open_run(goal="Tell the customer their export ticket is escalated", on_behalf_of="support@company.com")
+    run = ctx.client.run(goal="Tell the customer their export ticket is escalated", on_behalf_of="support@company.com")
     ctx.runs[s] = run.id
     run.act("crm.update_ticket", {"ticket_id": "T-311", "priority": "urgent"})
     run.act("email.send", {"to": "customer@example.com", "subject": "Your ticket T-311 is now urgent",
@@ -171,13 +171,13 @@ def email_correction(ctx: Context) -> None:
     ctx.expect(s, "run ends", "compensated", ctx.run_status(run.id))
     messages = ctx.sandbox("GET", "email/messages?to=customer@example.com")["results"]
     ctx.expect(s, "emails to the customer", ["Your ticket T-311 is now urgent", "Correction: Your ticket T-311 is now urgent"],
-               sorted(m["subject"] for m in messages))
+               [m["subject"] for m in sorted(messages, key=lambda m: m["sent_at"])])
     ctx.expect(s, "T-311 priority restored", "low", ctx.sandbox("GET", "crm/tickets/T-311")["priority"])
 
 
 def waiting_in_the_inbox(ctx: Context) -> int:
     """A charge left for a person to approve or reject in the inbox."""
-    run = ctx.client.open_run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
+    run = ctx.client.run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "LH1169", "date": "2027-01-08"})
     run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Adlon", "nights": 2})
     try:

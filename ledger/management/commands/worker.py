@@ -4,10 +4,12 @@ django-q2's own scheduler ticks about every 30 seconds, too coarse for leases an
 in seconds, so the sweep runs here on its own clock (UNWIND_SWEEP_INTERVAL). Sweeps on several
 machines at once are safe: every claim is a conditional update.
 """
+import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -27,7 +29,9 @@ class Command(BaseCommand):
         stop = threading.Event()
         cluster = None
         if not no_cluster:
-            cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=str(settings.BASE_DIR))
+            # Its own process group: stopping the group stops the sentinel and every worker it forked.
+            cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=str(settings.BASE_DIR),
+                                       start_new_session=True)
 
         def shutdown(signum, frame):
             stop.set()
@@ -49,10 +53,29 @@ class Command(BaseCommand):
                     break
                 stop.wait(settings.UNWIND_SWEEP_INTERVAL)
         finally:
-            if cluster is not None and cluster.poll() is None:
-                cluster.send_signal(signal.SIGTERM)
-                try:
-                    cluster.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    cluster.kill()
+            if cluster is not None:
+                stop_group(cluster)
         return None
+
+
+def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM a child's whole process group, then SIGKILL whatever is left after `grace` seconds."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

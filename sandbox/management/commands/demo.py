@@ -4,7 +4,6 @@
 until Ctrl-C, which stops every process it started.
 """
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import yaml
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
+from ledger.management.commands.worker import stop_group
 from ledger.models import Agent, Tenant
 from ledger.services.tenancy import agent_create, membership_set, tenant_create
 from ledger.services.tools import tools_load
@@ -55,10 +55,11 @@ class Command(BaseCommand):
             web_log = open(logs / "demo-web.log", "w")
             processes.append(subprocess.Popen(
                 [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                cwd=settings.BASE_DIR, env=env, stdout=web_log, stderr=subprocess.STDOUT))
+                cwd=settings.BASE_DIR, env=env, stdout=web_log, stderr=subprocess.STDOUT, start_new_session=True))
             processes.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=settings.BASE_DIR, env=env,
                                               stdout=sys.stdout if serve else subprocess.DEVNULL,
-                                              stderr=sys.stderr if serve else subprocess.DEVNULL))
+                                              stderr=sys.stderr if serve else subprocess.DEVNULL,
+                                              start_new_session=True))
             self.wait_for(base_url, processes)
             checks, runs, waiting = self.scenarios(base_url, key)
             failed = self.report(checks)
@@ -77,13 +78,7 @@ class Command(BaseCommand):
             self.say("stopping")
         finally:
             for process in processes:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+                stop_group(process, grace=20)
 
     def say(self, text: str) -> None:
         self.stdout.write(f"[demo] {text}")
