@@ -81,7 +81,9 @@ def database_from_url(name: str, url: str, *, base_dir) -> dict:
                 "timeout": 30,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
-            "TEST": {"NAME": str(base_dir / "var" / "test.sqlite3")},
+            # A file (not memory) so worker processes in the crash tests share it; one per test process so
+            # test runs side by side in one checkout do not overwrite each other.
+            "TEST": {"NAME": str(base_dir / "var" / f"test-{os.getpid()}.sqlite3")},
         }
     if parsed.scheme in {"postgres", "postgresql", "pgsql"}:
         dbname = unquote(parsed.path.lstrip("/"))

@@ -114,6 +114,8 @@ UNWIND_DEFAULT_BACKOFF = env_float("UNWIND_DEFAULT_BACKOFF", 0.2, minimum=0)
 UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
 UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
+# How long a correction trail's share link (no account needed) stays valid, in seconds.
+UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # The sandbox world under /sandbox/ (unauthenticated, with reset and fault injection): turn it off in production.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", True)
@@ -141,17 +143,45 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
+# The API: agents authenticate with "Authorization: Bearer <key>", people with their session or HTTP
+# Basic; refusals are RFC 9457 problems; each agent key may make UNWIND_THROTTLE_RATE requests.
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "ledger.api.auth.AgentKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.BasicAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["ledger.api.auth.AgentKeyThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["ledger.api.parsers.StrictJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "EXCEPTION_HANDLER": "ledger.api.problems.problem_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Unwind API",
-    "DESCRIPTION": "The safety layer agents put every state-changing tool call through.",
+    "DESCRIPTION": (
+        "The safety layer agents put every state-changing tool call through: a ledger, policy, exactly-once "
+        "execution and newest-first compensation. Agents use an API key (Bearer); approval and recovery "
+        "endpoints are for people (session or HTTP Basic). Every refusal is an RFC 9457 problem with a stable code."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "PATH_CONVERTER_OVERRIDES": {"id": int, "name": str},
+    "ENUM_NAME_OVERRIDES": {
+        "ActionStatusEnum": "ledger.models.ActionStatus",
+        "RunStatusEnum": "ledger.models.RunStatus",
+        "RiskEnum": "ledger.models.Risk",
+        "ActionKindEnum": "ledger.models.ActionKind",
+        "StatementKindEnum": "recovery.api.STATEMENT_KINDS",
+    },
 }
 
 LOGGING = {

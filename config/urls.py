@@ -12,6 +12,8 @@ urlpatterns = [
     path("approvals/", include("approvals.urls")),
     path("console/", include("recovery.urls")),
     path("", include("ledger.urls")),
+    path("", include("approvals.api_urls")),
+    path("", include("recovery.api_urls")),
 ]
 
 if settings.UNWIND_SANDBOX:

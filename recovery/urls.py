@@ -1,3 +1,17 @@
+from django.urls import path
+
+from recovery import views
+
 app_name = "recovery"
 
-urlpatterns = []
+urlpatterns = [
+    path("recovery/", views.queue, name="queue"),
+    path("recovery/bulk/", views.bulk, name="bulk"),
+    path("recovery/<int:pk>/", views.item_detail, name="item"),
+    path("recovery/<int:pk>/<slug:operation>/", views.item_resolve, name="resolve"),
+    path("runs/", views.runs, name="runs"),
+    path("runs/<int:pk>/", views.run_detail, name="run"),
+    path("runs/<int:pk>/trail/email/", views.trail_email, name="trail_email"),
+    path("trail/<str:token>/", views.trail_share, name="trail_share"),
+    path("metrics/", views.metrics, name="metrics"),
+]

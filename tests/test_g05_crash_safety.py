@@ -143,11 +143,12 @@ def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_work
     worker = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=process_env(http_tools.live_server),
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        assert wait_until(lambda: Action.objects.get(pk=proposal.action.pk).status == "succeeded"), \
-            Action.objects.get(pk=proposal.action.pk).status
+        recovered = wait_until(lambda: Action.objects.get(pk=proposal.action.pk).status == "succeeded", timeout=90)
     finally:
         worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+        _, stderr = worker.communicate(timeout=60)
+    action = Action.objects.get(pk=proposal.action.pk)
+    assert recovered, (action.status, list(action.attempt_set.values_list("outcome", flat=True)), stderr.decode()[-3000:])
     effects = [c for c in call_list(tool=tool)["results"] if c["effect_applied"]]
     assert len(effects) == 1
     assert Action.objects.get(pk=proposal.action.pk).attempts == 2

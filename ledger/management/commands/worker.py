@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
@@ -58,24 +57,21 @@ class Command(BaseCommand):
         return None
 
 
-def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM a child's whole process group, then SIGKILL whatever is left after `grace` seconds."""
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """Ask the group's leader to stop (it shuts its own children down), then SIGKILL what is left.
+
+    The leader alone gets SIGTERM: django-q2's sentinel coordinates its workers' shutdown, and signalling
+    them directly makes them race it. After `grace` seconds the whole group is killed, so nothing the
+    leader forked outlives it.
+    """
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
         try:
-            os.killpg(process.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    process.wait()

@@ -78,7 +78,7 @@ class Command(BaseCommand):
             self.say("stopping")
         finally:
             for process in processes:
-                stop_group(process, grace=20)
+                stop_group(process, grace=15)
 
     def say(self, text: str) -> None:
         self.stdout.write(f"[demo] {text}")

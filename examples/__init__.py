@@ -1,0 +1,1 @@
+"""Runnable examples of agents that put their tool calls through Unwind (see examples/agent_loop.py)."""

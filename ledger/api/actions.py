@@ -1,0 +1,237 @@
+"""Actions: propose (the fast path), get, wait for the outcome, report a client-executed outcome, and the
+compensations of client-executed tools that wait for the agent."""
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from ledger import selectors
+from ledger.api import inline
+from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
+from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
+from ledger.api.problems import problems
+from ledger.api.serializers import ActionOut, action_context
+from ledger.models import ACTIVE_ACTION_STATUSES, Action, RunStatus
+from ledger.services.actions import action_propose, action_report
+
+MAX_WAIT = 30.0
+POLL_INTERVAL = 0.05
+TAG = ["actions"]
+
+
+def action_response(request, action: Action, *, status: int = 200, shape=ActionOut, **context) -> Response:
+    data = shape(action, context={**action_context(request, [action]), **context}).data
+    return Response(data, status=status)
+
+
+def fresh(request, action_id: int) -> Action:
+    return selectors.action_get(tenant_ids=caller_of(request).tenant_ids, action_id=action_id)
+
+
+# --- propose -------------------------------------------------------------------------------------------------
+
+class IntentIn(StrictSerializer):
+    goal = serializers.CharField(required=False, allow_blank=True, max_length=10000)
+    reasoning = serializers.CharField(required=False, allow_blank=True, max_length=20000)
+    confidence = serializers.FloatField(required=False, allow_null=True, min_value=0, max_value=1)
+    model = serializers.CharField(required=False, allow_blank=True, max_length=200)
+
+
+class ProposeIn(StrictSerializer):
+    tool = serializers.CharField(max_length=120, help_text="A registered tool's name, e.g. hr.create_user.")
+    args = serializers.DictField(help_text="The tool's arguments, checked against its JSON Schema.")
+    target = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200,
+                                   help_text="The target's id, when the tool's policy does not say where it comes from.")
+    intent = IntentIn(required=False, help_text="Why the agent proposes it: kept in the ledger and shown to approvers.")
+
+
+class ProposalOut(ActionOut):
+    replayed = serializers.SerializerMethodField(
+        help_text="True when this answers a repeated Idempotency-Key: the stored outcome, the tool not called again.")
+
+    def get_replayed(self, action) -> bool:
+        return bool(self.context.get("replayed"))
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+    description="Same key + same arguments: the recorded outcome is returned and the tool is not called again. "
+                "Without it, a key is derived from the action's content (tool, target, arguments, run).")
+
+
+class ActionProposeView(ApiView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        tags=TAG, operation_id="actions_propose", summary="Propose a tool call", request=ProposeIn,
+        parameters=[IDEMPOTENCY_KEY],
+        description="Records the call, checks it against policy and the ordering law, and executes it inside the "
+                    "request when it needs no approval (bounded wait). A failed step starts the unwind: the answer "
+                    "shows the action failed and the run's status (unwinding, compensated or needs_attention).",
+        responses={
+            201: OpenApiResponse(ProposalOut, description="Recorded and executed: the outcome is in status/result."),
+            200: OpenApiResponse(ProposalOut, description="A replay of an Idempotency-Key: the stored outcome "
+                                                          "(header Idempotent-Replayed: true)."),
+            202: OpenApiResponse(ProposalOut, description="Not settled yet: awaiting approval (see approval.url), "
+                                                          "awaiting the agent's report (client-executed tool), or "
+                                                          "still running after the inline wait (poll links.wait)."),
+            **problems(404, 409, 422, body=True, codes={
+                400: "validation_error (field, errors), parse_error",
+                404: "not_found (the run), unknown_tool",
+                409: "in_flight (action_id), ordering_violation (rule, conflicts_with), run_cancelled, "
+                     "run_not_active, state_conflict",
+                422: "idempotency_mismatch (action_id)"}),
+        },
+        examples=[OpenApiExample("create a user", request_only=True, value={
+            "tool": "hr.create_user", "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
+            "intent": {"goal": "Onboard Ashu", "reasoning": "HR ticket 42 asks for an account", "confidence": 0.92,
+                       "model": "scripted"}})],
+    )
+    def post(self, request, run_id: int):
+        caller = caller_of(request)
+        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        body = ProposeIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        proposal = action_propose(
+            run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
+            intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"))
+        if proposal.claimed:
+            inline.execute_within(proposal.action.pk, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
+        action = fresh(request, proposal.action.pk)
+        pending = action.status in ACTIVE_ACTION_STATUSES
+        status = 202 if pending else 200 if proposal.replayed else 201
+        response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed)
+        response["Location"] = absolute(request, reverse("api:action-detail", args=[action.pk]))
+        response["Idempotency-Key"] = action.idempotency_key
+        if proposal.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+# --- read and wait -----------------------------------------------------------------------------------------
+
+class ActionDetailView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(tags=TAG, operation_id="actions_get", summary="Get an action",
+                   responses={200: ActionOut, **problems(404)})
+    def get(self, request, action_id: int):
+        return action_response(request, fresh(request, action_id))
+
+
+class WaitIn(serializers.Serializer):
+    timeout = serializers.FloatField(required=False, default=10.0, min_value=0, max_value=MAX_WAIT,
+                                     help_text=f"Seconds to wait, at most {MAX_WAIT:g}.")
+
+
+class ActionWaitView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(
+        tags=TAG, operation_id="actions_wait", summary="Wait for an action's outcome (long-poll)",
+        parameters=[WaitIn],
+        description="Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, "
+                    "compensated…) or the agent must report a client-executed tool; otherwise after `timeout` "
+                    "seconds with 202 and the action as it stands.",
+        responses={200: OpenApiResponse(ActionOut, description="Settled."),
+                   202: OpenApiResponse(ActionOut, description="Not settled within the timeout: ask again."),
+                   **problems(400, 404)},
+    )
+    def get(self, request, action_id: int):
+        action = fresh(request, action_id)
+        query = WaitIn(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        deadline = time.monotonic() + query.validated_data["timeout"]
+        settled = selectors.action_settled(action.pk)
+        while not settled and time.monotonic() < deadline:
+            time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            settled = selectors.action_settled(action.pk)
+        return action_response(request, fresh(request, action.pk), status=200 if settled else 202)
+
+
+# --- client-executed tools ---------------------------------------------------------------------------------
+
+class ReportIn(StrictSerializer):
+    ok = serializers.BooleanField(help_text="Whether the tool call succeeded.")
+    result = serializers.JSONField(required=False, allow_null=True, help_text="The tool's result, when ok.")
+    error = serializers.CharField(required=False, allow_blank=True, max_length=4000,
+                                  help_text="What went wrong, when not ok.")
+
+    def validate(self, data):
+        if data["ok"] and data.get("error"):
+            raise serializers.ValidationError({"error": ["only a failed call (ok: false) has an error"]})
+        if not data["ok"] and data.get("result") is not None:
+            raise serializers.ValidationError({"result": ["only a successful call (ok: true) has a result"]})
+        return data
+
+
+class ActionReportView(ApiView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        tags=TAG, operation_id="actions_report", summary="Report a client-executed outcome",
+        description="For tools the agent runs itself (executor: client), forward steps and compensations alike. "
+                    "Reporting the same success again is harmless. A failure starts the unwind like any failed step.",
+        request=ReportIn,
+        responses={200: ActionOut, **problems(404, 409, body=True, codes={
+            409: "state_conflict (not a client-executed tool, or not waiting for a report)"})},
+    )
+    def post(self, request, action_id: int):
+        caller = caller_of(request)
+        action = fresh(request, action_id)
+        body = ReportIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        action = action_report(action=action, ok=data["ok"], result=data.get("result"), error=data.get("error", ""),
+                               actor=caller.actor)
+        action = fresh(request, action.pk)
+        if action.run.status == RunStatus.UNWINDING:
+            inline.unwind_within(action.run_id, wait=settings.UNWIND_INLINE_WAIT)
+            action = fresh(request, action.pk)
+        return action_response(request, action)
+
+
+class UndoesOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    seq = serializers.IntegerField()
+    tool = serializers.CharField(source="tool.name")
+    args = serializers.JSONField()
+    result = serializers.JSONField(allow_null=True)
+    target = serializers.CharField(source="target_id")
+
+
+class PendingCompensationOut(ActionOut):
+    undoes = UndoesOut(source="compensates", help_text="The forward step this compensation takes back.")
+
+
+class PendingFilterIn(serializers.Serializer):
+    run = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+
+
+class PendingCompensationsView(ApiView):
+    permission_classes = [IsAgent]
+    pagination_class = NewestFirst
+
+    @extend_schema(
+        tags=TAG, operation_id="compensations_pending", summary="Compensations waiting for this agent",
+        description="Compensations of client-executed tools in this agent's runs: run each (its args are resolved) "
+                    "and report the outcome to links.report.",
+        parameters=[PendingFilterIn, *PAGE_PARAMETERS], responses={200: PendingCompensationOut(many=True), **problems(400)},
+    )
+    def get(self, request):
+        caller = caller_of(request)
+        query = PendingFilterIn(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        pending = selectors.compensations_pending_report(tenant_ids=caller.tenant_ids, agent_id=caller.agent.pk,
+                                                        run_id=query.validated_data.get("run"))
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(pending, request, view=self)
+        data = PendingCompensationOut(page, many=True, context=action_context(request, page)).data
+        return paginator.get_paginated_response(data)

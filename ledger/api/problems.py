@@ -1,0 +1,160 @@
+"""RFC 9457 problem details: one exception handler for the whole API, and their place in the schema.
+
+Every refusal answers `application/problem+json` with `type`, `title`, `status`, `detail` and a stable
+machine `code`, plus what the client needs to act on it (`field` and `errors` for validation, the
+conflicting `action_id`, the ordering `rule`…). Anything not handled here is a genuine server error.
+"""
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import exceptions, serializers
+from rest_framework.response import Response
+
+from ledger.errors import UnwindError
+
+log = logging.getLogger("unwind.api")
+
+PROBLEM_JSON = "application/problem+json"
+STANDARD = ("type", "title", "status", "detail", "code", "instance")
+
+DRF_TITLES = {
+    exceptions.ParseError: "Malformed request body",
+    exceptions.AuthenticationFailed: "Authentication failed",
+    exceptions.NotAuthenticated: "Authentication required",
+    exceptions.PermissionDenied: "Not allowed",
+    exceptions.NotFound: "Not found",
+    exceptions.MethodNotAllowed: "Method not allowed",
+    exceptions.NotAcceptable: "Not acceptable",
+    exceptions.UnsupportedMediaType: "Unsupported media type",
+    exceptions.Throttled: "Too many requests",
+}
+
+
+def problem_type(code: str) -> str:
+    return f"urn:unwind:problem:{code}"
+
+
+def problem(*, status: int, code: str, title: str, detail: str, instance: str = "", **extra) -> dict:
+    body = {"type": problem_type(code), "title": title, "status": status, "detail": detail, "code": code}
+    if instance:
+        body["instance"] = instance
+    body.update({key: value for key, value in extra.items() if key not in STANDARD})
+    return body
+
+
+def flatten_errors(detail, prefix: str = "") -> list[dict]:
+    """DRF's nested validation detail as a flat list of {field, message, code}."""
+    if isinstance(detail, dict):
+        found = []
+        for key, value in detail.items():
+            name = "" if key == "non_field_errors" else str(key)
+            found += flatten_errors(value, f"{prefix}.{name}" if prefix and name else prefix or name)
+        return found
+    if isinstance(detail, list):
+        found = []
+        for index, value in enumerate(detail):
+            nested = isinstance(value, (dict, list))
+            found += flatten_errors(value, f"{prefix}[{index}]" if nested else prefix)
+        return found
+    return [{"field": prefix or None, "message": str(detail), "code": getattr(detail, "code", "invalid")}]
+
+
+def _validation_problem(exc: exceptions.ValidationError, instance: str) -> dict:
+    errors = flatten_errors(exc.detail)
+    first = errors[0] if errors else {"field": None, "message": "invalid input"}
+    detail = f"{first['field']}: {first['message']}" if first["field"] else first["message"]
+    return problem(status=400, code="validation_error", title="Invalid input", detail=detail, instance=instance,
+                   field=first["field"], errors=errors)
+
+
+def problem_exception_handler(exc, context):
+    request = context.get("request")
+    instance = request.path if request is not None else ""
+    headers = {}
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound("nothing here with that id")
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
+
+    if isinstance(exc, UnwindError):
+        body = problem(status=exc.status, code=exc.code, title=exc.title, detail=exc.detail, instance=instance,
+                       **exc.extra)
+        status = exc.status
+    elif isinstance(exc, exceptions.ValidationError):
+        body = _validation_problem(exc, instance)
+        status = 400
+    elif isinstance(exc, exceptions.APIException):
+        status = exc.status_code
+        code = exc.get_codes() if isinstance(exc.detail, str) else exc.default_code
+        title = next((t for cls, t in DRF_TITLES.items() if isinstance(exc, cls)), "Request refused")
+        extra = {}
+        if getattr(exc, "auth_header", None):
+            headers["WWW-Authenticate"] = exc.auth_header
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            retry_after = max(1, int(exc.wait + 0.999))
+            headers["Retry-After"] = str(retry_after)
+            extra["retry_after"] = retry_after
+        if isinstance(exc, exceptions.MethodNotAllowed):
+            view = context.get("view")
+            if view is not None:
+                headers["Allow"] = ", ".join(view.allowed_methods)
+        body = problem(status=status, code=str(code), title=title, detail=str(exc.detail), instance=instance, **extra)
+    else:
+        return None
+    return Response(body, status=status, headers=headers)
+
+
+# --- the schema side ----------------------------------------------------------------------------------
+
+class FieldErrorSerializer(serializers.Serializer):
+    field = serializers.CharField(allow_null=True, help_text="Dotted path of the offending field, e.g. args.email.")
+    message = serializers.CharField()
+    code = serializers.CharField(required=False)
+
+
+class ProblemSerializer(serializers.Serializer):
+    """An RFC 9457 problem: what went wrong, in words and as a stable machine code."""
+
+    type = serializers.CharField(help_text="urn:unwind:problem:<code>")
+    title = serializers.CharField()
+    status = serializers.IntegerField()
+    detail = serializers.CharField(help_text="A sentence saying what was refused and what to do instead.")
+    code = serializers.CharField(help_text="Stable machine code (see docs/api.md, Errors).")
+    instance = serializers.CharField(required=False, help_text="The request path.")
+    field = serializers.CharField(required=False, allow_null=True, help_text="The field a validation error is about.")
+    errors = FieldErrorSerializer(many=True, required=False, help_text="Every validation error, per field.")
+    action_id = serializers.IntegerField(required=False, help_text="The action an idempotency conflict is about.")
+    rule = serializers.CharField(required=False, help_text="The ordering-law rule that was broken.")
+    conflicts_with = serializers.DictField(required=False, help_text="The earlier step it conflicts with: seq, tool.")
+    retry_after = serializers.IntegerField(required=False, help_text="Seconds to wait before retrying (429).")
+
+
+STATUS_CODES = {
+    400: "validation_error, parse_error",
+    401: "not_authenticated, authentication_failed",
+    403: "permission_denied",
+    404: "not_found",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    429: "throttled",
+}
+
+
+def problems(*statuses: int, codes: dict[int, str] | None = None, body: bool = False) -> dict:
+    """Schema responses for the problems an endpoint can answer, keyed (status, problem+json).
+
+    Every endpoint can answer 401, 403 and 429; `body=True` adds the request-body problems (400, 413, 415).
+    `codes` names the machine codes of endpoint-specific statuses (404, 409, 422…).
+    """
+    wanted = {401, 403, 429, *statuses}
+    if body:
+        wanted |= {400, 413, 415}
+    described = {**STATUS_CODES, **(codes or {})}
+    return {
+        (status, PROBLEM_JSON): OpenApiResponse(ProblemSerializer, description=f"Problem; code: {described.get(status, 'see detail')}")
+        for status in sorted(wanted)
+    }

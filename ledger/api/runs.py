@@ -1,0 +1,123 @@
+"""Runs: open (with a declared plan checked against the ordering law), list, get, cancel, complete."""
+from __future__ import annotations
+
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiExample, extend_schema
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from ledger import selectors
+from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of, require_role
+from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
+from ledger.api.problems import problems
+from ledger.api.serializers import RunDetailOut, RunOut
+from ledger.models import Role, RunStatus
+from ledger.services.runs import run_cancel, run_complete, run_open
+
+TAG = ["runs"]
+
+
+def run_response(request, run, *, status: int = 200) -> Response:
+    run = selectors.run_get(tenant_ids=[run.tenant_id], run_id=run.pk)  # fresh, with its agent
+    context = {"request": request, "actions": selectors.run_actions(run), "checkpoints": selectors.run_checkpoints(run)}
+    return Response(RunDetailOut(run, context=context).data, status=status)
+
+
+class RunOpenIn(StrictSerializer):
+    goal = serializers.CharField(required=False, allow_blank=True, max_length=10000,
+                                 help_text="What the run is for, in the end user's words.")
+    on_behalf_of = serializers.CharField(required=False, allow_blank=True, max_length=200,
+                                         help_text="The person the agent acts for (an email or username).")
+    intent = serializers.DictField(required=False, help_text="Free metadata: model, trace id, ticket…")
+    plan = serializers.ListField(child=serializers.CharField(max_length=120), required=False, max_length=500,
+                                 help_text="Tool names in the order the agent means to call them; checked against "
+                                           "the ordering law before anything runs.")
+
+
+class RunFilterIn(serializers.Serializer):
+    status = serializers.ChoiceField(RunStatus.choices, required=False)
+    agent = serializers.CharField(required=False, max_length=100, help_text="The agent's name.")
+    since = serializers.DateTimeField(required=False, help_text="Runs opened at or after this time (ISO 8601).")
+
+
+class RunListView(ApiView):
+    pagination_class = NewestFirst
+
+    def get_permissions(self):
+        return [IsAgent()] if self.request.method == "POST" else [IsAgentOrMember()]
+
+    @extend_schema(tags=TAG, operation_id="runs_list", summary="List runs, newest first",
+                   parameters=[RunFilterIn, *PAGE_PARAMETERS], responses={200: RunOut(many=True), **problems(400)})
+    def get(self, request):
+        query = RunFilterIn(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        runs = selectors.run_list(tenant_ids=caller_of(request).tenant_ids, **query.validated_data)
+        paginator = self.pagination_class()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        return paginator.get_paginated_response(RunOut(page, many=True, context={"request": request}).data)
+
+    @extend_schema(
+        tags=TAG, operation_id="runs_open", summary="Open a run", request=RunOpenIn,
+        responses={201: RunDetailOut, **problems(409, body=True, codes={
+            400: "validation_error (e.g. plan[2] is not a registered tool), parse_error",
+            409: "ordering_violation (rule, conflicts_with)"})},
+        examples=[OpenApiExample("onboarding", request_only=True, value={
+            "goal": "Onboard Ashu Kumar", "on_behalf_of": "carol@company.com",
+            "plan": ["hr.create_user", "licenses.provision", "email.send"]})],
+    )
+    def post(self, request):
+        caller = caller_of(request)
+        body = RunOpenIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = run_open(tenant=caller.agent.tenant, agent=caller.agent, actor=caller.actor, **body.validated_data)
+        response = run_response(request, run, status=201)
+        response["Location"] = absolute(request, reverse("api:run-detail", args=[run.pk]))
+        return response
+
+
+class RunDetailView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(tags=TAG, operation_id="runs_get", summary="Get a run with its actions and checkpoints",
+                   responses={200: RunDetailOut, **problems(404)})
+    def get(self, request, run_id: int):
+        return run_response(request, selectors.run_get(tenant_ids=caller_of(request).tenant_ids, run_id=run_id))
+
+
+class RunCancelIn(StrictSerializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=1000)
+
+
+class RunCancelView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(
+        tags=TAG, operation_id="runs_cancel", summary="Cancel a run",
+        description="Starts nothing new; unwinds what was done before the pivot (newest first); after the pivot, "
+                    "the run goes to the recovery queue. Cancelling twice is harmless. People need the operator role.",
+        request=RunCancelIn,
+        responses={200: RunDetailOut, **problems(404, 409, body=True, codes={409: "state_conflict (already finished)"})},
+    )
+    def post(self, request, run_id: int):
+        caller = caller_of(request)
+        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        require_role(caller, run.tenant_id, Role.OPERATOR)
+        body = RunCancelIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = run_cancel(run=run, actor=caller.actor, reason=body.validated_data.get("reason", ""))
+        return run_response(request, run)
+
+
+class RunCompleteView(ApiView):
+    permission_classes = [IsAgent]
+
+    @extend_schema(
+        tags=TAG, operation_id="runs_complete", summary="Complete a run",
+        description="The agent is done: every step succeeded. Completing twice is harmless.", request=None,
+        responses={200: RunDetailOut, **problems(404, 409, codes={
+            409: "state_conflict (a step is still pending, or the run is not running)"})},
+    )
+    def post(self, request, run_id: int):
+        caller = caller_of(request)
+        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        return run_response(request, run_complete(run=run, actor=caller.actor))

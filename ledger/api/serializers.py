@@ -1,0 +1,180 @@
+"""Output shapes shared by the agent API's views: an action and a run as an agent sees them."""
+from __future__ import annotations
+
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from ledger import selectors
+from ledger.api import links
+from ledger.api.base import absolute
+from ledger.models import ActionKind, ActionStatus, Executor, Risk, RunStatus, SagaRole
+
+
+class TargetOut(serializers.Serializer):
+    type = serializers.CharField()
+    id = serializers.CharField()
+
+
+class ErrorOut(serializers.Serializer):
+    error_class = serializers.CharField(help_text="e.g. http_504, transient, permanent, drift, lease_lost")
+    message = serializers.CharField()
+
+
+class ApprovalLinkOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+    url = serializers.URLField(help_text="The page where a person approves or rejects it.")
+    api_url = serializers.URLField(help_text="The same request in the approvals API (people only).")
+
+
+class ActionLinksOut(serializers.Serializer):
+    self = serializers.URLField()
+    wait = serializers.URLField(help_text="Long-poll until the outcome is known.")
+    run = serializers.URLField()
+    report = serializers.URLField(required=False, help_text="Where the agent reports a client-executed outcome.")
+
+
+class ActionOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    run = serializers.IntegerField(source="run_id")
+    run_status = serializers.ChoiceField(RunStatus.choices, source="run.status",
+                                         help_text="The run's status now: unwinding, compensated or needs_attention "
+                                                   "after a failed step.")
+    seq = serializers.IntegerField(help_text="Position in the run (compensations get their own).")
+    kind = serializers.ChoiceField(ActionKind.choices)
+    compensates = serializers.IntegerField(source="compensates_id", allow_null=True,
+                                           help_text="For a compensation: the action it undoes.")
+    tool = serializers.CharField(source="tool.name")
+    executor = serializers.ChoiceField(Executor.choices, source="tool.executor")
+    saga_role = serializers.ChoiceField(SagaRole.choices)
+    risk = serializers.ChoiceField(Risk.choices)
+    status = serializers.ChoiceField(ActionStatus.choices)
+    awaiting_report = serializers.SerializerMethodField(
+        help_text="True when the agent must run this client-executed tool itself and report the outcome.")
+    args = serializers.JSONField()
+    target = serializers.SerializerMethodField()
+    idempotency_key = serializers.CharField()
+    key_source = serializers.CharField(help_text="header (the agent's Idempotency-Key), derived (from the content) "
+                                                 "or compensation.")
+    attempts = serializers.IntegerField()
+    max_attempts = serializers.IntegerField()
+    result = serializers.JSONField(allow_null=True)
+    error = serializers.SerializerMethodField()
+    verification = serializers.JSONField(allow_null=True)
+    before = serializers.JSONField(allow_null=True)
+    after = serializers.JSONField(allow_null=True)
+    intent = serializers.JSONField()
+    compensation_plan = serializers.JSONField()
+    decision_reason = serializers.CharField(help_text="Why a person rejected it (or why it expired).")
+    approval = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+    def get_awaiting_report(self, action) -> bool:
+        return selectors.awaiting_report(action.status, action.tool.executor)
+
+    @extend_schema_field(TargetOut)
+    def get_target(self, action):
+        return {"type": action.target_type, "id": action.target_id}
+
+    @extend_schema_field(ErrorOut(allow_null=True))
+    def get_error(self, action):
+        if not (action.error_class or action.error_message):
+            return None
+        return {"error_class": action.error_class, "message": action.error_message}
+
+    @extend_schema_field(ApprovalLinkOut(allow_null=True))
+    def get_approval(self, action):
+        found = self.context.get("approvals", {}).get(action.pk)
+        if found is None:
+            return None
+        request = self.context.get("request")
+        return {"id": found["id"], "status": found["status"], "expires_at": found["expires_at"],
+                "url": absolute(request, found["page"]), "api_url": absolute(request, found["api"])}
+
+    @extend_schema_field(ActionLinksOut)
+    def get_links(self, action):
+        request = self.context.get("request")
+        found = {
+            "self": absolute(request, reverse("api:action-detail", args=[action.pk])),
+            "wait": absolute(request, reverse("api:action-wait", args=[action.pk])),
+            "run": absolute(request, reverse("api:run-detail", args=[action.run_id])),
+        }
+        if action.tool.executor == Executor.CLIENT:
+            found["report"] = absolute(request, reverse("api:action-report", args=[action.pk]))
+        return found
+
+
+def action_context(request, actions) -> dict:
+    """Serializer context for actions: the request (for absolute links) and their approval requests."""
+    return {"request": request, "approvals": links.approvals_for(actions)}
+
+
+class AttentionOut(serializers.Serializer):
+    reason = serializers.CharField()
+    detail = serializers.CharField()
+
+
+class RunLinksOut(serializers.Serializer):
+    self = serializers.URLField()
+    actions = serializers.URLField(help_text="Propose an action here (POST).")
+    cancel = serializers.URLField()
+    complete = serializers.URLField()
+
+
+class RunOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(RunStatus.choices)
+    goal = serializers.CharField()
+    on_behalf_of = serializers.CharField()
+    agent = serializers.CharField(source="agent.name", allow_null=True, default=None)
+    intent = serializers.JSONField()
+    plan = serializers.ListField(child=serializers.CharField())
+    pivot_committed = serializers.BooleanField()
+    cancel_requested_at = serializers.DateTimeField(allow_null=True)
+    attention = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(AttentionOut(allow_null=True))
+    def get_attention(self, run):
+        if run.status != RunStatus.NEEDS_ATTENTION:
+            return None
+        return {"reason": run.attention_reason, "detail": run.attention_detail}
+
+    @extend_schema_field(RunLinksOut)
+    def get_links(self, run):
+        request = self.context.get("request")
+        return {name: absolute(request, reverse(f"api:run-{route}", args=[run.pk]))
+                for name, route in (("self", "detail"), ("actions", "actions"), ("cancel", "cancel"),
+                                    ("complete", "complete"))}
+
+
+class CheckpointOut(serializers.Serializer):
+    id = serializers.IntegerField()
+    label = serializers.CharField()
+    state = serializers.JSONField()
+    created_at = serializers.DateTimeField()
+
+
+class RunDetailOut(RunOut):
+    actions = serializers.SerializerMethodField()
+    checkpoints = serializers.SerializerMethodField()
+
+    @extend_schema_field(ActionOut(many=True))
+    def get_actions(self, run):
+        actions = self.context["actions"]
+        for action in actions:
+            action.run = run  # the run is already loaded: no query per action for run_status
+        context = {**self.context, **action_context(self.context.get("request"), actions)}
+        return ActionOut(actions, many=True, context=context).data
+
+    @extend_schema_field(CheckpointOut(many=True))
+    def get_checkpoints(self, run):
+        return CheckpointOut(self.context["checkpoints"], many=True).data

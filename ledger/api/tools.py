@@ -1,0 +1,166 @@
+"""Tools and their policy: list, get, upsert by name, and a whole policy document at once."""
+from __future__ import annotations
+
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import serializers
+from rest_framework.response import Response
+
+from ledger import selectors
+from ledger.api.auth import IsAgentOrMember, caller_of, tenant_for
+from ledger.api.base import ApiView, absolute
+from ledger.api.problems import problems
+from ledger.errors import ValidationFailed
+from ledger.models import ActionClass, ApprovalRule, Executor, Risk, Role, SagaRole, Tool
+from ledger.services.tools import tool_upsert, tools_load
+
+TAG = ["tools"]
+TENANT = OpenApiParameter("tenant", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
+                          description="People in several tenants: the tenant's slug. Agents act in their own.")
+
+
+def policy_of(tool: Tool) -> dict:
+    """A tool's policy in the shape PUT accepts, so what GET shows can be sent back as is."""
+    return {
+        "description": tool.description, "args_schema": tool.args_schema, "action_class": tool.action_class,
+        "saga_role": tool.saga_role, "risk": tool.risk, "approval": tool.approval,
+        "approvals_required": tool.approvals_required, "executor": tool.executor, "endpoint": tool.endpoint,
+        "target": {"type": tool.target_type, "from": tool.target_from},
+        "idempotency": {"key_fields": tool.key_fields, "honours_key": tool.honours_idempotency_key},
+        "snapshot": tool.snapshot, "verify": tool.verify, "lookup": tool.lookup, "compensation": tool.compensation,
+        "timeout": tool.timeout_seconds,
+        "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
+    }
+
+
+# Built with type() because one of its fields is called "from", a Python keyword.
+TargetPolicy = type("TargetPolicy", (serializers.Serializer,), {
+    "__module__": __name__,
+    "type": serializers.CharField(required=False, help_text="What the tool acts on, e.g. user, ticket."),
+    "from": serializers.CharField(required=False, help_text="Where the target id comes from: args.<name> or result.<name>."),
+})
+
+
+class IdempotencyPolicy(serializers.Serializer):
+    key_fields = serializers.ListField(child=serializers.CharField(), required=False,
+                                       help_text="Args that identify the logical action (default: all).")
+    honours_key = serializers.BooleanField(required=False, help_text="Whether the tool deduplicates on Idempotency-Key.")
+
+
+class RetryPolicy(serializers.Serializer):
+    max_attempts = serializers.IntegerField(required=False, min_value=1)
+    backoff = serializers.FloatField(required=False, help_text="Seconds before the first retry (doubles, jittered).")
+
+
+class ToolPolicy(serializers.Serializer):
+    """A tool's policy (README, Policy files). Validated by the engine, which names the field at fault."""
+
+    description = serializers.CharField(required=False)
+    args_schema = serializers.JSONField(required=False, help_text="JSON Schema (2020-12) of the arguments.")
+    action_class = serializers.ChoiceField(ActionClass.choices, required=False)
+    saga_role = serializers.ChoiceField(SagaRole.choices, required=False)
+    risk = serializers.ChoiceField(Risk.choices, required=False)
+    approval = serializers.ChoiceField(ApprovalRule.choices, required=False)
+    approvals_required = serializers.IntegerField(required=False, min_value=1)
+    executor = serializers.ChoiceField(Executor.choices, required=False,
+                                       help_text="Also accepted as an object: {kind, url|path}.")
+    endpoint = serializers.CharField(required=False, help_text="URL (http) or module:function (python).")
+    target = TargetPolicy(required=False)
+    idempotency = IdempotencyPolicy(required=False)
+    snapshot = serializers.JSONField(required=False, help_text='{"read": URL or path, "fields": [...]}')
+    verify = serializers.JSONField(required=False, help_text='{"expect": {"field": "$args.x"}}')
+    lookup = serializers.JSONField(required=False, help_text='{"read": URL with {key}}')
+    compensation = serializers.JSONField(required=False,
+                                         help_text="{strategy: twin|snapshot|correction|none, tool, args, risk, approval}")
+    timeout = serializers.FloatField(required=False, help_text="Seconds (or a duration like 30s, 2m).")
+    retry = RetryPolicy(required=False)
+
+
+class ToolOut(serializers.Serializer):
+    name = serializers.CharField()
+    policy = serializers.SerializerMethodField()
+    url = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+    @extend_schema_field(ToolPolicy)
+    def get_policy(self, tool):
+        return policy_of(tool)
+
+    def get_url(self, tool) -> str:
+        return absolute(self.context.get("request"), reverse("api:tool-detail", args=[tool.name]))
+
+
+def tool_data(request, tools) -> list | dict:
+    many = not isinstance(tools, Tool)
+    return ToolOut(tools, many=many, context={"request": request}).data
+
+
+class ToolListView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(tags=TAG, operation_id="tools_list", summary="List the tenant's tools",
+                   parameters=[TENANT], responses={200: ToolOut(many=True), **problems(400, 404)})
+    def get(self, request):
+        tenant = tenant_for(request, role=Role.VIEWER)
+        return Response(tool_data(request, selectors.tool_list(tenant_id=tenant.pk)))
+
+
+class ToolDetailView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(tags=TAG, operation_id="tools_get", summary="Get a tool and its policy",
+                   parameters=[TENANT], responses={200: ToolOut, **problems(400, 404)})
+    def get(self, request, name: str):
+        tenant = tenant_for(request, role=Role.VIEWER)
+        return Response(tool_data(request, selectors.tool_get(tenant_id=tenant.pk, name=name)))
+
+    @extend_schema(
+        tags=TAG, operation_id="tools_put", summary="Register or update a tool",
+        description="Agents register their own tenant's tools; people need the admin role.",
+        parameters=[TENANT], request=ToolPolicy,
+        responses={200: OpenApiResponse(ToolOut, description="Updated."),
+                   201: OpenApiResponse(ToolOut, description="Registered."),
+                   **problems(404, body=True, codes={404: "not_found (the ?tenant)"})},
+        examples=[OpenApiExample("a client-executed tool", request_only=True, value={
+            "description": "Post a message to a chat channel.", "executor": "client", "saga_role": "compensatable",
+            "args_schema": {"type": "object", "required": ["channel", "text"]},
+            "compensation": {"strategy": "twin", "tool": "chat.delete", "args": {"message_id": "$result.id"}}})],
+    )
+    def put(self, request, name: str):
+        tenant = tenant_for(request, role=Role.ADMIN)
+        tool, created = tool_upsert(tenant=tenant, name=name, spec=request.data, actor=caller_of(request).actor)
+        return Response(tool_data(request, tool), status=201 if created else 200)
+
+
+class PolicyLoadIn(serializers.Serializer):
+    tenant = serializers.CharField(required=False, help_text="If given, must be the caller's tenant.")
+    defaults = serializers.JSONField(required=False, help_text="{approval_threshold, approval_ttl}")
+    tools = serializers.DictField(child=ToolPolicy(), required=False, help_text="Tool name → policy.")
+
+
+class PolicyLoadOut(serializers.Serializer):
+    loaded = serializers.ListField(child=serializers.CharField())
+    tools = ToolOut(many=True)
+
+
+class PolicyLoadView(ApiView):
+    permission_classes = [IsAgentOrMember]
+
+    @extend_schema(
+        tags=TAG, operation_id="policy_load", summary="Load a whole policy document",
+        description="The JSON form of a policy file (flat, or seed 004's agentSafety shape), loaded atomically: "
+                    "every tool, or none with the first error. Same as `manage.py load_tools`.",
+        parameters=[TENANT], request=PolicyLoadIn,
+        responses={200: PolicyLoadOut, **problems(404, body=True, codes={404: "not_found (the ?tenant)"})},
+    )
+    def post(self, request):
+        tenant = tenant_for(request, role=Role.ADMIN)
+        document = request.data
+        named = document.get("tenant") if isinstance(document, dict) else None
+        if named not in (None, "", tenant.slug):
+            raise ValidationFailed(f"this document is for tenant {named!r}, and you are acting in {tenant.slug!r}",
+                                   field="tenant")
+        tools = tools_load(tenant=tenant, document=document, actor=caller_of(request).actor)
+        return Response({"loaded": [tool.name for tool in tools], "tools": tool_data(request, tools)})

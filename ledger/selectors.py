@@ -1,0 +1,81 @@
+"""Reads: every query the API makes, scoped to the caller's tenants.
+
+An object outside the caller's tenants is indistinguishable from a missing one (`NotFound`, 404).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import QuerySet
+
+from ledger.errors import NotFound
+from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus, Checkpoint, Executor, Run, Tool
+
+ACTION_RELATED = ("tool", "run")
+
+
+def run_list(*, tenant_ids: list[int], status: str | None = None, agent: str | None = None,
+             since: datetime | None = None) -> QuerySet[Run]:
+    runs = Run.objects.filter(tenant_id__in=tenant_ids).select_related("agent")
+    if status:
+        runs = runs.filter(status=status)
+    if agent:
+        runs = runs.filter(agent__name=agent)
+    if since:
+        runs = runs.filter(created_at__gte=since)
+    return runs
+
+
+def run_get(*, tenant_ids: list[int], run_id: int) -> Run:
+    run = Run.objects.filter(tenant_id__in=tenant_ids, pk=run_id).select_related("agent", "tenant").first()
+    if run is None:
+        raise NotFound(f"there is no run {run_id}")
+    return run
+
+
+def run_actions(run: Run) -> list[Action]:
+    return list(run.actions.select_related(*ACTION_RELATED).order_by("seq"))
+
+
+def run_checkpoints(run: Run) -> list[Checkpoint]:
+    return list(run.checkpoints.order_by("id"))
+
+
+def action_get(*, tenant_ids: list[int], action_id: int) -> Action:
+    action = Action.objects.filter(tenant_id__in=tenant_ids, pk=action_id).select_related(*ACTION_RELATED).first()
+    if action is None:
+        raise NotFound(f"there is no action {action_id}")
+    return action
+
+
+def action_settled(action_id: int) -> bool:
+    """Whether the agent can stop waiting: the outcome is known, or the agent itself must act (a report)."""
+    row = Action.objects.filter(pk=action_id).values("status", "tool__executor").first()
+    return row is None or awaiting_report(row["status"], row["tool__executor"]) or row["status"] not in ACTIVE_ACTION_STATUSES
+
+
+def awaiting_report(status: str, executor: str) -> bool:
+    return status == ActionStatus.RUNNING and executor == Executor.CLIENT
+
+
+def compensations_pending_report(*, tenant_ids: list[int], agent_id: int | None = None,
+                                 run_id: int | None = None) -> QuerySet[Action]:
+    """Compensations of client-executed tools that wait for the agent to run them and report."""
+    pending = Action.objects.filter(tenant_id__in=tenant_ids, kind=ActionKind.COMPENSATION,
+                                    status=ActionStatus.RUNNING, tool__executor=Executor.CLIENT)
+    if agent_id is not None:
+        pending = pending.filter(run__agent_id=agent_id)
+    if run_id is not None:
+        pending = pending.filter(run_id=run_id)
+    return pending.select_related(*ACTION_RELATED, "compensates", "compensates__tool")
+
+
+def tool_list(*, tenant_id: int) -> QuerySet[Tool]:
+    return Tool.objects.filter(tenant_id=tenant_id)
+
+
+def tool_get(*, tenant_id: int, name: str) -> Tool:
+    tool = Tool.objects.filter(tenant_id=tenant_id, name=name).first()
+    if tool is None:
+        raise NotFound(f"there is no tool {name!r}")
+    return tool

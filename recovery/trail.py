@@ -1,0 +1,333 @@
+"""The correction trail: what the agent changed for someone, and what became of it, in plain language.
+
+Every statement is derived from the ledger (actions, their snapshots and compensations, the audit
+chain); none comes from a prompt or the model's reasoning, so the page can be shown to the person on
+whose behalf the agent acted. `correction_trail(run)` is also what the API serves.
+"""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import signing
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.urls import reverse
+
+from approvals.services import notify, require_role
+from ledger.audit import event_hash, ledger_transaction
+from ledger.errors import ValidationFailed
+from ledger.models import (
+    ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,
+)
+
+TRAIL_SIGNING_SALT = "unwind.recovery.correction-trail"
+DEFAULT_SHARE_MAX_AGE = 7 * 24 * 3600
+SUMMARY_ARGS = 3
+SUMMARY_VALUE_LENGTH = 60
+
+HAD_EFFECT = {A.SUCCEEDED, A.COMPENSATING, A.COMPENSATED, A.COMPENSATION_FAILED}
+IRREVERSIBLE = {ActionClass.EXTERNAL_IRREVERSIBLE}
+
+
+def correction_trail(run: Run) -> dict:
+    """The run's correction trail: a headline and statements (changed|restored|corrected|not_undone|reviewed|pending)."""
+    actions = list(run.actions.select_related("tool").order_by("seq"))
+    events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
+    latest_comp = {}
+    for action in actions:
+        if action.kind == ActionKind.COMPENSATION:
+            latest_comp[action.compensates_id] = action  # ordered by seq: the newest attempt at undoing wins
+    forward = [a for a in actions if a.kind == ActionKind.FORWARD]
+    statements: list[dict] = []
+
+    def say(kind: str, text: str) -> None:
+        statements.append({"kind": kind, "text": text})
+
+    for action in forward:
+        if action.status in HAD_EFFECT and action.tool.action_class != ActionClass.READ_ONLY:
+            say("changed", f"Step {action.seq}: {_effect(action)}")
+
+    why = _why_corrected(run, events)
+    if why:
+        say("corrected", why)
+
+    not_undone = 0
+    for action in forward:
+        comp = latest_comp.get(action.pk)
+        label = _label(action)
+        irreversible = (action.tool.action_class in IRREVERSIBLE
+                        or action.compensation_plan.get("strategy") == CompensationStrategy.CORRECTION)
+        if action.status == A.COMPENSATED and comp is not None:
+            if irreversible:
+                not_undone += 1
+                what = _first_sentence(action.tool.description) or "its effect is outside our control"
+                say("not_undone", f"{label} cannot be taken back: {what}.")
+                say("corrected", f"Instead, a correction was made: {comp.tool.name}"
+                                 f"{_args_summary(comp.args, comp.tool)}.")
+            else:
+                say("restored", _restored(action, comp))
+        elif action.status == A.COMPENSATION_FAILED:
+            not_undone += 1
+            say("not_undone", f"{label} could not be restored because {_failure_cause(action, comp, events)}.")
+        elif action.status == A.COMPENSATING:
+            waiting = comp is not None and comp.status == A.AWAITING_APPROVAL
+            say("pending", f"Undoing {label} is {'waiting for a person to approve it' if waiting else 'in progress'}.")
+        elif action.status == A.SUCCEEDED and run.status in (R.COMPENSATED, R.CLOSED, R.NEEDS_ATTENTION, R.UNWINDING) \
+                and action.tool.action_class != ActionClass.READ_ONLY and _has_no_undo(action):
+            not_undone += 1
+            say("not_undone", f"{label} has no automatic undo and still stands.")
+        elif action.status == A.LOST:
+            say("pending", f"The outcome of {label} is unknown; a person has been asked to check it.")
+
+    reviewers = _reviews(events, actions, say)
+    if not reviewers:
+        if run.status in (R.COMPLETED, R.COMPENSATED):
+            say("reviewed", "No person needed to review this run: Unwind handled it by its policy.")
+        else:
+            say("reviewed", "No person has reviewed this run yet.")
+
+    if run.status == R.NEEDS_ATTENTION:
+        say("pending", "What is left has been put in front of a person, who will decide how to finish it.")
+    elif run.status in (R.RUNNING, R.AWAITING_APPROVAL):
+        say("pending", "The run is still in progress, so this account is not final.")
+    elif run.status == R.UNWINDING:
+        say("pending", "Undoing the run's changes is in progress.")
+
+    return {
+        "run": run.pk,
+        "status": run.status,
+        "headline": _headline(run, forward, not_undone),
+        "statements": statements,
+        "reviewed_by": reviewers,
+        "audit": _audit(run, events),
+    }
+
+
+# --- share links ------------------------------------------------------------------------------------
+
+def share_max_age() -> int:
+    return int(getattr(settings, "UNWIND_TRAIL_LINK_MAX_AGE", DEFAULT_SHARE_MAX_AGE))
+
+
+def trail_share_token(run: Run) -> str:
+    """A signed, timestamped token naming the run; whoever holds it can read the trail until it expires."""
+    return signing.TimestampSigner(salt=TRAIL_SIGNING_SALT).sign(str(run.pk))
+
+
+def trail_run_id(token: str, *, max_age: int | None = None) -> int:
+    """The run a share token names. Raises signing.SignatureExpired or signing.BadSignature."""
+    max_age = share_max_age() if max_age is None else max_age
+    value = signing.TimestampSigner(salt=TRAIL_SIGNING_SALT).unsign(token, max_age=max_age)
+    if not value.isdigit():
+        raise signing.BadSignature("the token does not name a run")
+    return int(value)
+
+
+def trail_send(*, run: Run, user) -> str:
+    """Email the trail's share link to the person the run acted for (an operator's decision, audited).
+
+    The email is an outbox row written in the same transaction as the audit event; a worker sends it.
+    Returns the address it goes to.
+    """
+    require_role(user, run.tenant_id, Role.OPERATOR)
+    recipient = (run.on_behalf_of or "").strip()
+    try:
+        validate_email(recipient)
+    except ValidationError:
+        raise ValidationFailed(f"run {run.pk} acts on behalf of {recipient or 'nobody'!r}, which is not an email "
+                               "address; copy the share link instead", field="on_behalf_of") from None
+    trail = correction_trail(run)
+    url = reverse("recovery:trail_share", args=[trail_share_token(run)])
+    with ledger_transaction(run.tenant_id) as audit:
+        notify(tenant_id=run.tenant_id, kind="correction_trail", recipients=[recipient],
+               subject=f"What happened to your request (reference {run.pk})", template="recovery/email/correction_trail",
+               context={"run": run, "trail": trail, "url": url, "days": share_max_age() // 86400})
+        audit.record("trail.sent", actor=f"user:{user.get_username()}", run=run, to=recipient)
+    return recipient
+
+
+# --- wording ----------------------------------------------------------------------------------------
+
+def _first_sentence(text: str) -> str:
+    text = (text or "").strip()
+    return text.split(". ")[0].rstrip(".") if text else ""
+
+
+def _short(value) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str) and 0 < len(value) <= SUMMARY_VALUE_LENGTH and "\n" not in value:
+        return value
+    return None
+
+
+def _args_summary(args, tool) -> str:
+    """A few short arguments, in the order the tool's schema requires them (JSON objects keep no order)."""
+    if not isinstance(args, dict):
+        return ""
+    required = [name for name in (tool.args_schema or {}).get("required", []) if name in args]
+    parts = []
+    for name in [*required, *sorted(set(args) - set(required))]:
+        value = args[name]
+        shown = _short(value)
+        if shown is not None:
+            parts.append(f"{name}: {shown}")
+        if len(parts) == SUMMARY_ARGS:
+            break
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _target(action) -> str:
+    return " ".join(p for p in (action.target_type, action.target_id) if p)
+
+
+def _label(action) -> str:
+    target = _target(action)
+    return f"step {action.seq} ({action.tool.name}{' on ' + target if target else ''})"
+
+
+def _fields(tool, *snapshots) -> list[str]:
+    """Snapshot fields in the order the tool's policy lists them (JSON objects keep no order)."""
+    present = {field for snapshot in snapshots if isinstance(snapshot, dict) for field in snapshot}
+    listed = [field for field in (tool.snapshot or {}).get("fields", []) if field in present]
+    return [*listed, *sorted(present - set(listed))]
+
+
+def _changes(action) -> list[str]:
+    before, after = action.before, action.after
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return []
+    return [f"{field} from {before.get(field)} to {after.get(field)}" for field in _fields(action.tool, after)
+            if field in before and before.get(field) != after.get(field)]
+
+
+def _effect(action) -> str:
+    target = _target(action)
+    changes = _changes(action)
+    if changes and target:
+        return f"{action.tool.name} changed {target}: {', '.join(changes)}."
+    what = _first_sentence(action.tool.description) or action.tool.name
+    on = f" on {target}" if target else ""
+    return f"{action.tool.name}{on}: {what}{_args_summary(action.args, action.tool)}."
+
+
+def _restored(action, comp) -> str:
+    target = _target(action) or action.tool.name
+    if action.compensation_plan.get("strategy") == CompensationStrategy.SNAPSHOT:
+        back = [f"{field} back to {action.before.get(field)}" for field in _fields(action.tool, action.after)
+                if isinstance(action.before, dict) and field in action.before
+                and action.before.get(field) != (action.after or {}).get(field)]
+        if back:
+            return f"Restored {target}: {', '.join(back)}."
+        return f"Restored {target} to how it was before step {action.seq}."
+    return f"Undid {_label(action)} with {comp.tool.name}{_args_summary(comp.args, comp.tool)}."
+
+
+def _has_no_undo(action) -> bool:
+    return action.compensation_plan.get("strategy") in (None, "", CompensationStrategy.NONE)
+
+
+def _failure_cause(action, comp, events) -> str:
+    if comp is not None and comp.error_class == "drift":
+        current = next((e.data.get("current") for e in reversed(events)
+                        if e.action_ref == comp.pk and e.kind == "compensation.failed" and "current" in e.data), None)
+        current = current if isinstance(current, dict) else {}
+        now = [f"{field} is now {current[field]}" for field in _fields(action.tool, current)
+               if isinstance(action.after, dict) and action.after.get(field) != current[field]]
+        detail = f" ({', '.join(now)})" if now else ""
+        return (f"someone else changed it after the agent did{detail}; their change was kept rather than "
+                f"overwritten")
+    if comp is not None and comp.status == A.REJECTED:
+        return f"undoing it was rejected by an approver: {comp.decision_reason or 'no reason given'}"
+    if comp is not None and comp.status == A.EXPIRED:
+        return "nobody approved undoing it in time"
+    if comp is not None and comp.error_message:
+        return f"the undo step failed: {comp.error_message}"
+    error = next((e.data.get("error") for e in reversed(events)
+                  if e.action_ref == action.pk and e.kind == "forward.compensation_failed" and e.data.get("error")), None)
+    return f"no undo could be prepared: {error}" if error else "the undo step did not succeed"
+
+
+def _why_corrected(run, events) -> str:
+    """Why the run was unwound, from the audit chain: a failed or rejected step, a cancellation, a person."""
+    started = next((e for e in events if e.kind == "run.unwinding"), None)
+    if started is None:
+        return ""
+    who = started.actor
+    if who.startswith("user:"):
+        reason = started.data.get("reason") or ""
+        if reason:
+            return f"Why it was corrected: {who[5:]} decided to undo the run ({reason})."
+        cancelled = next((e for e in events if e.kind == "run.cancel_requested" and e.actor == who), None)
+        if cancelled is not None:
+            note = cancelled.data.get("reason")
+            return f"Why it was corrected: {who[5:]} cancelled the run{f' ({note})' if note else ''}."
+        return f"Why it was corrected: {who[5:]} decided to undo the run."
+    if who.startswith("agent:") and any(e.kind == "run.cancel_requested" for e in events):
+        return "Why it was corrected: the agent cancelled the run before it finished."
+    why = started.data.get("why") or ""
+    return f"Why it was corrected: {why}." if why else "Why it was corrected: a step could not be completed."
+
+
+def _reviews(events, actions, say) -> list[str]:
+    """Statements for each human decision in the audit chain; returns who made them, in order."""
+    by_id = {a.pk: a for a in actions}
+    people: list[str] = []
+    for event in events:
+        if not event.actor.startswith("user:"):
+            continue
+        person = event.actor[5:]
+        action = by_id.get(event.action_ref)
+        reason = event.data.get("reason") or ""
+        tail = f" on {event.created_at:%Y-%m-%d %H:%M} UTC" + (f" ({reason})" if reason else "") + "."
+        if event.kind in ("approval.approve", "approval.reject") and action is not None:
+            verb = "approved" if event.kind == "approval.approve" else "rejected"
+            undone = by_id.get(action.compensates_id) if action.kind == ActionKind.COMPENSATION else None
+            what = f"undoing {_label(undone)}" if undone is not None else _label(action)
+            say("reviewed", f"{person} reviewed and {verb} {what}{tail}")
+        elif event.kind == "run.running" and event.data.get("status_from") == R.NEEDS_ATTENTION:
+            say("reviewed", f"{person} reviewed the run and resumed it{tail}")
+        elif event.kind == "run.unwinding" and "why" not in event.data:  # a cancel says so once, above
+            say("reviewed", f"{person} reviewed the run and had it undone{tail}")
+        elif event.kind == "run.closed":
+            say("reviewed", f"{person} reviewed the run and closed it as handled{tail}")
+        elif event.kind == "run.cancel_requested":
+            say("reviewed", f"{person} cancelled the run{tail}")
+        else:
+            continue
+        if person not in people:
+            people.append(person)
+    return people
+
+
+def _headline(run, forward, not_undone: int) -> str:
+    changed = any(a.status in HAD_EFFECT for a in forward)
+    if run.status == R.COMPLETED:
+        return "The agent finished the task; nothing needed to be corrected."
+    if run.status == R.COMPENSATED:
+        if not changed:
+            return "The agent's task was stopped before it changed anything."
+        if not_undone:
+            return (f"The agent's changes were undone, except {not_undone} that could not be taken back "
+                    f"and {'was' if not_undone == 1 else 'were'} corrected instead.")
+        return "Everything the agent changed has been undone."
+    if run.status == R.CLOSED:
+        return "A person reviewed this run and closed it; the statements below say what stands."
+    if run.status == R.NEEDS_ATTENTION:
+        return "Some of the agent's changes could not be undone automatically; a person is deciding what to do."
+    if run.status == R.UNWINDING:
+        return "The agent's changes are being undone."
+    return "The agent is still working on this task."
+
+
+def _audit(run, events) -> dict:
+    verified = all(event_hash(e.prev_hash, tenant_id=e.tenant_id, seq=e.seq, kind=e.kind, actor=e.actor,
+                              run_ref=e.run_ref, action_ref=e.action_ref, data=e.data, created_at=e.created_at) == e.hash
+                   for e in events)
+    span = f", events #{events[0].seq} to #{events[-1].seq}" if events else ""
+    return {
+        "events": len(events),
+        "verified": verified,
+        "reference": f"Unwind audit chain of tenant {run.tenant.slug}, run {run.pk}{span}",
+    }

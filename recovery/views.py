@@ -1,0 +1,285 @@
+"""Operator console pages: the recovery queue, one item, runs and their timelines, correction trails, metrics.
+
+Views read through `recovery.selectors` and decide through `recovery.services`; who may do what is the
+services' rule (they check the role), the pages only hide what a person cannot use.
+"""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core import signing
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.models import Run, RunStatus
+from recovery import selectors, services
+from recovery.forms import OPERATIONS, BulkForm, MetricsForm, QueueFilterForm, ResolveForm, RunFilterForm
+from recovery.metrics import console_metrics, metrics_charts, seconds
+from recovery.models import ItemStatus, RecoveryItem
+from recovery.trail import correction_trail, share_max_age, trail_run_id, trail_send, trail_share_token
+
+QUEUE_PAGE_SIZE = 25
+RUNS_PAGE_SIZE = 30
+RESOLVERS = {
+    "resume": services.recovery_resume,
+    "compensate": services.recovery_compensate,
+    "close": services.recovery_close,
+}
+
+
+def _forbidden(request, detail: str):
+    return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": detail}, status=403)
+
+
+def _role_refusal(access: selectors.Access, tenant_id: int) -> str:
+    tenant = access.tenants.get(tenant_id)
+    role = access.roles.get(tenant_id)
+    return (f"Resolving recovery items needs the operator role in {tenant.slug if tenant else 'this tenant'}; "
+            f"you are {'a ' + role if role else 'not a member'}, so you can read this page but not act on it.")
+
+
+# --- recovery queue ---------------------------------------------------------------------------------
+
+@login_required
+def queue(request):
+    access = selectors.access_for(request.user)
+    form = QueueFilterForm(request.GET, access=access, tool_names=selectors.queue_tool_names(access))
+    filters = form.filters()
+    base = selectors.queue_filter(access=access, q=filters["q"], tenant=filters["tenant"], risk=filters["risk"],
+                                  age=filters["age"], status=filters["status"], tool=filters["tool"])
+    counts = selectors.queue_counts(base)
+    items = selectors.queue_page_items(base, reason=filters["reason"], sort=filters["sort"])
+    page = Paginator(items, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
+    context = {
+        "form": form, "filters": filters, "page": page, "counts": counts, "access": access,
+        "total": sum(c["n"] for c in counts), "can_bulk": access.operates_anywhere,
+        "operable": {tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)},
+        "now": timezone.now(),
+    }
+    template = "recovery/_queue_results.html" if request.htmx else "recovery/queue.html"
+    return render(request, template, context)
+
+
+def _item_context(access, item: RecoveryItem) -> dict:
+    run = item.run
+    return {
+        "item": item, "run": run,
+        "attempts": selectors.item_failing_attempts(item),
+        "plans": selectors.compensation_preview(run),
+        "timeline": selectors.run_timeline(run),
+        "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,
+        "role": access.roles.get(item.tenant_id),
+        "operations": OPERATIONS,
+        "reopened": (RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exclude(pk=item.pk).first()
+                     if item.status == ItemStatus.RESOLVED else None),
+    }
+
+
+@login_required
+def item_detail(request, pk: int):
+    access = selectors.access_for(request.user)
+    item = selectors.item_get(access=access, pk=pk)
+    if item is None:
+        raise Http404("No such recovery item")
+    return render(request, "recovery/item.html", _item_context(access, item))
+
+
+def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
+    return {
+        "item": item, "run": item.run, "operation": operation, "label": OPERATIONS[operation], "form": form,
+        "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
+        "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
+        "checkpoint": item.run.checkpoints.order_by("-id").first(),
+    }
+
+
+@login_required
+def item_resolve(request, pk: int, operation: str):
+    """GET: the confirmation (a panel for htmx, a page without JS). POST: the decision, through the service."""
+    if operation not in OPERATIONS:
+        raise Http404("No such operation")
+    access = selectors.access_for(request.user)
+    item = selectors.item_get(access=access, pk=pk)
+    if item is None:
+        raise Http404("No such recovery item")
+    if request.method == "GET":
+        if not access.can_operate(item.tenant_id):
+            return _forbidden(request, _role_refusal(access, item.tenant_id))
+        if item.status != ItemStatus.OPEN:
+            moved_on = (f"Refused: this item was already {item.resolution or item.status} "
+                        f"by {item.resolved_by or 'someone'}.")
+            if request.htmx:
+                return render(request, "recovery/_refusal_panel.html", {"refusal": moved_on, "item": item}, status=409)
+            context = _item_context(access, item) | {"refusal": moved_on}
+            return render(request, "recovery/item.html", context, status=409)
+        template = "recovery/_confirm_panel.html" if request.htmx else "recovery/confirm.html"
+        return render(request, template, _confirm_context(item, operation, ResolveForm(operation=operation)))
+    if request.method != "POST":
+        return render(request, "recovery/refused.html", {"title": "Method not allowed",
+                                                         "detail": "Use the buttons on the item page."}, status=405)
+    form = ResolveForm(request.POST, operation=operation)
+    if not form.is_valid():
+        if not access.can_operate(item.tenant_id):
+            return _forbidden(request, _role_refusal(access, item.tenant_id))
+        return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
+    try:
+        item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"])
+    except PermissionDenied:
+        return _forbidden(request, _role_refusal(access, item.tenant_id))
+    except StateConflict as refusal:
+        item.refresh_from_db()
+        context = _item_context(access, item) | {"refusal": f"Refused: {refusal.detail}."}
+        return render(request, "recovery/item.html", context, status=409)
+    except ValidationFailed as refusal:
+        form.add_error("reason", refusal.detail)
+        return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
+    messages.success(request, _outcome(item, operation))
+    return redirect("recovery:item", pk=item.pk)
+
+
+def _outcome(item: RecoveryItem, operation: str) -> str:
+    run = item.run
+    run.refresh_from_db()
+    status = run.get_status_display()
+    if run.status == RunStatus.NEEDS_ATTENTION:
+        again = RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).values_list("pk", flat=True).first()
+        return (f"{OPERATIONS[operation]} recorded, but run {run.pk} needs attention again"
+                f"{f' (item {again})' if again else ''}: {run.attention_detail}")
+    if operation == "compensate":
+        if run.status == RunStatus.COMPENSATED:
+            return f"Compensated: every step of run {run.pk} that could be undone was undone; the run is {status}."
+        return f"Compensation started: run {run.pk} is {status} (a step may wait for an approval or a retry)."
+    if operation == "resume":
+        return f"Resumed: run {run.pk} is {status}; its failed steps are retried with their same idempotency keys."
+    return f"Closed: run {run.pk} is marked as handled ({status})."
+
+
+@login_required
+@require_POST
+def bulk(request):
+    """Close or compensate many items of one reason, each through the same service as one at a time."""
+    access = selectors.access_for(request.user)
+    form = BulkForm(request.POST)
+    if not form.is_valid() and set(form.errors) - {"reason"}:
+        return render(request, "recovery/bulk.html", {"form": form, "items": []}, status=400)
+    ids = form.cleaned_data["items"]
+    items = selectors.items_for_bulk(access=access, ids=ids)
+    if len(items) != len(ids):
+        raise Http404("Some of the selected recovery items do not exist")
+    if not any(access.can_operate(item.tenant_id) for item in items):
+        return _forbidden(request, _role_refusal(access, items[0].tenant_id))
+    reasons = sorted({item.get_reason_display() for item in items})
+    operation = form.cleaned_data["operation"]
+    context = {"form": form, "items": items, "operation": operation, "label": OPERATIONS[operation],
+               "reason_label": reasons[0]}
+    if len(reasons) > 1:
+        context["refusal"] = ("Bulk actions apply to items of one reason at a time, so that one decision fits all "
+                              f"of them; the selection has {len(reasons)}: {', '.join(reasons)}.")
+        return render(request, "recovery/bulk.html", context, status=400)
+    if form.errors:
+        return render(request, "recovery/bulk.html", context, status=400)
+    if not form.cleaned_data["confirmed"]:
+        return render(request, "recovery/bulk.html", context)
+    results = []
+    for item in items:
+        try:
+            reason = form.cleaned_data.get("reason", "").strip()
+            resolved = RESOLVERS[operation](item=item, user=request.user, reason=reason)
+        except UnwindError as refusal:
+            results.append({"item": item, "ok": False, "text": f"refused: {refusal.detail}"})
+            continue
+        results.append({"item": resolved, "ok": True, "text": _outcome(resolved, operation)})
+    context["results"] = results
+    context["done"] = sum(r["ok"] for r in results)
+    return render(request, "recovery/bulk.html", context)
+
+
+# --- runs -------------------------------------------------------------------------------------------
+
+@login_required
+def runs(request):
+    access = selectors.access_for(request.user)
+    form = RunFilterForm(request.GET, access=access)
+    filters = form.filters()
+    page = Paginator(selectors.runs_filter(access=access, **filters), RUNS_PAGE_SIZE).get_page(request.GET.get("page"))
+    template = "recovery/_runs_results.html" if request.htmx else "recovery/runs.html"
+    return render(request, template, {"form": form, "filters": filters, "page": page})
+
+
+@login_required
+def run_detail(request, pk: int):
+    access = selectors.access_for(request.user)
+    run = selectors.run_get(access=access, pk=pk)
+    if run is None:
+        raise Http404("No such run")
+    share_url = request.build_absolute_uri(reverse("recovery:trail_share", args=[trail_share_token(run)]))
+    return render(request, "recovery/run.html", {
+        "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
+        "share_url": share_url, "share_days": share_max_age() / 86400,
+        "can_send": access.can_operate(run.tenant_id) and "@" in run.on_behalf_of,
+    })
+
+
+@login_required
+@require_POST
+def trail_email(request, pk: int):
+    """Send the trail's share link to the person the run acted for."""
+    access = selectors.access_for(request.user)
+    run = selectors.run_get(access=access, pk=pk)
+    if run is None:
+        raise Http404("No such run")
+    try:
+        recipient = trail_send(run=run, user=request.user)
+    except PermissionDenied:
+        return _forbidden(request, f"Sending the correction trail needs the operator role in {run.tenant.slug}; "
+                                   f"you are {access.roles.get(run.tenant_id)}.")
+    except ValidationFailed as refusal:
+        messages.error(request, f"Not sent: {refusal.detail}.")
+        return redirect("recovery:run", pk=run.pk)
+    messages.success(request, f"The correction trail is on its way to {recipient}.")
+    return redirect("recovery:run", pk=run.pk)
+
+
+def trail_share(request, token: str):
+    """The correction trail for someone without an account, behind a signed link that expires."""
+    try:
+        run_id = trail_run_id(token)
+    except signing.SignatureExpired:
+        return _trail_missing(request, "This link has expired. Ask the person who shared it for a new one.")
+    except signing.BadSignature:
+        return _trail_missing(request, "This link is not valid: it may have been copied incompletely or altered.")
+    run = Run.objects.select_related("tenant").filter(pk=run_id).first()
+    if run is None:
+        return _trail_missing(request, "The run this link points to no longer exists.")
+    response = render(request, "recovery/trail_share.html", {"run": run, "trail": correction_trail(run)})
+    response["X-Robots-Tag"] = "noindex"
+    response["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+def _trail_missing(request, sentence: str):
+    return render(request, "recovery/refused.html", {"title": "Correction trail not found", "detail": sentence},
+                  status=404)
+
+
+# --- metrics ----------------------------------------------------------------------------------------
+
+@login_required
+def metrics(request):
+    access = selectors.access_for(request.user)
+    form = MetricsForm(request.GET, access=access)
+    filters = form.filters()
+    tenant = filters["tenant"]
+    tenant_ids = access.tenant_ids if tenant is None else [tenant] if tenant in access.roles else []
+    data = console_metrics(tenant_ids=tenant_ids, window=filters["window"])
+    return render(request, "recovery/metrics.html", {
+        "form": form, "data": data, "charts": metrics_charts(data),
+        "unwind_p50": seconds(data["unwind_latency"]["p50"]), "unwind_p95": seconds(data["unwind_latency"]["p95"]),
+        "approval_p50": seconds(data["approval_latency"]["p50"]),
+        "approval_p95": seconds(data["approval_latency"]["p95"]),
+    })

@@ -1,0 +1,66 @@
+"""Guarantee 10: a cancelled run starts nothing new; what finishes after the cancel is compensated."""
+import pytest
+
+from ledger.errors import RunCancelled
+from ledger.models import Action
+from ledger.services import execution
+from ledger.services.actions import action_propose
+from ledger.services.runs import run_cancel
+from recovery.models import RecoveryItem
+from sandbox.selectors import world_state
+from tests.helpers import act, fault, open_run
+
+
+def test_a_cancelled_run_starts_no_new_action(tools):
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "a@x.io", "name": "A"})
+    run_cancel(run=run, actor="agent:booker", reason="user changed their mind")
+    run.refresh_from_db()
+    assert run.status == "compensated" and world_state()["users"] == []
+    with pytest.raises(RunCancelled):
+        act(run, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
+    assert world_state()["hotels"] == []
+
+
+def test_an_action_that_finishes_after_the_cancel_is_compensated(tools):
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "a@x.io", "name": "A"})
+    in_flight = action_propose(run=run, tool_name="travel.book_flight", actor="agent:booker",
+                               args={"passenger": "P", "flight": "LH1", "date": "2026-12-01"})
+    run_cancel(run=run, actor="agent:booker")
+    run.refresh_from_db()
+    assert run.status == "unwinding"  # it waits for the step in flight
+    execution.execute(in_flight.action.pk, owner=in_flight.owner)
+    execution.unwind(run.pk)
+    run.refresh_from_db()
+    assert run.status == "compensated"
+    assert Action.objects.get(pk=in_flight.action.pk).status == "compensated"
+    assert [f["status"] for f in world_state()["flights"]] == ["cancelled"] and world_state()["users"] == []
+
+
+def test_a_scheduled_retry_is_skipped_by_the_cancel(tools, settings):
+    settings.UNWIND_MAX_BACKOFF = 60
+    run = open_run(tools)
+    fault("travel.book_flight", "status", status=503, times=0)
+    from ledger.services.tools import tool_upsert
+    from tests.conftest import in_process_policy
+
+    tool_upsert(tenant=tools.acme, name="travel.book_flight", actor="test",
+                spec=dict(in_process_policy()["tools"]["travel.book_flight"], retry={"max_attempts": 5, "backoff": 30}))
+    flight = act(run, "travel.book_flight", {"passenger": "P", "flight": "LH1", "date": "2026-12-01"})
+    assert flight.status == "retry_scheduled"
+    run_cancel(run=run, actor="agent:booker")
+    flight.refresh_from_db()
+    run.refresh_from_db()
+    assert flight.status == "skipped" and run.status == "compensated"
+
+
+def test_a_cancel_after_the_pivot_asks_a_person(tools):
+    tools.acme.approval_threshold = "critical"
+    tools.acme.save()
+    run = open_run(tools)
+    act(run, "payments.charge", {"customer": "c", "amount_cents": 100})
+    run_cancel(run=run, actor="agent:booker")
+    run.refresh_from_db()
+    assert run.status == "needs_attention"
+    assert RecoveryItem.objects.get(run=run).reason == "cancelled_after_pivot"

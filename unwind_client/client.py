@@ -1,0 +1,295 @@
+"""The Unwind client: every state-changing tool call of an agent goes through `Run.act`.
+
+    unwind = Unwind("http://127.0.0.1:8000", api_key="uw_…")
+    with unwind.run(goal="Onboard Ashu", on_behalf_of="carol@company.com") as run:
+        user = run.act("hr.create_user", {"email": "ashu@company.com", "name": "Ashu Kumar"})
+        run.act("licenses.provision", {"user_id": user["id"]})
+
+Leaving the block normally completes the run; leaving it with an exception cancels it, which unwinds
+what was done. Network failures are retried with the same idempotency key, so a retried call never
+acts twice: without an explicit `idempotency_key`, Unwind derives the key from the call's content.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import requests
+
+from unwind_client.errors import (
+    ActionError,
+    ApprovalPending,
+    InFlight,
+    Refused,
+    Rejected,
+    ReportRequired,
+    Unavailable,
+    UnwindClientError,
+    Unwound,
+)
+
+log = logging.getLogger("unwind_client")
+
+RETRY_STATUSES = {502, 503, 504}
+MAX_LONG_POLL = 30.0
+PENDING = {"planned", "approved", "running", "retry_scheduled"}
+REFUSED_BY_PERSON = {"rejected", "expired"}
+FINISHED = {"completed", "compensated", "closed"}
+
+
+class Unwind:
+    """A connection to an Unwind server with one agent's API key."""
+
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 4, backoff: float = 0.25,
+                 session: requests.Session | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.retries = max(1, retries)
+        self.backoff = backoff
+        self.session = session or requests.Session()
+        self.session.headers.update({"Authorization": f"Bearer {api_key}", "Accept": "application/json",
+                                     "User-Agent": "unwind-client/1"})
+
+    # --- transport ------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+                headers: dict | None = None, idempotent: bool = True, timeout: float | None = None) -> requests.Response:
+        """Send a request, retrying what is safe to retry; raise Refused for a problem answer.
+
+        `idempotent` requests (reads, and writes Unwind deduplicates) are retried after connection errors,
+        timeouts and 502/503/504; others only when the request cannot have reached the server. 429 is
+        always retried after its Retry-After.
+        """
+        url = path if path.startswith(("http://", "https://")) else self.base_url + path
+        for attempt in range(1, self.retries + 1):
+            last = attempt == self.retries
+            try:
+                response = self.session.request(method, url, json=json, params=params, headers=headers,
+                                                 timeout=timeout or self.timeout)
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                if last or not (idempotent or _not_sent(exc)):
+                    raise Unavailable(f"{method} {url}: {exc}") from exc
+                self._pause(attempt)
+                continue
+            retryable = response.status_code == 429 or (idempotent and response.status_code in RETRY_STATUSES)
+            if retryable and not last:
+                self._pause(attempt, response.headers.get("Retry-After"))
+                continue
+            if response.status_code in RETRY_STATUSES:
+                raise Unavailable(f"{method} {url}: HTTP {response.status_code}")
+            if response.status_code >= 400:
+                raise self._refusal(response)
+            return response
+        raise Unavailable(f"{method} {url}: no answer")  # the loop always returns or raises before this
+
+    def _pause(self, attempt: int, retry_after: str | None = None) -> None:
+        delay = self.backoff * (2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        if retry_after and retry_after.isdigit():
+            delay = max(delay, min(float(retry_after), 30.0))
+        time.sleep(delay)
+
+    def _refusal(self, response: requests.Response) -> Refused:
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = {}
+        if not isinstance(problem, dict):
+            problem = {}
+        code = problem.get("code") or f"http_{response.status_code}"
+        message = problem.get("detail") or response.text[:300] or response.reason
+        if code == "in_flight":
+            action_id = problem.get("action_id")
+            return InFlight(code, message, response.status_code, problem,
+                            settle=lambda timeout: self.settle(self.action(action_id), timeout=timeout))
+        return Refused(code, message, response.status_code, problem)
+
+    # --- runs ----------------------------------------------------------------------------------
+
+    def run(self, *, goal: str = "", on_behalf_of: str = "", plan: list[str] | None = None,
+            intent: dict | None = None) -> Run:
+        """Open a run (a declared `plan` of tool names is checked against the ordering law first)."""
+        body: dict[str, Any] = {"goal": goal, "on_behalf_of": on_behalf_of}
+        if plan is not None:
+            body["plan"] = plan
+        if intent is not None:
+            body["intent"] = intent
+        return Run(self, self.request("POST", "/api/v1/runs", json=body, idempotent=False).json())
+
+    def get_run(self, run_id: int) -> Run:
+        """Attach to an existing run, e.g. after a restart."""
+        return Run(self, self.request("GET", f"/api/v1/runs/{run_id}").json())
+
+    # --- actions -------------------------------------------------------------------------------
+
+    def action(self, action_id: int) -> dict:
+        return self.request("GET", f"/api/v1/actions/{action_id}").json()
+
+    def wait_for(self, action_id: int, timeout: float | None = None) -> dict:
+        """Long-poll until the action settles or `timeout` seconds pass (None: wait as long as it takes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            remaining = MAX_LONG_POLL if deadline is None else max(0.0, deadline - time.monotonic())
+            step = min(MAX_LONG_POLL, remaining)
+            response = self.request("GET", f"/api/v1/actions/{action_id}/wait", params={"timeout": round(step, 3)},
+                                    timeout=step + self.timeout)
+            if response.status_code == 200 or (deadline is not None and time.monotonic() >= deadline):
+                return response.json()
+
+    def settle(self, action: dict, *, timeout: float | None = None, execute: Callable[[dict], Any] | None = None) -> Any:
+        """Turn an action as Unwind answered it into the tool's result, or the error that says why not."""
+        status = action["status"]
+        if status == "succeeded":
+            return action["result"]
+        if action.get("awaiting_report"):
+            if execute is None:
+                raise ReportRequired(action, client=self)
+            return self._execute_and_report(action, execute)
+        later = self._later(action["id"], execute)
+        if status == "awaiting_approval":
+            raise ApprovalPending(action, settle=later)
+        if status in PENDING:
+            settled = self.wait_for(action["id"], timeout)
+            if settled["status"] in PENDING and not settled.get("awaiting_report"):
+                raise InFlight("in_flight", f"action {action['id']} is still {settled['status']}", 202,
+                               {"action_id": action["id"]}, settle=later)
+            return self.settle(settled, timeout=timeout, execute=execute)
+        if status in REFUSED_BY_PERSON:
+            raise Rejected(action)
+        raise Unwound(action)
+
+    def _later(self, action_id: int, execute: Callable[[dict], Any] | None) -> Callable[[float | None], Any]:
+        """What `wait(timeout)` does on a pending action: wait for it, then settle it like `act` would."""
+
+        def wait(timeout: float | None) -> Any:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            action = self.wait_for(action_id, timeout)
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self.settle(action, timeout=remaining, execute=execute)
+
+        return wait
+
+    def _execute_and_report(self, action: dict, execute: Callable[[dict], Any]) -> Any:
+        try:
+            result = execute(action["args"])
+        except Exception as exc:
+            reported = self.report(action["id"], ok=False, error=f"{type(exc).__name__}: {exc}"[:4000])
+            raise Unwound(reported) from exc
+        reported = self.report(action["id"], ok=True, result=result)
+        return self.settle(reported)
+
+    def report(self, action_id: int, *, ok: bool, result: Any = None, error: str = "") -> dict:
+        """Report the outcome of a client-executed tool (a forward step or a compensation)."""
+        body: dict[str, Any] = {"ok": ok}
+        if ok and result is not None:
+            body["result"] = result
+        if not ok:
+            body["error"] = error
+        return self.request("POST", f"/api/v1/actions/{action_id}/report", json=body).json()
+
+    def pending_compensations(self, *, run: int | None = None) -> list[dict]:
+        """Compensations of client-executed tools waiting for this agent to run them and `report`."""
+        return list(self._pages("/api/v1/compensations/pending", params={"run": run} if run else None))
+
+    def _pages(self, path: str, params: dict | None = None) -> Iterator[dict]:
+        page = self.request("GET", path, params=params).json()
+        while True:
+            yield from page["results"]
+            if not page.get("next"):
+                return
+            page = self.request("GET", page["next"]).json()
+
+    # --- tools ---------------------------------------------------------------------------------
+
+    def tools(self) -> list[dict]:
+        return self.request("GET", "/api/v1/tools").json()
+
+    def put_tool(self, name: str, policy: dict) -> dict:
+        return self.request("PUT", f"/api/v1/tools/{name}", json=policy).json()
+
+    def load_policy(self, document: dict) -> dict:
+        return self.request("POST", "/api/v1/policy", json=document).json()
+
+
+class Run:
+    """One agent workflow. Use it as a context manager: completed on success, cancelled (unwound) on error."""
+
+    def __init__(self, client: Unwind, data: dict):
+        self.client = client
+        self.id = data["id"]
+        self.data = data
+
+    @property
+    def status(self) -> str:
+        return self.data["status"]
+
+    def refresh(self) -> Run:
+        self.data = self.client.request("GET", f"/api/v1/runs/{self.id}").json()
+        return self
+
+    def act(self, tool: str, args: dict, *, intent: dict | None = None, target: str | None = None,
+            idempotency_key: str | None = None, execute: Callable[[dict], Any] | None = None,
+            timeout: float | None = 300.0) -> Any:
+        """Put one tool call through Unwind and return the tool's result.
+
+        Raises ApprovalPending (a person must approve: `.url`, `.wait()`), Rejected (`.reason`), Unwound (the step
+        failed; the run is unwinding, compensated or needs a person), Refused (`.code`, `.message`), InFlight
+        (the same call is still running), ReportRequired (a client-executed tool and no `execute` given).
+        For client-executed tools, `execute(args)` is called to run it and its outcome is reported.
+        """
+        body: dict[str, Any] = {"tool": tool, "args": args}
+        if intent is not None:
+            body["intent"] = intent
+        if target is not None:
+            body["target"] = str(target)
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        path = f"/api/v1/runs/{self.id}/actions"
+        try:
+            response = self.client.request("POST", path, json=body, headers=headers)
+        except InFlight as busy:
+            if busy.action_id is None:
+                raise
+            # Our own first attempt got through before its answer was lost: wait for it, do not redo it.
+            return self.client.settle(self.client.action(busy.action_id), timeout=timeout, execute=execute)
+        return self.client.settle(response.json(), timeout=timeout, execute=execute)
+
+    def report(self, action_id: int, *, ok: bool, result: Any = None, error: str = "") -> dict:
+        return self.client.report(action_id, ok=ok, result=result, error=error)
+
+    def cancel(self, reason: str = "") -> Run:
+        self.data = self.client.request("POST", f"/api/v1/runs/{self.id}/cancel", json={"reason": reason}).json()
+        return self
+
+    def complete(self) -> Run:
+        self.data = self.client.request("POST", f"/api/v1/runs/{self.id}/complete").json()
+        return self
+
+    def trail(self) -> dict:
+        """The correction trail: what changed for the end user, and what became of it."""
+        return self.client.request("GET", f"/api/v1/runs/{self.id}/trail").json()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.complete()
+            return False
+        if isinstance(exc, ActionError) and exc.run_status in FINISHED:
+            return False  # the failure already finished the run (compensated): there is nothing left to cancel
+        try:
+            self.cancel(reason=f"{exc_type.__name__}: {exc}"[:1000])
+        except UnwindClientError as cancel_failed:
+            # The run may already have finished (compensated, closed); the exception that ended the block wins.
+            log.warning("run %s: cancel after %s failed: %s", self.id, exc_type.__name__, cancel_failed)
+        return False
+
+
+def _not_sent(exc: Exception) -> bool:
+    """Whether a connection error happened before the request reached the server (safe to retry anything)."""
+    if isinstance(exc, requests.ConnectTimeout):
+        return True
+    reason = exc.args[0] if exc.args else None
+    return type(getattr(reason, "reason", None)).__name__ in ("NewConnectionError", "NameResolutionError")
