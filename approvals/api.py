@@ -39,7 +39,6 @@ def approvals_of_actions(actions) -> dict[int, dict]:
     return found
 
 
-links.register_approval_lookup(approvals_of_actions)
 
 
 class DecisionOut(serializers.Serializer):

@@ -12,3 +12,8 @@ class ApprovalsConfig(AppConfig):
         events.subscribe("approval_withdrawn", services.on_approval_withdrawn)
         events.subscribe("compensation_failed", services.on_compensation_failed)
         events.subscribe("sweep", services.on_sweep)
+
+        from approvals.api import approvals_of_actions
+        from ledger.api import links
+
+        links.register_approval_lookup(approvals_of_actions)

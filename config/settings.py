@@ -143,6 +143,12 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
+# Throttle counters live in the cache: per process by default, shared by every web process with Redis.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL}
+    if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
+
 # The API: agents authenticate with "Authorization: Bearer <key>", people with their session or HTTP
 # Basic; refusals are RFC 9457 problems; each agent key may make UNWIND_THROTTLE_RATE requests.
 REST_FRAMEWORK = {

@@ -15,6 +15,8 @@ def canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, str):
+        if "\x00" in value or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+            raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored")
         return unicodedata.normalize("NFC", value)
     if isinstance(value, int):
         return value

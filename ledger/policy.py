@@ -6,6 +6,7 @@ A policy file is JSON or YAML, either in the shape of seed 004's configuration t
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,10 +73,13 @@ def _template(value: Any, where: str):
     return value
 
 
+TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}$")
+
+
 def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     """Validate one tool's policy and return the Tool field values."""
-    if not isinstance(name, str) or not name.strip() or len(name) > 120:
-        _fail(where, "a tool needs a name of 1 to 120 characters")
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        _fail(where, "a tool name is 1 to 120 letters, digits and . _ : - (like crm.update_ticket)")
     spec = _dict(spec, where)
     unknown = set(spec) - TOOL_KEYS
     if unknown:

@@ -51,7 +51,7 @@ def correction_trail(run: Run) -> dict:
         say("corrected", why)
 
     not_undone = 0
-    for action in forward:
+    for action in reversed(forward):  # in the order Unwind undoes them: newest first
         comp = latest_comp.get(action.pk)
         label = _label(action)
         irreversible = (action.tool.action_class in IRREVERSIBLE

@@ -102,3 +102,14 @@ def test_concurrent_duplicates_execute_exactly_once():
     assert Action.objects.filter(idempotency_key="dup").count() == 1
     assert len(call_list(tool="travel.reserve_hotel")["results"]) == 1
     assert all(isinstance(o, (Action, StillInFlight)) for o in outcomes), outcomes
+
+
+def test_text_that_cannot_be_stored_is_refused_with_the_field(tools):
+    from ledger.errors import ValidationFailed
+
+    run = open_run(tools)
+    with pytest.raises(ValidationFailed, match="args"):
+        act(run, "hr.create_user", {"email": "a@x.io", "name": "A\x00B"})
+    with pytest.raises(ValidationFailed, match="intent"):
+        act(run, "hr.create_user", {"email": "a@x.io", "name": "A"}, intent={"goal": "\ud800"})
+    assert not Action.objects.filter(run=run).exists()

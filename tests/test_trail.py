@@ -45,10 +45,10 @@ def test_compensated_onboarding_run(tools):
         "Why it was corrected: email.send (step 3) failed: email.send answered 504: injected fault: "
         "email.send answered 504 and applied nothing."]
     restored = texts(trail, "restored")
-    assert restored == [
-        f"Undid step 1 (hr.create_user on user {user.target_id}) with hr.delete_user (user_id: {user.target_id}).",
+    assert restored == [  # in the order they were undone: newest first
         f"Undid step 2 (licenses.provision on license {license_.target_id}) with licenses.revoke "
         f"(license_id: {license_.target_id}).",
+        f"Undid step 1 (hr.create_user on user {user.target_id}) with hr.delete_user (user_id: {user.target_id}).",
     ]
     assert texts(trail, "not_undone") == []
     assert texts(trail, "reviewed") == ["No person needed to review this run: Unwind handled it by its policy."]

@@ -18,6 +18,10 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
     """Open a run. A declared plan (tool names in order) is checked against the ordering law first."""
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object", field="intent")
+    from ledger.services.actions import storable
+
+    goal, on_behalf_of = storable(str(goal), field="goal"), storable(str(on_behalf_of), field="on_behalf_of")
+    intent = storable(intent or {}, field="intent")
     plan = plan or []
     if not isinstance(plan, list) or not all(isinstance(step, str) for step in plan):
         raise ValidationFailed("plan must be a list of tool names", field="plan")
