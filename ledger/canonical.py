@@ -38,3 +38,13 @@ def dumps(value: Any) -> str:
 
 def digest(*parts: Any) -> str:
     return hashlib.sha256(dumps(list(parts)).encode()).hexdigest()
+
+
+def storable(value: Any, *, field: str) -> Any:
+    """The canonical form of a JSON value, or a validation error naming the field it cannot be stored in."""
+    from ledger.errors import ValidationFailed
+
+    try:
+        return canonical(value)
+    except (TypeError, ValueError) as exc:
+        raise ValidationFailed(f"{field}: {exc}", field=field) from None

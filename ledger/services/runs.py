@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.audit import ledger_transaction
+from ledger.canonical import storable
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool
 from ledger.policy import check_plan
@@ -18,8 +19,6 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
     """Open a run. A declared plan (tool names in order) is checked against the ordering law first."""
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object", field="intent")
-    from ledger.services.actions import storable
-
     goal, on_behalf_of = storable(str(goal), field="goal"), storable(str(on_behalf_of), field="on_behalf_of")
     intent = storable(intent or {}, field="intent")
     plan = plan or []
