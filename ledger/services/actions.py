@@ -10,15 +10,15 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.audit import ledger_transaction
-from ledger.canonical import canonical, digest
+from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RunCancelled, RunNotActive, StateConflict, StillInFlight, UnknownTool, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
-    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool,
+    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
-from ledger.policy import approvals_needed, check_order
+from ledger.policy import ROLE_RANK, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.services import execution
 from ledger.transitions import action_transition, run_transition
@@ -48,7 +48,8 @@ def validate_args(tool: Tool, args) -> dict:
         problems = [{"field": ".".join(["args", *map(str, e.absolute_path)]), "message": e.message} for e in errors]
         first = problems[0]
         raise ValidationFailed(f"{first['field']}: {first['message']}", field=first["field"], errors=problems)
-    return canonical(args)
+    return storable(args, field="args")
+
 
 
 def target_of(tool: Tool, args: dict, explicit: str | None) -> str:
@@ -105,11 +106,13 @@ def action_propose(
     key = check_key(idempotency_key) if idempotency_key is not None else derive_key(
         run=run, tool=tool, target_id=target_id, args=clean)
     source = "header" if idempotency_key is not None else "derived"
-    existing = Action.objects.select_related("tool").filter(tenant_id=run.tenant_id, idempotency_key=key).first()
-    if existing is not None:
-        return replay(existing, run=run, tool=tool, args_hash=args_hash)
+    # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
+    existing_id = Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=key).values_list("pk", flat=True).first()
+    if existing_id is not None:
+        return replay(Action.objects.select_related("tool").get(pk=existing_id), run=run, tool=tool, args_hash=args_hash)
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object with goal, reasoning, confidence, model", field="intent")
+    intent = storable(intent or {}, field="intent")
     before = None
     if target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY:
         try:
@@ -125,6 +128,25 @@ def action_propose(
         return replay(existing, run=run, tool=tool, args_hash=args_hash)
 
 
+def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str]]:
+    """The earliest earlier step that `check_order` would refuse `tool` after, if any.
+
+    Only a step of a later saga role (or a second pivot) can break the ordering law, and the law names
+    the first one, so one row is enough, however long the run. A retriable tool can follow anything.
+    """
+    if tool.action_class == ActionClass.READ_ONLY:
+        return []
+    roles = [role for role, rank in ROLE_RANK.items() if rank > ROLE_RANK[tool.saga_role]]
+    if tool.saga_role == SagaRole.PIVOT:
+        roles.append(SagaRole.PIVOT)
+    if not roles:
+        return []
+    return list(run.actions.filter(kind=ActionKind.FORWARD, saga_role__in=roles)
+                .exclude(status__in=[A.REJECTED, A.EXPIRED, A.SKIPPED])
+                .exclude(tool__action_class=ActionClass.READ_ONLY)
+                .order_by("seq").values_list("seq", "tool__name", "saga_role")[:1])
+
+
 def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
         run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run.pk)
@@ -132,10 +154,7 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; it accepts no new actions")
-        earlier = [(a.seq, a.tool.name, a.saga_role) for a in run.actions.filter(kind=ActionKind.FORWARD).exclude(
-            status__in=[A.REJECTED, A.EXPIRED, A.SKIPPED]).exclude(tool__action_class=ActionClass.READ_ONLY)
-            .select_related("tool").order_by("seq")]
-        check_order(earlier, tool=tool)
+        check_order(_steps_that_could_conflict(run, tool), tool=tool)
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, tenant=run.tenant)
         seq = run.next_seq
         Run.objects.filter(pk=run.pk).update(next_seq=F("next_seq") + 1)
@@ -171,7 +190,7 @@ def action_report(*, action: Action, ok: bool, result=None, error: str = "", act
             return action  # the same report again
         raise StateConflict(f"action {action.pk} is {action.status}; it is not waiting for a report")
     if ok:
-        execution.record_success(action, ToolOutcome(result=canonical(result if result is not None else {})),
+        execution.record_success(action, ToolOutcome(result=storable(result if result is not None else {}, field="result")),
                                  latency_ms=None, actor=actor)
     else:
         execution.record_failure(action, ToolError(error or "the agent reported a failure", transient=False),
@@ -196,7 +215,7 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
         client = action.tool.executor == Executor.CLIENT
         action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                           lease_owner="" if client else owner,
-                          lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+                          lease_expires_at=execution.queued_lease(action.tool))
         execution.start_attempt(action, owner)
         if run.status == R.AWAITING_APPROVAL and not run.actions.filter(status=A.AWAITING_APPROVAL).exists():
             run_transition(run, R.RUNNING, log=audit, actor=actor)
@@ -259,7 +278,7 @@ def action_reclaim(action_id: int) -> str | None:
             action_transition(action, A.RUNNING, log=audit, actor="system:sweeper", where=_lease_still(action),
                               note={"reclaimed_from": action.lease_owner}, attempts=action.attempts + 1,
                               max_attempts=max(action.max_attempts, action.attempts + 1), lease_owner=owner,
-                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+                              lease_expires_at=execution.queued_lease(action.tool))
             execution.start_attempt(action, owner)
     except StateConflict:
         return None
@@ -281,7 +300,7 @@ def action_claim_due(action_id: int) -> str | None:
             action_transition(action, A.RUNNING, log=audit, actor="system:sweeper",
                               where=Q(next_attempt_at__lte=timezone.now()), attempts=action.attempts + 1,
                               next_attempt_at=None, lease_owner=owner,
-                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1))
+                              lease_expires_at=execution.queued_lease(action.tool))
             execution.start_attempt(action, owner)
     except StateConflict:
         return None

@@ -10,6 +10,7 @@ import logging
 import random
 import time
 from datetime import timedelta
+from typing import Callable
 
 from django.conf import settings
 from django.db.models import Q
@@ -36,6 +37,11 @@ PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED)
 
 def lease_until(seconds: float | None = None):
     return timezone.now() + timedelta(seconds=seconds or settings.UNWIND_LEASE_SECONDS)
+
+
+def queued_lease(tool: Tool):
+    """The lease of an action claimed here but run by a worker task: the tool's timeout plus time in the queue."""
+    return lease_until(tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS)
 
 
 def backoff_delay(tool: Tool, attempt: int) -> float:
@@ -121,14 +127,16 @@ def needs_read_back(action: Action) -> bool:
     return action.attempts > 1 and not action.tool.honours_idempotency_key
 
 
-def execute(action_id: int, *, owner: str, budget: float | None = None) -> Action:
+def execute(action_id: int, *, owner: str, budget: float | None = None,
+            on_compensated: Callable[[AuditLog], None] | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
 
     Transient failures are retried inline while the backoff is short and the budget allows;
     otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
+    `on_compensated` runs inside the transaction that records a compensation's success (see `unwind`).
     """
     started = time.monotonic()
-    action = Action.objects.select_related("tool", "run", "run__tenant").get(pk=action_id)
+    action = Action.objects.select_related("tool").get(pk=action_id)
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
@@ -152,11 +160,12 @@ def execute(action_id: int, *, owner: str, budget: float | None = None) -> Actio
             return action
         latency = (time.monotonic() - t0) * 1000
         failpoints.hit("after_tool_call")
-        record_success(action, outcome, latency_ms=latency)
+        record_success(action, outcome, latency_ms=latency, on_compensated=on_compensated)
         return action
 
 
-def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = SYSTEM) -> None:
+def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = SYSTEM,
+                   on_compensated: Callable[[AuditLog], None] | None = None) -> None:
     tool = action.tool
     result = outcome.result
     target_id = action.target_id or target_from_result(tool, result)
@@ -196,6 +205,8 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
             if run.status == R.UNWINDING:
                 enqueue_unwind_after(run)
+            if on_compensated is not None:
+                on_compensated(audit)
             return
         if action.saga_role == SagaRole.PIVOT and not run.pivot_committed:
             Run.objects.filter(pk=run.pk).update(pivot_committed=True)
@@ -336,69 +347,110 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
 
     Holds the run's lease while it works, so one unwinder at a time; a crashed unwinder's lease
     expires and the sweeper starts another, which picks up exactly where the ledger says.
+
+    A compensation costs one commit, not two: the commit that records one compensation's outcome also
+    claims the next one (or settles the run), so every compensation is still recorded, with its lease,
+    before its tool is called.
     """
     owner = new_owner()
     started = time.monotonic()
-    now = timezone.now()
-    claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
-        Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)).update(lease_expires_at=lease_until())
-    if claimed != 1:
+    tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
+
+    def within_budget() -> bool:
+        return budget is None or time.monotonic() - started <= budget
+
+    def following() -> Action | None:
+        if not within_budget():
+            enqueue("ledger.tasks.unwind_run", run_id)
+            return None
+        return next_compensation(run_id, tenant_id=tenant_id, owner=owner)
+
+    claimed, compensation = claim_unwind(run_id, tenant_id=tenant_id, owner=owner)
+    if not claimed:
         return Run.objects.get(pk=run_id)
     try:
-        while True:
-            if budget is not None and time.monotonic() - started > budget:
-                enqueue("ledger.tasks.unwind_run", run_id)
-                break
-            compensation = next_compensation(run_id, owner=owner)
-            if compensation is None:
-                break
+        while compensation is not None:
             failpoints.hit("mid_unwind")
             if compensation.tool.executor == Executor.CLIENT:
                 break  # the agent runs it and reports; its report continues the unwind
             if drift_detected(compensation):
+                compensation = following()
                 continue
-            execute(compensation.pk, owner=owner, budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
+            chained: list[Action | None] = []
+
+            def claim_next_in_same_commit(log: AuditLog) -> None:
+                if within_budget():
+                    chained.append(claim_next_compensation(run_id, owner=owner, log=log))
+
+            execute(compensation.pk, owner=owner, on_compensated=claim_next_in_same_commit,
+                    budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
+            if chained:
+                compensation = chained[0]
+                continue
             compensation.refresh_from_db(fields=["status"])
             if compensation.status != A.SUCCEEDED and compensation.status != A.FAILED:
                 break  # scheduled for a later retry; its completion continues the unwind
+            compensation = following()
     finally:
-        Run.objects.filter(pk=run_id).update(lease_expires_at=None)
+        # Settling already cleared the lease; only a run left unwinding still holds it.
+        Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).update(lease_expires_at=None)
     return Run.objects.get(pk=run_id)
 
 
-def next_compensation(run_id: int, *, owner: str) -> Action | None:
+def claim_unwind(run_id: int, *, tenant_id: int, owner: str) -> tuple[bool, Action | None]:
+    """Take the run's unwind lease and claim its first compensation in one commit.
+
+    Returns (False, None) when another unwinder holds the lease or the run is not unwinding.
+    """
+    with ledger_transaction(tenant_id) as audit:
+        claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now())
+        ).update(lease_expires_at=lease_until())
+        if claimed != 1:
+            return False, None
+        return True, claim_next_compensation(run_id, owner=owner, log=audit)
+
+
+def next_compensation(run_id: int, *, owner: str, tenant_id: int | None = None) -> Action | None:
     """Pick the newest action still to compensate and claim its compensation; settle the run if none is left.
 
     Returns the claimed compensation (status running, lease held by `owner`), or None when the unwinder
     should stop (the run settled, or it waits for something: an in-flight step, an approval, a report).
     """
-    with ledger_transaction(Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)) as audit:
-        run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run_id)
-        if run.status != R.UNWINDING:
-            return None
-        skip_pending(run, log=audit, actor=SYSTEM, why="the run is being unwound", forward_only=True)
-        if run.actions.filter(kind=ActionKind.FORWARD, status=A.RUNNING).exists():
-            return None  # a step still in flight; when it lands it re-enqueues the unwind
-        forward = (run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.SUCCEEDED, A.COMPENSATING])
+    if tenant_id is None:
+        tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
+    with ledger_transaction(tenant_id) as audit:
+        return claim_next_compensation(run_id, owner=owner, log=audit)
+
+
+def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action | None:
+    """`next_compensation` inside the caller's ledger transaction."""
+    run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run_id)
+    if run.status != R.UNWINDING:
+        return None
+    skip_pending(run, log=log, actor=SYSTEM, why="the run is being unwound", forward_only=True)
+    forward = list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.RUNNING, A.SUCCEEDED, A.COMPENSATING])
                    .select_related("tool").order_by("-seq"))
-        candidate = next((a for a in forward if compensable(a)), None)
-        if candidate is None:
-            settle(run, log=audit)
-            return None
-        if candidate.status == A.COMPENSATING:
-            compensation = candidate.compensations.select_related("tool").order_by("-id").first()
-            if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
-                return plan_compensation(run, candidate, owner=owner, log=audit)
-            if compensation.status in (A.FAILED, A.APPROVED):
-                retry = compensation.status == A.FAILED
-                action_transition(compensation, A.RUNNING, log=audit, actor=SYSTEM, attempts=compensation.attempts + 1,
-                                  max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
-                                  else compensation.max_attempts,
-                                  lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
-                start_attempt(compensation, owner)
-                return compensation
-            return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
-        return plan_compensation(run, candidate, owner=owner, log=audit)
+    if any(a.status == A.RUNNING for a in forward):
+        return None  # a step still in flight; when it lands it re-enqueues the unwind
+    candidate = next((a for a in forward if compensable(a)), None)
+    if candidate is None:
+        settle(run, log=log)
+        return None
+    if candidate.status == A.COMPENSATING:
+        compensation = candidate.compensations.select_related("tool").order_by("-id").first()
+        if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
+            return plan_compensation(run, candidate, owner=owner, log=log)
+        if compensation.status in (A.FAILED, A.APPROVED):
+            retry = compensation.status == A.FAILED
+            action_transition(compensation, A.RUNNING, log=log, actor=SYSTEM, attempts=compensation.attempts + 1,
+                              max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
+                              else compensation.max_attempts,
+                              lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
+            start_attempt(compensation, owner)
+            return compensation
+        return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
+    return plan_compensation(run, candidate, owner=owner, log=log)
 
 
 def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -> Action | None:
@@ -422,7 +474,8 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
     Run.objects.filter(pk=run.pk).update(next_seq=seq + 1)
     run.next_seq = seq + 1
     claim_now = not required and tool.executor != Executor.CLIENT
-    earlier = forward.compensations.count()
+    # A forward step still `succeeded` has never had a compensation planned: no need to count them.
+    earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
     compensation = Action.objects.create(
         tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.COMPENSATION, compensates=forward, tool=tool,
         saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_hash=digest(args),

@@ -100,7 +100,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
             owner = new_owner()
             action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                               max_attempts=action.attempts + action.tool.max_attempts, lease_owner=owner,
-                              lease_expires_at=execution.lease_until(action.tool.timeout_seconds + 1),
+                              lease_expires_at=execution.queued_lease(action.tool),
                               error_class="", error_message="")
             execution.start_attempt(action, owner)
             if action.tool.executor != "client":
