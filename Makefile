@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+BENCH_STAMP := $(VENV)/.installed-bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
 .PHONY: demo demo-check test test-pg migrate run worker chaos bench schema clean help
@@ -45,6 +46,19 @@ run: migrate
 
 worker: migrate
 	$(BIN)/python manage.py worker
+
+# CHAOS_MINUTES=10 for a longer run; CHAOS_ARGS for the rest (python -m chaos --help).
+chaos: $(TEST_STAMP)
+	$(BIN)/python -m chaos $(CHAOS_ARGS)
+
+$(BENCH_STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q -e ".[bench]"
+	@touch $(BENCH_STAMP) $(STAMP)
+
+# PostgreSQL at 127.0.0.1:5432 (BENCH_PG=postgres://user@host:port for another); a dedicated database,
+# BENCH_DB=unwind_bench, is dropped and created afresh. BENCH_QUICK=1 for a 1-2 minute smoke.
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench
 
 schema: $(TEST_STAMP)
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null

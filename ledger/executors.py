@@ -16,12 +16,22 @@ from django.conf import settings
 class ToolError(Exception):
     """A tool call did not succeed. `transient` errors are retried with the same idempotency key."""
 
-    def __init__(self, message: str, *, transient: bool, status: int | None = None, body: Any = None):
+    def __init__(self, message: str, *, transient: bool, status: int | None = None, body: Any = None,
+                 not_sent: bool = False):
         super().__init__(message)
         self.message = message
         self.transient = transient
         self.status = status
         self.body = body
+        self.not_sent = not_sent
+
+    @property
+    def maybe_applied(self) -> bool:
+        """Could the tool have acted before this error? A 5xx or a timeout leaves it unknown; a 4xx (408 and
+        429 included), a refused connection or a connect timeout mean the request was not carried out."""
+        if self.status is not None:
+            return self.status >= 500
+        return self.transient and not self.not_sent
 
     @property
     def error_class(self) -> str:
@@ -68,8 +78,13 @@ def http_call(
             headers={"Idempotency-Key": idempotency_key, "Accept": "application/json"},
             timeout=timeout,
         )
+    except requests.ConnectTimeout:
+        raise ToolError(f"{url} could not be reached within {timeout:g}s", transient=True, not_sent=True) from None
     except requests.Timeout:
         raise ToolError(f"{url} did not answer within {timeout:g}s", transient=True) from None
+    except requests.ConnectionError as exc:
+        refused = "NewConnectionError" in repr(exc) or "Connection refused" in str(exc)
+        raise ToolError(f"{url} could not be reached: {exc.__class__.__name__}", transient=True, not_sent=refused) from None
     except requests.RequestException as exc:
         raise ToolError(f"{url} could not be reached: {exc.__class__.__name__}", transient=True) from None
     try:

@@ -11,6 +11,7 @@ class Reason(models.TextChoices):
     APPROVAL_REJECTED = "approval_rejected", "approval rejected after the pivot"
     APPROVAL_EXPIRED = "approval_expired", "approval expired after the pivot"
     LEASE_LOST = "lease_lost", "worker lost, outcome unknown"
+    OUTCOME_UNKNOWN = "outcome_unknown", "tool kept failing, outcome unknown"
     CANCELLED_AFTER_PIVOT = "cancelled_after_pivot", "cancelled after the pivot"
     IRREVERSIBLE_EFFECTS = "irreversible_effects", "effects that cannot be undone"
 

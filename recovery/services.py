@@ -18,6 +18,7 @@ SUGGESTIONS = {
     "approval_rejected": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
     "approval_expired": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
     "lease_lost": "The outcome of the step is unknown: check the target, then resume (retry with the same key), compensate, or close.",
+    "outcome_unknown": "The tool kept answering errors that leave its effect unknown: check the target, then resume (retry with the same key), compensate, or close.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
 }

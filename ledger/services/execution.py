@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from datetime import timedelta
 from typing import Callable
 
@@ -127,14 +128,24 @@ def needs_read_back(action: Action) -> bool:
     return action.attempts > 1 and not action.tool.honours_idempotency_key
 
 
-def execute(action_id: int, *, owner: str, budget: float | None = None,
+def execute(action_id: int, *, owner: str, budget: float | None = None, sole_owner: bool = False,
             on_compensated: Callable[[AuditLog], None] | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
 
     Transient failures are retried inline while the backoff is short and the budget allows;
     otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
     `on_compensated` runs inside the transaction that records a compensation's success (see `unwind`).
+
+    A queued task may be delivered twice (django-q2 delivers at least once), and both deliveries carry
+    the same owner; so unless the caller created the lease itself and shares it with nobody
+    (`sole_owner`: the API's fast path, the unwinder), the lease is first taken over with a conditional
+    update under a name of this call's own. The second delivery finds it taken and does nothing.
     """
+    if not sole_owner:
+        mine = f"{owner[:100]}#{uuid.uuid4().hex[:8]}"
+        if Action.objects.filter(pk=action_id, status=A.RUNNING, lease_owner=owner).update(lease_owner=mine) != 1:
+            return Action.objects.select_related("tool").get(pk=action_id)
+        owner = mine
     started = time.monotonic()
     action = Action.objects.select_related("tool").get(pk=action_id)
     while True:
@@ -228,8 +239,25 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
 
 def record_failure(action: Action, error: ToolError, *, latency_ms: float | None, retry_inline: bool, delay: float,
                    owner: str, actor: str = SYSTEM) -> bool:
-    """Record a failed attempt. Returns True when the action will be retried (inline or scheduled)."""
+    """Record a failed attempt. Returns True when the action will be retried (inline or scheduled).
+
+    When a step's last attempt ended in an error that leaves its effect unknown (a 5xx, a timeout), it is
+    not called failed on faith: the tool is read back first. Found → it succeeded; not found → it failed;
+    cannot be told → its outcome is unknown and a person is asked (guarantee 2: never "compensated" with
+    an effect possibly still standing).
+    """
     note = {"error_class": error.error_class, "error": error.message[:500]}
+    final = not (error.transient and action.attempts < action.max_attempts)
+    if final and action.kind == ActionKind.FORWARD and error.maybe_applied:
+        try:
+            evidence = already_done(action)
+        except ToolError as unreadable:
+            record_unknown(action, error, why=unreadable.message, latency_ms=latency_ms, actor=actor)
+            return False
+        if evidence is not None:
+            finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
+            record_success(action, ToolOutcome(result=evidence), latency_ms=None, actor=actor)
+            return False
     with ledger_transaction(action.tenant_id) as audit:
         finish_attempt(action, "failed_transient" if error.transient else "failed_permanent", latency_ms=latency_ms,
                        error=error)
@@ -248,6 +276,22 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                           error_class=error.error_class, error_message=error.message[:2000])
         after_failure(action, log=audit, actor=actor)
     return False
+
+
+def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: float | None, actor: str) -> None:
+    """The step may or may not have acted, and nothing can tell: mark it lost and put the run before a person."""
+    detail = (f"{action.tool.name} (step {action.seq}) answered {error.message} on its last attempt, so it may have "
+              f"acted, and it cannot be read back ({why}). Check the target, then resume, compensate or close.")
+    with ledger_transaction(action.tenant_id) as audit:
+        finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
+        action_transition(action, A.LOST, log=audit, actor=actor, note={"error": error.message[:500]},
+                          lease_owner="", lease_expires_at=None, error_class="outcome_unknown",
+                          error_message=detail[:2000])
+        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        if run.status in (R.RUNNING, R.AWAITING_APPROVAL):
+            needs_attention(run, "outcome_unknown", detail, action=action, log=audit)
+        elif run.status == R.UNWINDING:
+            enqueue_unwind_after(run)
 
 
 def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
@@ -382,7 +426,7 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
                 if within_budget():
                     chained.append(claim_next_compensation(run_id, owner=owner, log=log))
 
-            execute(compensation.pk, owner=owner, on_compensated=claim_next_in_same_commit,
+            execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=claim_next_in_same_commit,
                     budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
             if chained:
                 compensation = chained[0]
@@ -553,7 +597,8 @@ def settle(run: Run, *, log: AuditLog) -> None:
         parts.append(f"{a.tool.name} (step {a.seq}) could not be compensated: "
                      f"{comp.error_message if comp else 'no compensation could be planned'}")
     parts += [f"{a.tool.name} (step {a.seq}) has no compensation and still stands" for a in standing]
-    parts += [f"{a.tool.name} (step {a.seq}) has an unknown outcome" for a in lost]
-    reason = "drift" if drift else "compensation_failed" if failed else "lease_lost" if lost else "irreversible_effects"
+    parts += [f"{a.tool.name} (step {a.seq}) has an unknown outcome: it may have acted" for a in lost]
+    lost_reason = "outcome_unknown" if any(a.error_class == "outcome_unknown" for a in lost) else "lease_lost"
+    reason = "drift" if drift else "compensation_failed" if failed else lost_reason if lost else "irreversible_effects"
     first = (drift or failed or lost or standing)[0]
     needs_attention(run, reason, "; ".join(parts), action=first, log=log)

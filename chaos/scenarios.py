@@ -1,0 +1,266 @@
+"""Scripted faults, each with its own expectation, run against the live server and workers before the load.
+
+Each scenario returns {"name", "ok", "detail"}; its runs are checked again, with every other run, at the end.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+from django.db import close_old_connections
+from django_q.tasks import async_task, fetch
+
+from chaos.agents import Recorder
+from chaos.processes import WebServer, WorkerPool
+from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast
+from ledger.models import Action, Run
+from ledger.services.actions import action_propose
+from sandbox.models import Message, ToolCall
+from unwind_client import Unwind
+from unwind_client.errors import ApprovalPending, Unwound
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        close_old_connections()
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def effects_of(action_id: int) -> int:
+    action = Action.objects.select_related("tool").get(pk=action_id)
+    if action.tool.name == "email.send":
+        return Message.objects.filter(idempotency_key=action.tool_key).count()
+    return ToolCall.objects.filter(idempotency_key=action.tool_key, effect_applied=True).count()
+
+
+def run_status(run_id: int) -> str:
+    return Run.objects.get(pk=run_id).status
+
+
+def fault(base_url: str, rule: dict) -> None:
+    requests.post(f"{base_url}/sandbox/faults", json=rule, timeout=10).raise_for_status()
+
+
+class Scenarios:
+    def __init__(self, *, web: WebServer, workers: WorkerPool, cast: Cast, recorder: Recorder):
+        self.web = web
+        self.url = web.url
+        self.workers = workers
+        self.cast = cast
+        self.recorder = recorder
+        self.agent = Unwind(self.url, cast.key, timeout=30, retries=6, backoff=0.2)
+
+    def all(self) -> list[dict]:
+        results = []
+        for scenario in (self.concurrent_duplicates_with_one_key, self.reordered_json_resend, self.cancel_mid_flow,
+                         self.stale_checkpoint_resumed, self.duplicate_task_delivery,
+                         self.approval_expires_while_workers_are_down):
+            started = time.monotonic()
+            try:
+                ok, detail = scenario()
+            except Exception as exc:  # noqa: BLE001 - a scenario that blows up has failed; say how
+                ok, detail = False, f"{type(exc).__name__}: {exc}"
+            results.append({"name": scenario.__name__, "ok": ok, "detail": detail,
+                            "seconds": round(time.monotonic() - started, 1)})
+        return results
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def open_run(self, goal: str, *, client: Unwind | None = None) -> int:
+        run = (client or self.agent).request("POST", "/api/v1/runs", json={"goal": goal, "on_behalf_of": "chaos"},
+                                             idempotent=False).json()
+        self.recorder.opened(run["id"], "scenario", "scenarios").ended = "scripted"
+        return run["id"]
+
+    def seen(self, run_id: int, *action_ids: int) -> None:
+        self.recorder.runs[run_id].actions.update(action_ids)
+
+    def post_raw(self, run_id: int, text: str, *, key: str | None = None, api_key: str | None = None):
+        headers = {"Authorization": f"Bearer {api_key or self.cast.key}", "Content-Type": "application/json"}
+        if key:
+            headers["Idempotency-Key"] = key
+        return requests.post(f"{self.url}/api/v1/runs/{run_id}/actions", data=text, headers=headers, timeout=60)
+
+    def person(self, username: str) -> requests.Session:
+        session = requests.Session()
+        session.auth = (username, PASSWORD)
+        return session
+
+    def settle(self, action_id: int, timeout: float = 60) -> dict:
+        return self.agent.wait_for(action_id, timeout=timeout)
+
+    # --- the scenarios -----------------------------------------------------------------------------
+
+    def concurrent_duplicates_with_one_key(self):
+        """Eight identical proposals at once, with one Idempotency-Key, then eight without one: one action each."""
+        run_id = self.open_run("concurrent duplicates")
+        details = []
+        ok = True
+        for tool, args, key in [
+            ("travel.book_flight", {"passenger": "Dup", "flight": "LH400", "date": "2027-04-01"}, "scenario-dup-flight"),
+            ("email.send", {"to": "dup@chaos.invalid", "subject": "Only once", "body": "b"}, None),
+        ]:
+            text = json.dumps({"tool": tool, "args": args})
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                answers = list(pool.map(lambda _, text=text, key=key: self.post_raw(run_id, text, key=key), range(8)))
+            statuses = sorted(a.status_code for a in answers)
+            ids = {a.json().get("id") or a.json().get("action_id") for a in answers if a.status_code in (200, 201, 202, 409)}
+            ids.discard(None)
+            self.seen(run_id, *ids)
+            fresh = sum(1 for s in statuses if s in (201, 202))
+            if len(ids) != 1 or fresh != 1 or any(s not in (200, 201, 202, 409) for s in statuses):
+                ok = False
+                details.append(f"{tool}: answers {statuses} for actions {sorted(ids)}")
+                continue
+            action_id = ids.pop()
+            self.settle(action_id)
+            effects = effects_of(action_id)
+            details.append(f"{tool}: answers {statuses}, one action, {effects} effect(s)")
+            ok = ok and effects == 1
+        self.agent.get_run(run_id).complete()
+        return ok, "; ".join(details)
+
+    def reordered_json_resend(self):
+        """A request re-synthesised after a restart: same content, keys in another order, other whitespace and
+        escapes, no Idempotency-Key. Unwind derives the same key: a replay, not a second user."""
+        run_id = self.open_run("re-synthesised request")
+        first = self.post_raw(run_id, '{"tool": "hr.create_user", "args": {"email": "jurgen@chaos.invalid", "name": "J\u00fcrgen"}}')
+        again = self.post_raw(run_id, '{\n  "args": {"name": "J\\u00fcrgen",\n "email": "jurgen@chaos.invalid"},\n  "tool": "hr.create_user"\n}')
+        self.seen(run_id, first.json()["id"], again.json().get("id", first.json()["id"]))
+        self.settle(first.json()["id"])
+        ok = (first.status_code in (201, 202) and again.status_code in (200, 409)
+              and again.json().get("id", again.json().get("action_id")) == first.json()["id"])
+        if again.status_code == 200:
+            ok = ok and again.headers.get("Idempotent-Replayed") == "true"
+        effects = effects_of(first.json()["id"])
+        self.agent.get_run(run_id).complete()
+        return ok and effects == 1, (f"first {first.status_code} action {first.json()['id']}, resend {again.status_code} "
+                                     f"action {again.json().get('id', again.json().get('action_id'))}, {effects} effect(s)")
+
+    def cancel_mid_flow(self):
+        """The run is cancelled while its hotel booking is in flight; the booking lands after the cancel and is
+        compensated with the flight: the run ends compensated, nothing left booked."""
+        run_id = self.open_run("cancelled mid-flow")
+        run = self.agent.get_run(run_id)
+        run.act("travel.book_flight", {"passenger": "Cancel", "flight": "LH401", "date": "2027-04-02"})
+        fault(self.url, {"tool": "travel.reserve_hotel", "mode": "latency", "ms": 3000})
+        outcome = {}
+
+        def reserve():
+            try:
+                outcome["result"] = run.act("travel.reserve_hotel", {"guest": "Cancel", "hotel": "H", "nights": 2})
+            except Exception as exc:  # noqa: BLE001 - any ending is fine; the ledger and world decide
+                outcome["error"] = type(exc).__name__
+
+        thread = threading.Thread(target=reserve)
+        thread.start()
+        time.sleep(1.0)
+        run.cancel("the customer changed their plans")
+        thread.join(timeout=120)
+        settled = wait_until(lambda: run_status(run_id) == "compensated", 90)
+        actions = list(Action.objects.filter(run_id=run_id, kind="forward").values_list("pk", "tool__name", "status"))
+        self.seen(run_id, *(pk for pk, _, _ in actions))
+        booked = [name for _, name, status in actions if status != "compensated"]
+        return settled and not booked, f"run {run_status(run_id)}; forward steps {[(n, s) for _, n, s in actions]}"
+
+    def stale_checkpoint_resumed(self):
+        """An agent restarts with stale memory and replays steps it already did (replays, no new effects); its
+        email after the pivot fails for good, the run needs attention; an operator resumes it from the
+        checkpoint, a second operator resumes the same stale item (409); the agent completes."""
+        run_id = self.open_run("stale checkpoint")
+        before = self.agent.get_run(run_id)
+        flight_args = {"passenger": "Stale", "flight": "LH402", "date": "2027-04-03"}
+        hotel_args = {"guest": "Stale", "hotel": "H", "nights": 1}
+        before.act("travel.book_flight", flight_args)
+        before.act("travel.reserve_hotel", hotel_args)
+        # The agent process restarts: a new client, whose memory says the run is at its start.
+        restarted = Unwind(self.url, self.cast.key, timeout=30, retries=6, backoff=0.2).get_run(run_id)
+        replays = []
+        for tool, args in [("travel.book_flight", flight_args), ("travel.reserve_hotel", hotel_args)]:
+            answer = self.post_raw(run_id, json.dumps({"args": dict(reversed(list(args.items()))), "tool": tool}))
+            replays.append((tool, answer.status_code, answer.headers.get("Idempotent-Replayed")))
+            self.seen(run_id, answer.json()["id"])
+        restarted.act("payments.charge", {"customer": "cus_stale", "amount_cents": 4200, "currency": "EUR"})
+        fault(self.url, {"tool": "email.send", "mode": "status", "status": 503, "times": 4})
+        try:
+            restarted.act("email.send", {"to": "stale@chaos.invalid", "subject": "Your trip", "body": "b"})
+            return False, "the email should have failed after the pivot"
+        except Unwound:
+            pass
+        if not wait_until(lambda: run_status(run_id) == "needs_attention", 30):
+            return False, f"run is {run_status(run_id)}, expected needs_attention"
+        olga = self.person(self.cast.operator)
+        items = olga.get(f"{self.url}/api/v1/recovery-items", params={"run": run_id}, timeout=30).json()["results"]
+        item = items[0]["id"]
+        first = olga.post(f"{self.url}/api/v1/recovery-items/{item}/resume", json={"reason": "retry the email"}, timeout=60)
+        second = olga.post(f"{self.url}/api/v1/recovery-items/{item}/resume", json={"reason": "stale tab"}, timeout=60)
+        email = Action.objects.get(run_id=run_id, tool__name="email.send", kind="forward")
+        self.seen(run_id, email.pk)
+        sent = wait_until(lambda: Action.objects.get(pk=email.pk).status == "succeeded", 60)
+        restarted.complete()
+        replayed = all(status == 200 and flag == "true" for _, status, flag in replays)
+        effects = [effects_of(a) for a in Action.objects.filter(run_id=run_id, kind="forward").values_list("pk", flat=True)]
+        ok = replayed and first.status_code == 200 and second.status_code == 409 and sent and effects == [1, 1, 1, 1] \
+            and run_status(run_id) == "completed"
+        return ok, (f"stale replays {replays}; resume {first.status_code}, stale resume {second.status_code}; "
+                    f"email {'sent' if sent else 'not sent'}; effects per step {effects}; run {run_status(run_id)}")
+
+    def duplicate_task_delivery(self):
+        """The same execute task delivered twice to the workers (at-least-once delivery), for a tool that honours
+        keys and for one that does not (email, behind a slow relay): one effect each."""
+        run_id = self.open_run("duplicate delivery")
+        run = Run.objects.get(pk=run_id)
+        details, ok = [], True
+        for tool, args, slow in [
+            ("travel.book_flight", {"passenger": "Twice", "flight": "LH403", "date": "2027-04-04"}, False),
+            ("email.send", {"to": "twice@chaos.invalid", "subject": "Delivered twice", "body": "b"}, True),
+        ]:
+            if slow:
+                fault(self.url, {"tool": tool, "mode": "latency", "ms": 1500})
+            proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:chaos-agent")
+            self.seen(run_id, proposal.action.pk)
+            deliveries = [async_task("ledger.tasks.execute_action", proposal.action.pk, proposal.owner,
+                                     group="execute_action") for _ in range(2)]
+            self.recorder.count("duplicate_delivery")
+            # Both deliveries must have run before the world is counted, whichever finished first.
+            delivered = wait_until(lambda tasks=deliveries: all(fetch(task) is not None for task in tasks), 60)
+            settled = delivered and Action.objects.get(pk=proposal.action.pk).status == "succeeded"
+            effects = effects_of(proposal.action.pk)
+            details.append(f"{tool}: {'succeeded' if settled else 'not settled'}, {effects} effect(s)")
+            ok = ok and settled and effects == 1
+        self.agent.get_run(run_id).complete()
+        return ok, "; ".join(details)
+
+    def approval_expires_while_workers_are_down(self):
+        """A gated charge waits for a person; every worker is killed; the approval expires meanwhile and a late
+        approval is refused (409); when the workers come back the expiry unwinds the run: compensated."""
+        gated = Unwind(self.url, self.cast.gated_key, timeout=30, retries=6, backoff=0.2)
+        run_id = self.open_run("approval expires while workers are down", client=gated)
+        run = gated.get_run(run_id)
+        run.act("travel.book_flight", {"passenger": "Gated", "flight": "LH404", "date": "2027-04-05"})
+        run.act("travel.reserve_hotel", {"guest": "Gated", "hotel": "H", "nights": 3})
+        try:
+            run.act("payments.charge", {"customer": "cus_gated", "amount_cents": 99_00, "currency": "EUR"})
+            return False, "the charge should have waited for approval"
+        except ApprovalPending as pending:
+            approval_id = pending.approval_id
+            self.seen(run_id, pending.action["id"])
+        self.workers.kill_all()
+        time.sleep(GATED_TTL_SECONDS + 1.5)
+        late = self.person(self.cast.approver).post(f"{self.url}/api/v1/approvals/{approval_id}/approve",
+                                                    json={"reason": "sorry, late"}, timeout=30)
+        waiting = run_status(run_id)
+        self.workers.restart_dead()
+        settled = wait_until(lambda: run_status(run_id) == "compensated", 90)
+        charge = Action.objects.get(run_id=run_id, tool__name="payments.charge")
+        ok = late.status_code == 409 and waiting == "awaiting_approval" and settled and charge.status == "expired" \
+            and effects_of(charge.pk) == 0
+        return ok, (f"late approval {late.status_code}; while down the run was {waiting}; then {run_status(run_id)}; "
+                    f"charge {charge.status} with {effects_of(charge.pk)} effect(s)")
