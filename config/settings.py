@@ -166,6 +166,8 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "EXCEPTION_HANDLER": "ledger.api.problems.problem_exception_handler",
+    # One representation per endpoint (JSON, or Prometheus text for /metrics): no ?format= switch.
+    "URL_FORMAT_OVERRIDE": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Unwind API",

@@ -18,3 +18,5 @@ urlpatterns = [
 
 if settings.UNWIND_SANDBOX:
     urlpatterns.insert(0, path("sandbox/", include("sandbox.urls")))
+
+handler404 = "ledger.api.problems.not_found"

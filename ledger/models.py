@@ -171,11 +171,16 @@ class Run(models.Model):
     attention_detail = models.TextField(blank=True)
     next_seq = models.PositiveIntegerField(default=1)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    open_key = models.CharField(max_length=255, blank=True, help_text="The Idempotency-Key the run was opened with.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "open_key"], condition=~Q(open_key=""),
+                                    name="run_open_key_unique_per_tenant"),
+        ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),

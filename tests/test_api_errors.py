@@ -151,7 +151,7 @@ def test_cursor_garbage_and_odd_limits_do_not_break_pages(api_db):
     for cursor in ("\x00", "!!!", base64.b64encode(b"p=abc").decode(), base64.b64encode(b"p=1&o=x").decode(),
                    base64.b64encode(b"p=" + b"9" * 40).decode(), base64.b64encode(b"r=2&p=1").decode()):
         response = api_db.agent.get("/api/v1/runs", {"cursor": cursor})
-        assert response.status_code in (200, 404), (cursor, response.content[:300])
+        assert response.status_code in (200, 400), (cursor, response.content[:300])
     for limit in ("-5", "0", "99999999999999999999", "many"):
         assert api_db.agent.get("/api/v1/runs", {"limit": limit}).status_code == 200
 

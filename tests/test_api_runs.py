@@ -64,7 +64,7 @@ def test_list_filters_and_pages_newest_first(api_db):
     assert len(api_db.agent.get("/api/v1/runs", {"agent": "booker"}).json()["results"]) == 5
     assert assert_problem(api_db.agent.get("/api/v1/runs", {"status": "sideways"}), 400, "validation_error")["field"] == "status"
     assert_problem(api_db.agent.get("/api/v1/runs", {"since": "yesterday"}), 400, "validation_error")
-    assert_problem(api_db.agent.get("/api/v1/runs", {"cursor": "garbage"}), 404, "not_found")
+    assert_problem(api_db.agent.get("/api/v1/runs", {"cursor": "garbage"}), 400, "validation_error")
     assert len(api_db.person("victor").get("/api/v1/runs").json()["results"]) == 5
 
 
@@ -159,3 +159,13 @@ def test_lists_cost_the_same_number_of_queries_whatever_their_length(api):
     after = [cost(api.agent, "/api/v1/runs"), cost(api.agent, f"/api/v1/runs/{last['id']}"),
              cost(alice, "/api/v1/approvals"), cost(api.person("victor"), "/api/v1/runs")]
     assert after == before
+
+
+def test_opening_again_with_the_same_key_returns_the_same_run(api_db):
+    body = {"goal": "Trip", "on_behalf_of": "carol@example.com"}
+    first = api_db.agent.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="open-1")
+    again = api_db.agent.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="open-1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    other = api_db.agent.post("/api/v1/runs", {"goal": "Another"}, format="json", HTTP_IDEMPOTENCY_KEY="open-1")
+    assert_problem(other, 422, "idempotency_mismatch")

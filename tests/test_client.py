@@ -171,8 +171,31 @@ def test_502_503_are_retried_for_idempotent_calls_only(unwind, http_tools):
     unwind.session.mount("http://", Busy503Once("/actions"))
     assert run.act("hr.create_user", USER)["email"] == USER["email"]
     unwind.session.mount("http://", Busy503Once("/api/v1/runs"))
-    with pytest.raises(Unavailable):
-        unwind.run(goal="not retried: opening a run twice would open two")
+    again = unwind.run(goal="retried with its Idempotency-Key: one run, not two")
+    assert again.status == "running"
+    assert Run.objects.count() == 2
+
+
+class AnswerLostOnce(HTTPAdapter):
+    """Passes the first matching request on, then loses its answer (a 502 from a proxy that timed out)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+        self.lost = 0
+
+    def send(self, request, **kwargs):
+        response = super().send(request, **kwargs)
+        if self.path in request.url and not self.lost:
+            self.lost += 1
+            response.status_code = 502
+        return response
+
+
+def test_a_run_opened_twice_after_a_lost_answer_is_one_run(unwind, http_tools):
+    unwind.session.mount("http://", AnswerLostOnce("/api/v1/runs"))
+    run = unwind.run(goal="the first answer never arrives")
+    assert run.status == "running"
     assert Run.objects.count() == 1
 
 

@@ -205,6 +205,12 @@ def test_bulk_refuses_items_of_different_reasons(queue_world):
     assert RecoveryItem.objects.filter(pk__in=items, status="open").count() == 2
 
 
+def test_bulk_without_items_says_what_is_missing(queue_world):
+    response = client_for(queue_world.oscar).post("/console/recovery/bulk/", {"reason": "x", "operation": "close"})
+    assert response.status_code == 400
+    assert b"Items:" in response.content or b"items" in response.content.lower()
+
+
 def test_bulk_by_viewer_is_forbidden(queue_world):
     items = [open_item(queue_world.failed).pk]
     response = client_for(queue_world.victor).post("/console/recovery/bulk/", {

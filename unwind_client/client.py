@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -116,7 +117,9 @@ class Unwind:
             body["plan"] = plan
         if intent is not None:
             body["intent"] = intent
-        return Run(self, self.request("POST", "/api/v1/runs", json=body, idempotent=False).json())
+        # One key per run() call, reused on our own retries: a retry after a lost answer gets the same run.
+        headers = {"Idempotency-Key": f"run-{uuid.uuid4()}"}
+        return Run(self, self.request("POST", "/api/v1/runs", json=body, headers=headers).json())
 
     def get_run(self, run_id: int) -> Run:
         """Attach to an existing run, e.g. after a restart."""

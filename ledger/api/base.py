@@ -49,10 +49,16 @@ class NewestFirst(CursorPagination):
     max_page_size = 200
 
     def decode_cursor(self, request):
-        cursor = super().decode_cursor(request)
+        """A cursor that does not decode is bad input (400), not a missing page."""
+        invalid = serializers.ValidationError({"cursor": ["This cursor is not one we gave out: copy it from `next` "
+                                                          "or `previous`."]})
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise invalid from None
         # DRF checks the offset and direction of a cursor but passes its position to the query as is.
         if cursor is not None and cursor.position is not None and not IdConverter.regex_matches(cursor.position):
-            raise NotFound(self.invalid_cursor_message)
+            raise invalid
         return cursor
 
 

@@ -11,6 +11,8 @@ import logging
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse
+from django.http import JsonResponse
+from django.views.defaults import page_not_found
 from rest_framework import exceptions, serializers
 from rest_framework.response import Response
 
@@ -158,3 +160,15 @@ def problems(*statuses: int, codes: dict[int, str] | None = None, body: bool = F
         (status, PROBLEM_JSON): OpenApiResponse(ProblemSerializer, description=f"Problem; code: {described.get(status, 'see detail')}")
         for status in sorted(wanted)
     }
+
+
+API_PREFIXES = ("/api/", "/healthz", "/metrics")
+
+
+def not_found(request, exception=None):
+    """Django's 404 for any path: a problem for the API (even a path no route matches), the usual page elsewhere."""
+    if request.path.startswith(API_PREFIXES):
+        body = problem(status=404, code="not_found", title="Not found",
+                       detail=f"{request.path} names nothing here: check the path and the id", instance=request.path)
+        return JsonResponse(body, status=404, content_type="application/problem+json")
+    return page_not_found(request, exception)

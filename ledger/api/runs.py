@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from django.urls import reverse
-from drf_spectacular.utils import OpenApiExample, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -58,9 +59,14 @@ class RunListView(ApiView):
 
     @extend_schema(
         tags=TAG, operation_id="runs_open", summary="Open a run", request=RunOpenIn,
-        responses={201: RunDetailOut, **problems(409, body=True, codes={
-            400: "validation_error (e.g. plan[2] is not a registered tool), parse_error",
-            409: "ordering_violation (rule, conflicts_with)"})},
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
+            description="Opening again with the same key (a retry after a lost answer) returns the same run (200).")],
+        responses={201: RunDetailOut, 200: OpenApiResponse(RunDetailOut, description="The run this key opened before."),
+                   **problems(409, 422, body=True, codes={
+                       400: "validation_error (e.g. plan[2] is not a registered tool), parse_error",
+                       409: "ordering_violation (rule, conflicts_with)",
+                       422: "idempotency_mismatch (the key opened a run with another goal or plan)"})},
         examples=[OpenApiExample("onboarding", request_only=True, value={
             "goal": "Onboard Ashu Kumar", "on_behalf_of": "carol@company.com",
             "plan": ["hr.create_user", "licenses.provision", "email.send"]})],
@@ -69,7 +75,11 @@ class RunListView(ApiView):
         caller = caller_of(request)
         body = RunOpenIn(data=request.data)
         body.is_valid(raise_exception=True)
-        run = run_open(tenant=caller.agent.tenant, agent=caller.agent, actor=caller.actor, **body.validated_data)
+        key = request.headers.get("Idempotency-Key")
+        run = run_open(tenant=caller.agent.tenant, agent=caller.agent, actor=caller.actor, idempotency_key=key,
+                       **body.validated_data)
+        if run.replayed:
+            return run_response(request, run, status=200)
         response = run_response(request, run, status=201)
         response["Location"] = absolute(request, reverse("api:run-detail", args=[run.pk]))
         return response
@@ -121,3 +131,4 @@ class RunCompleteView(ApiView):
         caller = caller_of(request)
         run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
         return run_response(request, run_complete(run=run, actor=caller.actor))
+

@@ -551,7 +551,9 @@ def drift_detected(compensation: Action) -> bool:
     If someone changed it since, do not overwrite: fail the compensation as `drift` and let the run
     go to the recovery queue. An operator may force it (`force` on the plan).
     """
-    forward = Action.objects.select_related("tool").get(pk=compensation.compensates_id)
+    # The unwinder planned or picked this compensation from its forward step a moment ago, in the same
+    # transaction: the forward step is already in memory (its plan and after-snapshot no longer change).
+    forward = compensation.compensates
     if forward.compensation_plan.get("strategy") != CompensationStrategy.SNAPSHOT or compensation.compensation_plan.get("force"):
         return False
     try:

@@ -1,22 +1,28 @@
 """Runs: open, complete, cancel, and the three operator decisions (resume, compensate, close)."""
 from __future__ import annotations
 
+from django.db import IntegrityError
 from django.utils import timezone
 
 from ledger import events
 from ledger.audit import ledger_transaction
 from ledger.canonical import storable
-from ledger.errors import StateConflict, ValidationFailed
+from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
 from ledger.models import Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool
 from ledger.policy import check_plan
 from ledger.services import execution
+from ledger.services.actions import check_key
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.transitions import action_transition, run_transition
 
 
 def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_of: str = "", intent: dict | None = None,
-             plan: list[str] | None = None, actor: str) -> Run:
-    """Open a run. A declared plan (tool names in order) is checked against the ordering law first."""
+             plan: list[str] | None = None, actor: str, idempotency_key: str | None = None) -> Run:
+    """Open a run. A declared plan (tool names in order) is checked against the ordering law first.
+
+    With an idempotency key, opening again (a client's retry after a lost answer) returns the same run,
+    so no empty run is left behind, with `replayed` set; the same key with another goal or plan is refused.
+    """
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object", field="intent")
     goal, on_behalf_of = storable(str(goal), field="goal"), storable(str(on_behalf_of), field="on_behalf_of")
@@ -26,10 +32,32 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         raise ValidationFailed("plan must be a list of tool names", field="plan")
     if plan:
         check_plan(plan, {t.name: t for t in Tool.objects.filter(tenant=tenant, name__in=plan)})
-    with ledger_transaction(tenant.pk) as audit:
-        run = Run.objects.create(tenant=tenant, agent=agent, goal=str(goal)[:10000], on_behalf_of=str(on_behalf_of)[:200],
-                                 intent=intent or {}, plan=plan)
-        audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
+    if idempotency_key is not None:
+        idempotency_key = check_key(idempotency_key)
+        existing = Run.objects.filter(tenant=tenant, open_key=idempotency_key).first()
+        if existing is not None:
+            return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
+    try:
+        with ledger_transaction(tenant.pk) as audit:
+            run = Run.objects.create(tenant=tenant, agent=agent, goal=str(goal)[:10000],
+                                     on_behalf_of=str(on_behalf_of)[:200], intent=intent or {}, plan=plan,
+                                     open_key=idempotency_key or "")
+            audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
+        run.replayed = False
+    except IntegrityError:
+        if not idempotency_key:
+            raise
+        existing = Run.objects.get(tenant=tenant, open_key=idempotency_key)  # a concurrent retry won the insert
+        return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
+    return run
+
+
+def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, plan: list[str]) -> Run:
+    if run.agent_id != (agent.pk if agent else None) or run.goal != str(goal)[:10000] or \
+            run.on_behalf_of != str(on_behalf_of)[:200] or run.plan != plan:
+        raise IdempotencyMismatch(f"key {run.open_key!r} opened run {run.pk} with another goal, plan or agent; "
+                                  "use a new key for a new run", run_id=run.pk)
+    run.replayed = True
     return run
 
 

@@ -4,6 +4,7 @@ django-q2's own scheduler ticks about every 30 seconds, too coarse for leases an
 in seconds, so the sweep runs here on its own clock (UNWIND_SWEEP_INTERVAL). Sweeps on several
 machines at once are safe: every claim is a conditional update.
 """
+import ctypes
 import os
 import signal
 import subprocess
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         if not no_cluster:
             # Its own process group: stopping the group stops the sentinel and every worker it forked.
             cluster = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=str(settings.BASE_DIR),
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=stop_when_parent_dies)
 
         def shutdown(signum, frame):
             stop.set()
@@ -55,6 +56,17 @@ class Command(BaseCommand):
             if cluster is not None:
                 stop_group(cluster)
         return None
+
+
+def stop_when_parent_dies() -> None:
+    """In the child, before exec: SIGTERM me if this worker dies, even by SIGKILL (Linux), so no cluster is orphaned."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: a killed worker's cluster then stops when its group is stopped
+
+
+PR_SET_PDEATHSIG = 1
 
 
 def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
