@@ -128,6 +128,31 @@ def needs_read_back(action: Action) -> bool:
     return action.attempts > 1 and not action.tool.honours_idempotency_key
 
 
+def settles_at(action: Action):
+    """When the previous attempt of a key-ignoring tool is surely over, or None when it already is.
+
+    An attempt that got an answer (even a 5xx) is over: the server finished with it, so reading back now
+    is reliable. One that got none (a read timeout, a dropped connection, a lost worker) may still be
+    running at the server; reading back before it ends could miss its effect and send it again. It is
+    over once twice the tool's timeout has passed since it started.
+    """
+    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
+                .order_by("-number").only("started_at", "outcome", "error_class").first())
+    if previous is None or previous.error_class.startswith("http_"):
+        return None
+    until = previous.started_at + timedelta(seconds=2 * action.tool.timeout_seconds + 1)
+    return until if until > timezone.now() else None
+
+
+def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
+    """Put a claimed action back to wait until `until` (its retry is claimed again by the sweep)."""
+    with ledger_transaction(action.tenant_id) as audit:
+        finish_attempt(action, "deferred", latency_ms=None)
+        action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, where=Q(lease_owner=owner),
+                          note={"why": "waiting for the earlier call to be over before reading it back"},
+                          next_attempt_at=until, lease_owner="", lease_expires_at=None)
+
+
 def execute(action_id: int, *, owner: str, budget: float | None = None, sole_owner: bool = False,
             on_compensated: Callable[[AuditLog], None] | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
@@ -151,6 +176,11 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
+        if needs_read_back(action):
+            until = settles_at(action)
+            if until is not None:
+                defer(action, until, owner=owner)
+                return action
         t0 = time.monotonic()
         failpoints.hit("before_tool_call")
         try:
@@ -248,6 +278,17 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
     """
     note = {"error_class": error.error_class, "error": error.message[:500]}
     final = not (error.transient and action.attempts < action.max_attempts)
+    if final and error.maybe_applied and error.status is None and not action.tool.honours_idempotency_key \
+            and action.attempts == action.max_attempts and (action.tool.lookup.get("read") or action.tool.verify):
+        # No answer, and the call may still be running at the server: read it back once it must be over,
+        # in one more pass (the read-back comes first there), rather than now.
+        with ledger_transaction(action.tenant_id) as audit:
+            finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
+            action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
+                              next_attempt_at=timezone.now() + timedelta(seconds=action.tool.timeout_seconds + 1),
+                              max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
+                              error_class=error.error_class, error_message=error.message[:2000])
+        return True
     if final and action.kind == ActionKind.FORWARD and error.maybe_applied:
         try:
             evidence = already_done(action)
