@@ -183,6 +183,8 @@ class Run(models.Model):
         ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
+            # The console's run list spans all of a person's tenants, newest first: walked, never sorted.
+            models.Index(fields=["-created_at", "-id"], name="run_recent"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
         ]
 

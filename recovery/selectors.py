@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db.models import Case, Count, IntegerField, OuterRef, Prefetch, Q, QuerySet, Subquery, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
@@ -175,11 +176,19 @@ def runs_filter(*, access: Access, q: str = "", tenant: int | None = None, statu
             match |= Q(pk=int(q))
         runs = runs.filter(match)
     open_item = RecoveryItem.objects.filter(run=OuterRef("pk"), status=ItemStatus.OPEN).values("pk")[:1]
+    # Per-run counts as correlated subqueries, not a join + GROUP BY: the database computes them for the
+    # page's rows only, and the paginator's count skips them (a join over 1M actions took seconds).
     return (runs.select_related("tenant", "agent").defer("intent", "plan", "attention_detail")
-            .annotate(forward_steps=Count("actions", filter=Q(actions__kind=ActionKind.FORWARD)),
-                      compensations=Count("actions", filter=Q(actions__kind=ActionKind.COMPENSATION)),
+            .annotate(forward_steps=actions_of_kind(ActionKind.FORWARD),
+                      compensations=actions_of_kind(ActionKind.COMPENSATION),
                       open_item_id=Subquery(open_item))
             .order_by("-created_at", "-id"))
+
+
+def actions_of_kind(kind: str):
+    counted = (Action.objects.filter(run=OuterRef("pk"), kind=kind).order_by().values("run")
+               .annotate(n=Count("pk")).values("n")[:1])
+    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
 
 
 def run_get(*, access: Access, pk: int) -> Run | None:
