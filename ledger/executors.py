@@ -27,10 +27,10 @@ class ToolError(Exception):
 
     @property
     def maybe_applied(self) -> bool:
-        """Could the tool have acted before this error? A 5xx or a timeout leaves it unknown; a 4xx (408 and
-        429 included), a refused connection or a connect timeout mean the request was not carried out."""
+        """Could the tool have acted before this error? A 5xx (but 503) or a timeout leaves it unknown; a 4xx (408
+        and 429 included), a 503, a refused connection or a connect timeout mean the request was not carried out."""
         if self.status is not None:
-            return self.status >= 500
+            return self.status >= 500 and self.status != 503
         return self.transient and not self.not_sent
 
     @property

@@ -162,5 +162,7 @@ def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_work
     effects = [c for c in call_list(tool=tool)["results"] if c["effect_applied"]]
     assert len(effects) == 1
     outcomes = list(Action.objects.get(pk=proposal.action.pk).attempt_set.values_list("outcome", flat=True))
-    # A key-honouring tool is replayed at once; a key-ignoring one waits until the lost call must be over.
-    assert outcomes == (["lost", "succeeded"] if tool == "hr.create_user" else ["lost", "deferred", "succeeded"])
+    # A key-honouring tool is replayed at once; a key-ignoring one waits until the lost call must be over
+    # (deferred, unless the worker came after that moment anyway).
+    assert outcomes[0] == "lost" and outcomes[-1] == "succeeded"
+    assert set(outcomes[1:-1]) <= ({"deferred"} if tool == "email.send" else set())

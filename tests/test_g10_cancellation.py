@@ -64,3 +64,39 @@ def test_a_cancel_after_the_pivot_asks_a_person(tools):
     run.refresh_from_db()
     assert run.status == "needs_attention"
     assert RecoveryItem.objects.get(run=run).reason == "cancelled_after_pivot"
+
+
+def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, django_capture_on_commit_callbacks):
+    """A worker was lost after the email went out; while its read-back waits, the run is cancelled. The step is
+    not skipped as if nothing happened: it is read back (never sent again), found, and corrected."""
+    import time
+
+    from ledger.services.sweep import sweep
+    from sandbox import callables
+    from tests.test_g05_crash_safety import short_lease, sweep_until_settled, wait_for_lease
+
+    short_lease(tools, "email.send")
+    run = open_run(tools)
+    args = {"to": "a@x.io", "subject": "Offer", "body": "b"}
+    sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
+    callables.email_send(args, idempotency_key=sent.action.tool_key)  # the lost worker's call did go out
+    wait_for_lease(sent.action)
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep()
+    sent.action.refresh_from_db()
+    assert sent.action.status == "retry_scheduled"  # waiting until the lost call must be over
+    run_cancel(run=run, actor="agent:booker")
+    sent.action.refresh_from_db()
+    assert sent.action.status == "retry_scheduled"  # not skipped: it may have acted
+    time.sleep(0.2)
+    sweep_until_settled(sent.action, django_capture_on_commit_callbacks)
+    for _ in range(50):
+        run.refresh_from_db()
+        if run.status != "unwinding":
+            break
+        with django_capture_on_commit_callbacks(execute=True):
+            sweep()
+        time.sleep(0.1)
+    assert run.status == "compensated"
+    assert Action.objects.get(pk=sent.action.pk).status == "compensated"
+    assert sorted(m["subject"] for m in world_state()["messages"]) == ["Correction: Offer", "Offer"]

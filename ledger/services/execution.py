@@ -144,6 +144,33 @@ def settles_at(action: Action):
     return until if until > timezone.now() else None
 
 
+def may_have_acted(action: Action) -> bool:
+    """A step waiting for its retry whose last attempt may have acted (no answer, a lost worker, a 5xx but 503)."""
+    kind = action.error_class
+    return kind in ("", "transient", "lease_lost") or (kind.startswith("http_5") and kind != "http_503")
+
+
+def run_stopped(action: Action) -> bool:
+    """The run was cancelled or is being unwound (or is over): a retry there must not call the tool again."""
+    status, cancelled = Run.objects.values_list("status", "cancel_requested_at").get(pk=action.run_id)
+    return bool(cancelled) or status not in (R.RUNNING, R.AWAITING_APPROVAL)
+
+
+def resolve_without_calling(action: Action, *, owner: str) -> None:
+    """In a stopped run, find out whether the earlier attempt acted, instead of trying again."""
+    try:
+        evidence = already_done(action)
+    except ToolError as unreadable:
+        record_unknown(action, ToolError(action.error_message or "no answer", transient=True),
+                       why=unreadable.message, latency_ms=None, actor=SYSTEM)
+        return
+    if evidence is not None:
+        record_success(action, ToolOutcome(result=evidence), latency_ms=None)
+        return
+    record_failure(action, ToolError("not tried again: the run stopped, and the earlier attempt did not act",
+                                     transient=False), latency_ms=None, retry_inline=False, delay=0, owner=owner)
+
+
 def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
     """Put a claimed action back to wait until `until` (its retry is claimed again by the sweep)."""
     with ledger_transaction(action.tenant_id) as audit:
@@ -176,11 +203,15 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
-        if needs_read_back(action):
+        stopped = action.kind == ActionKind.FORWARD and action.attempts > 1 and run_stopped(action)
+        if needs_read_back(action) or stopped:
             until = settles_at(action)
             if until is not None:
                 defer(action, until, owner=owner)
                 return action
+        if stopped:
+            resolve_without_calling(action, owner=owner)
+            return action
         t0 = time.monotonic()
         failpoints.hit("before_tool_call")
         try:
@@ -401,6 +432,8 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
     if forward_only:
         pending_actions = pending_actions.filter(kind=ActionKind.FORWARD)
     for pending in pending_actions:
+        if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and may_have_acted(pending):
+            continue  # it may have acted: its retry finds out (reading back, never calling again) first
         was_waiting = pending.status == A.AWAITING_APPROVAL
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
                           lease_expires_at=None, next_attempt_at=None)
@@ -514,10 +547,10 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action
     if run.status != R.UNWINDING:
         return None
     skip_pending(run, log=log, actor=SYSTEM, why="the run is being unwound", forward_only=True)
-    forward = list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.RUNNING, A.SUCCEEDED, A.COMPENSATING])
-                   .select_related("tool").order_by("-seq"))
-    if any(a.status == A.RUNNING for a in forward):
-        return None  # a step still in flight; when it lands it re-enqueues the unwind
+    forward = list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[
+        A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING]).select_related("tool").order_by("-seq"))
+    if any(a.status in (A.RUNNING, A.RETRY_SCHEDULED) for a in forward):
+        return None  # a step in flight, or one that may have acted; when it lands it re-enqueues the unwind
     candidate = next((a for a in forward if compensable(a)), None)
     if candidate is None:
         settle(run, log=log)
