@@ -1,0 +1,1 @@
+"""`make bench`: Unwind measured side by side with DBOS Transact and the raw PostgreSQL floor."""

@@ -1,0 +1,124 @@
+"""Part 2: the API over HTTP, against gunicorn on the same PostgreSQL.
+
+- overhead per action: POST /api/v1/runs/{id}/actions (propose → executed inline → 201, no-op tool)
+  against POST /bench/noop (same server, same agent-key authentication, throttle, parser, renderer),
+  one agent, requests alternating so both see the same conditions;
+- throughput: 1, 4 and 16 agents at once (threads, each with its own key, run and keep-alive session).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import requests
+
+from bench.common import log, summary
+
+ACTIONS_PER_RUN = 20
+
+
+class Agent:
+    def __init__(self, base: str, key: str, name: str):
+        self.base, self.name = base, name
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {key}"
+        self.run_id = None
+        self.done_in_run = 0
+        self.counter = 0
+
+    def open_run(self) -> None:
+        response = self.session.post(f"{self.base}/api/v1/runs", json={"goal": f"bench {self.name}"}, timeout=30)
+        assert response.status_code == 201, (response.status_code, response.text[:500])
+        self.run_id = response.json()["id"]
+        self.done_in_run = 0
+
+    def act(self) -> float:
+        """Propose one no-op action (a fresh run every ACTIONS_PER_RUN); returns the request's seconds."""
+        if self.run_id is None or self.done_in_run >= ACTIONS_PER_RUN:
+            self.open_run()
+        self.counter += 1
+        body = {"tool": "bench.noop", "args": {"agent": self.name, "n": self.counter}}
+        started = time.perf_counter()
+        response = self.session.post(f"{self.base}/api/v1/runs/{self.run_id}/actions", json=body, timeout=30)
+        seconds = time.perf_counter() - started
+        assert response.status_code == 201 and response.json()["status"] == "succeeded", \
+            (response.status_code, response.text[:500])
+        self.done_in_run += 1
+        return seconds
+
+    def noop(self) -> float:
+        body = {"tool": "bench.noop", "args": {"agent": self.name, "n": self.counter}}
+        started = time.perf_counter()
+        response = self.session.post(f"{self.base}/bench/noop", json=body, timeout=30)
+        seconds = time.perf_counter() - started
+        assert response.status_code == 201, (response.status_code, response.text[:300])
+        return seconds
+
+
+def new_agents(tenant, count: int, base: str) -> list[Agent]:
+    from ledger.services.tenancy import agent_create
+
+    stamp = int(time.time() * 1000)
+    return [Agent(base, agent_create(tenant=tenant, name=f"bench-{stamp}-{i}")[1], f"a{stamp}-{i}")
+            for i in range(count)]
+
+
+def overhead(tenant, base: str, n: int) -> dict:
+    agent = new_agents(tenant, 1, base)[0]
+    for _ in range(10):  # warm every worker's connections and imports
+        agent.noop()
+        agent.act()
+    actions, noops = [], []
+    for _ in range(n):
+        noops.append(agent.noop())
+        actions.append(agent.act())
+    result = {"action": summary(actions), "noop": summary(noops)}
+    result["overhead_p50_ms"] = round(result["action"]["p50"] - result["noop"]["p50"], 3)
+    return result
+
+
+def throughput(tenant, base: str, concurrency: int, seconds: float) -> dict:
+    agents = new_agents(tenant, concurrency, base)
+    for agent in agents:
+        agent.act()
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def work(agent: Agent):
+        mine = []
+        try:
+            while time.monotonic() < stop:
+                mine.append(agent.act())
+        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+            errors.append(repr(exc)[:300])
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in agents]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    result = {"agents": concurrency, "actions": len(latencies), "seconds": round(elapsed, 2),
+              "actions_per_s": round(len(latencies) / elapsed, 1), **summary(latencies)}
+    if errors:
+        result["errors"] = errors[:3]
+    return result
+
+
+def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4) -> dict:
+    from bench.server import Server
+
+    with Server(workers=workers) as server:
+        result = {"server": f"gunicorn, {workers} sync workers", "overhead": overhead(tenant, server.url, n)}
+        log(f"api: overhead p50 {result['overhead']['overhead_p50_ms']} ms")
+        result["throughput"] = []
+        for level in levels:
+            row = throughput(tenant, server.url, level, seconds)
+            log(f"api: {level} agents -> {row['actions_per_s']} actions/s, p50 {row['p50']} ms")
+            result["throughput"].append(row)
+    return result

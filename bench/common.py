@@ -1,0 +1,85 @@
+"""What every benchmark part shares: the bench database, Django set-up, percentiles, the no-op tenant."""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_BASE = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
+BENCH_DB = os.environ.get("BENCH_DB", "unwind_bench")
+DATABASE_URL = f"{PG_BASE}/{BENCH_DB}"
+QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
+
+
+def psycopg_url(db: str = BENCH_DB) -> str:
+    return f"{PG_BASE.replace('postgres://', 'postgresql://', 1)}/{db}"
+
+
+def bench_env(**extra) -> dict:
+    """The environment of every process the benchmark starts: the bench database, quiet engine settings."""
+    env = dict(os.environ, DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="config.settings",
+               PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def django_setup(**extra) -> None:
+    os.environ.update(bench_env(**extra))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[index]
+
+
+def summary(seconds: list[float]) -> dict:
+    """p50/p95/p99 in milliseconds."""
+    ms = [s * 1000 for s in seconds]
+    return {"n": len(ms), "p50": round(statistics.median(ms), 3), "p95": round(percentile(ms, 95), 3),
+            "p99": round(percentile(ms, 99), 3)}
+
+
+def timed(fn, *args) -> float:
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(psycopg_url("postgres"), autocommit=True) as conn:
+        if conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone() is None:
+            conn.execute(f'create database "{name}"')
+
+
+def recreate_database(name: str) -> None:
+    import psycopg
+
+    with psycopg.connect(psycopg_url("postgres"), autocommit=True) as conn:
+        conn.execute(f'drop database if exists "{name}" with (force)')
+        conn.execute(f'create database "{name}"')
+
+
+def xact_commits(name: str) -> int:
+    """Transactions committed in a database so far (pg_stat_database; flushed when backends exit)."""
+    import psycopg
+
+    with psycopg.connect(psycopg_url("postgres"), autocommit=True) as conn:
+        row = conn.execute("select xact_commit from pg_stat_database where datname = %s", (name,)).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,47 @@
+"""Count queries and durable commits (transactions that wrote) on the default connection."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+@dataclass
+class Counts:
+    queries: int = 0
+    writes: int = 0
+    commits: int = 0
+    statements: list = field(default_factory=list)
+    _pending: bool = False
+
+    def _committed(self):
+        self._pending = False
+        self.commits += 1
+
+
+@contextmanager
+def counting(keep_sql: bool = False):
+    counts = Counts()
+
+    def wrapper(execute, sql, params, many, context):
+        counts.queries += 1
+        head = sql.lstrip()[:6].upper()
+        writes = head in WRITES or "FOR UPDATE" in sql.upper() or "FOR NO KEY UPDATE" in sql.upper()
+        if keep_sql:
+            counts.statements.append(sql[:160])
+        result = execute(sql, params, many, context)
+        if head in WRITES:
+            counts.writes += 1
+        if writes:
+            if not connection.in_atomic_block:
+                counts.commits += 1
+            elif not counts._pending:
+                counts._pending = True
+                transaction.on_commit(counts._committed)
+        return result
+
+    with connection.execute_wrapper(wrapper):
+        yield counts

@@ -1,0 +1,312 @@
+"""Part 1 and 3: the engine in process, on PostgreSQL.
+
+- the 3-step onboarding saga of seed 001 (create user, provision, send email), succeeding, and failing
+  at step 3 so that two compensations run newest-first, driven exactly as the API's fast path drives
+  it: `action_propose` → `execution.execute` → (on failure) `execution.unwind`;
+- the unwind of a 10-step run whose step 10 fails: from the failure to all nine compensations recorded.
+Prints one JSON object on stdout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import QUICK, django_setup, log, summary, timed
+
+TENANT = "bench-engine"
+ACTOR = "agent:bench"
+
+
+def tenant_with_tools(slug: str = TENANT):
+    from bench.noop_tools import POLICY
+    from ledger.models import Agent, Tenant
+    from ledger.services.tenancy import agent_create, tenant_create
+    from ledger.services.tools import tool_upsert
+
+    tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(slug=slug, name=slug)
+    agent = Agent.objects.filter(tenant=tenant, name="bench").first()
+    key = None
+    if agent is None:
+        agent, key = agent_create(tenant=tenant, name="bench")
+    for name in sorted(POLICY, key=lambda n: "compensation" in POLICY[n]):  # twins before the tools that name them
+        tool_upsert(tenant=tenant, name=name, spec=POLICY[name], actor="bench")
+    return tenant, agent, key
+
+
+class Saga:
+    """Drive runs through the services exactly as tests/helpers.py and the API fast path do: the proposal
+    claims the action, the same caller executes it (`sole_owner`: the lease is its own), and a failure
+    is unwound by the caller."""
+
+    def __init__(self, tenant, agent):
+        from ledger.services import execution
+        from ledger.services.actions import action_propose
+        from ledger.services.runs import run_complete, run_open
+
+        self.tenant, self.agent = tenant, agent
+        self.execution, self.propose, self.run_open, self.run_complete = execution, action_propose, run_open, run_complete
+
+    def open(self, goal: str):
+        return self.run_open(tenant=self.tenant, agent=self.agent, goal=goal, actor=ACTOR)
+
+    def act(self, run, tool: str, args: dict):
+        """Propose and execute; returns (action, failed). Unwinding is left to the caller."""
+        proposal = self.propose(run=run, tool_name=tool, args=args, actor=ACTOR)
+        action = self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        return action, action.status != "succeeded"
+
+    def onboard(self, i: int, fail: bool) -> str:
+        run = self.open(f"onboard {i}")
+        user, _ = self.act(run, "bench.create_user", {"i": i})
+        self.act(run, "bench.provision", {"user_id": user.result["id"]})
+        _, failed = self.act(run, "bench.send_email", {"to": user.result["id"], "fail": fail})
+        if failed:
+            return self.execution.unwind(run.pk).status
+        return self.run_complete(run=run, actor=ACTOR).status
+
+    def ten_steps_then_unwind(self, i: int) -> tuple[float, str]:
+        """Nine steps succeed, step 10 fails; time from its failure to the ninth compensation recorded."""
+        run = self.open(f"ten steps {i}")
+        for n in range(9):
+            self.act(run, "bench.step", {"n": n, "run": i})
+        proposal = self.propose(run=run, tool_name="bench.step", args={"n": 9, "run": i, "fail": True}, actor=ACTOR)
+        self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)  # fails: starts the unwind
+        started = time.perf_counter()
+        status = self.execution.unwind(run.pk).status
+        return time.perf_counter() - started, status
+
+
+def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dict:
+    """Unwind, DBOS and the floor in interleaved rounds, so drift on a shared machine hits all three alike."""
+    import subprocess
+
+    from bench.common import BENCH_DB, ROOT, psycopg_url
+    from bench.counting import counting
+    from bench.pgfloor import Floor
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000  # fresh idempotency keys on every run of the benchmark
+    for i in range(warmup):
+        saga.onboard(base + 900_000 + i, False)
+        saga.onboard(base + 950_000 + i, True)
+    with counting() as ok_counts:
+        assert saga.onboard(base + 800_000, False) == "completed"
+    with counting() as fail_counts:
+        assert saga.onboard(base + 850_000, True) == "compensated"
+
+    peer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_saga.py")], cwd=str(ROOT), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB)))
+    assert peer.stdout.readline().strip() == "ready", "DBOS did not start"
+
+    def dbos(case: str, count: int, start: int) -> list[float]:
+        peer.stdin.write(f"{case} {count} {start}\n")
+        peer.stdin.flush()
+        return json.loads(peer.stdout.readline())
+
+    floor = Floor(psycopg_url(BENCH_DB))
+    dbos("ok", warmup, base + 900_000)
+    dbos("fail", warmup, base + 950_000)
+    floor.timed(ok_counts.commits, warmup)
+    times = {name: [] for name in ("unwind_ok", "unwind_fail", "dbos_ok", "dbos_fail", "floor_ok", "floor_fail")}
+    per_round = max(1, n // rounds)
+    for r in range(rounds):
+        start = base + r * per_round
+        for i in range(start, start + per_round):
+            t0 = time.perf_counter()
+            assert saga.onboard(i, False) == "completed"
+            t1 = time.perf_counter()
+            assert saga.onboard(500_000 + i, True) == "compensated"
+            times["unwind_ok"].append(t1 - t0)
+            times["unwind_fail"].append(time.perf_counter() - t1)
+        times["dbos_ok"] += dbos("ok", per_round, start)
+        times["dbos_fail"] += dbos("fail", per_round, 500_000 + start)
+        times["floor_ok"] += floor.timed(ok_counts.commits, per_round)
+        times["floor_fail"] += floor.timed(fail_counts.commits, per_round)
+    peer.stdin.write("quit\n")
+    peer.stdin.flush()
+    peer.wait(timeout=60)
+    floor.close()
+
+    unwinds = []
+    for i in range(unwind_n):
+        seconds, status = saga.ten_steps_then_unwind(base + i)
+        assert status == "compensated", status
+        unwinds.append(seconds)
+    with counting() as unwind_counts:
+        saga.ten_steps_then_unwind(base + 999_999)
+    result = {name: summary(values) for name, values in times.items()}
+    result["unwind_ok"].update(commits=ok_counts.commits, queries=ok_counts.queries)
+    result["unwind_fail"].update(commits=fail_counts.commits, queries=fail_counts.queries)
+    result["floor_ok"]["commits"] = ok_counts.commits
+    result["floor_fail"]["commits"] = fail_counts.commits
+    result["unwind9"] = summary(unwinds)
+    result["unwind9"].update(ten_step_run_commits=unwind_counts.commits, ten_step_run_queries=unwind_counts.queries)
+    return result
+
+
+def _dbos_process_transactions(case: str, n: int) -> int:
+    """Transactions DBOS commits in its system database over one process's life, running n sagas."""
+    import subprocess
+
+    from bench.common import BENCH_DB, ROOT, psycopg_url, xact_commits
+
+    before = xact_commits("dbos_saga_sys")
+    peer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_saga.py")], cwd=str(ROOT), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB)))
+    assert peer.stdout.readline().strip() == "ready"
+    if n:
+        peer.stdin.write(f"{case} {n} {int(time.time() * 1000) * 1000}\n")
+        peer.stdin.flush()
+        peer.stdout.readline()
+    peer.stdin.write("quit\n")
+    peer.stdin.flush()
+    peer.wait(timeout=60)
+    time.sleep(1.5)  # exited backends have flushed their statistics
+    return xact_commits("dbos_saga_sys") - before
+
+
+def transactions_per_saga(n: int = 100) -> dict:
+    """Transactions per saga as PostgreSQL counts them (pg_stat_database.xact_commit: every committed
+    transaction, read-only ones included, autocommit statements each one), for Unwind and for DBOS."""
+    from django.db import connection
+
+    from bench.common import BENCH_DB, xact_commits
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000 + 400_000
+    out = {}
+    for case, fail in (("ok", False), ("fail", True)):
+        connection.close()
+        time.sleep(1.5)
+        before = xact_commits(BENCH_DB)
+        for i in range(n):
+            saga.onboard(base + (50_000 if fail else 0) + i, fail)
+        connection.close()
+        time.sleep(1.5)
+        out[f"unwind_{case}"] = round((xact_commits(BENCH_DB) - before) / n, 1)
+    launch = _dbos_process_transactions("ok", 0)
+    for case in ("ok", "fail"):
+        out[f"dbos_{case}"] = round((_dbos_process_transactions(case, n) - launch) / n, 1)
+    return out
+
+
+def breakdown(n: int) -> dict:
+    """Where an ok saga's time goes: inside the database driver (round trips, server work, commits) per
+    kind of statement, and the rest (Django ORM building queries and models, the engine's own Python)."""
+    from collections import defaultdict
+
+    from django.db import connection
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000 + 600_000
+    saga.onboard(base - 1, False)
+    spent = defaultdict(lambda: [0, 0.0])
+
+    def wrapper(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            words = sql.split()
+            table = next((w.strip('"') for w in words if w.startswith(('"ledger_', '"django_'))), "")
+            key = f"{words[0]} {table.split('.')[0].strip(chr(34))}"
+            if "FOR NO KEY UPDATE" in sql or "FOR UPDATE" in sql:
+                key += " (lock)"
+            spent[key][0] += 1
+            spent[key][1] += time.perf_counter() - started
+
+    plain_commit = connection._commit
+
+    def timed_commit():
+        started = time.perf_counter()
+        try:
+            return plain_commit()
+        finally:
+            spent["COMMIT"][0] += 1
+            spent["COMMIT"][1] += time.perf_counter() - started
+
+    connection._commit = timed_commit
+    started = time.perf_counter()
+    cpu = time.process_time()
+    try:
+        with connection.execute_wrapper(wrapper):
+            for i in range(n):
+                saga.onboard(base + i, False)
+    finally:
+        del connection._commit
+    total = (time.perf_counter() - started) / n * 1000
+    cpu = (time.process_time() - cpu) / n * 1000
+    in_driver = sum(v[1] for v in spent.values()) / n * 1000
+    rows = sorted(((k, v[0] / n, v[1] / n * 1000) for k, v in spent.items()), key=lambda r: -r[2])
+    return {
+        "saga_ms": round(total, 2), "process_cpu_ms": round(cpu, 2), "in_driver_ms": round(in_driver, 2),
+        "outside_driver_ms": round(total - in_driver, 2),
+        "statements": [{"statement": k, "per_saga": round(c, 1), "ms_per_saga": round(ms, 2)} for k, c, ms in rows],
+    }
+
+
+def profile(path, n: int) -> None:
+    """A pyinstrument profile of n ok sagas, as text: what dominates the engine's time."""
+    from pyinstrument import Profiler
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000 + 650_000
+    saga.onboard(base - 1, False)
+    profiler = Profiler(interval=0.0005)
+    profiler.start()
+    for i in range(n):
+        saga.onboard(base + i, False)
+    profiler.stop()
+    path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
+
+
+def unwind_only(n: int, unwind_n: int) -> dict:
+    """Unwind's own figures, no peer: for comparing two versions of the engine run by turns."""
+    from bench.counting import counting
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000
+    for i in range(5):
+        saga.onboard(base + 900_000 + i, False)
+        saga.onboard(base + 950_000 + i, True)
+    ok, fail, unwinds = [], [], []
+    for i in range(n):
+        ok.append(timed(saga.onboard, base + i, False))
+        fail.append(timed(saga.onboard, base + 500_000 + i, True))
+    for i in range(unwind_n):
+        unwinds.append(saga.ten_steps_then_unwind(base + 300_000 + i)[0])
+    counts = {}
+    for name, fn in (("ok", lambda: saga.onboard(base + 800_000, False)),
+                     ("fail", lambda: saga.onboard(base + 850_000, True)),
+                     ("ten_step_unwind", lambda: saga.ten_steps_then_unwind(base + 860_000))):
+        with counting() as c:
+            fn()
+        counts[name] = {"commits": c.commits, "queries": c.queries}
+    return {"ok": summary(ok), "fail": summary(fail), "unwind9": summary(unwinds), "counts": counts}
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n = int(args[0]) if args else (60 if QUICK else 300)
+    unwind_n = int(args[1]) if len(args) > 1 else (20 if QUICK else 100)
+    django_setup(UNWIND_TASKS_SYNC="0")
+    if "--unwind-only" in sys.argv:
+        print(json.dumps(unwind_only(n, unwind_n)))
+        return
+    log(f"engine: {n} sagas of each kind, {unwind_n} ten-step unwinds")
+    print(json.dumps(measure(n, unwind_n)))
+
+
+if __name__ == "__main__":
+    main()

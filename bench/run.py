@@ -1,0 +1,237 @@
+"""`make bench`: every part on one PostgreSQL, in one run; a table with ratios, bench/results.json and
+bench/cost_vs_size.png.
+
+Settings (environment): BENCH_QUICK=1 (a 1-2 minute smoke), BENCH_PG (server, default
+postgres://postgres@127.0.0.1:5432), BENCH_DB (default unwind_bench, dropped and created afresh),
+BENCH_N (sagas per case), BENCH_UNWIND_N, BENCH_API_N, BENCH_API_SECONDS, BENCH_CRASH_TRIALS,
+BENCH_SIZES (actions, comma-separated), BENCH_PAGE_REQUESTS, BENCH_OUT (where the files go, default bench/).
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.common import BENCH_DB, QUICK, ROOT, bench_env, django_setup, log, recreate_database
+
+OUT = Path(os.environ.get("BENCH_OUT") or Path(__file__).resolve().parent)
+
+
+def setting(name: str, full, quick):
+    raw = os.environ.get(name)
+    if raw is None:
+        return quick if QUICK else full
+    return type(full)(raw) if not isinstance(full, list) else [int(x) for x in raw.split(",") if x.strip()]
+
+
+N = setting("BENCH_N", 300, 40)
+UNWIND_N = setting("BENCH_UNWIND_N", 100, 15)
+API_N = setting("BENCH_API_N", 300, 40)
+API_SECONDS = setting("BENCH_API_SECONDS", 10.0, 3.0)
+CRASH_TRIALS = setting("BENCH_CRASH_TRIALS", 5, 2)
+SIZES = setting("BENCH_SIZES", [1_000, 100_000, 1_000_000], [1_000, 10_000])
+PAGE_REQUESTS = setting("BENCH_PAGE_REQUESTS", 30, 8)
+SIZE_SAGAS = 60 if not QUICK else 8
+
+
+def prepare() -> dict:
+    import psycopg
+
+    from bench.common import PG_BASE, psycopg_url
+
+    log(f"fresh database {BENCH_DB} (and DBOS's dbos_saga_sys), migrated")
+    try:
+        recreate_database(BENCH_DB)
+    except psycopg.OperationalError as error:
+        raise SystemExit(f"make bench needs PostgreSQL at {PG_BASE} (set BENCH_PG): {error}") from None
+    recreate_database("dbos_saga_sys")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=str(ROOT), env=bench_env(),
+                   check=True)
+
+    with psycopg.connect(psycopg_url(BENCH_DB)) as conn:
+        version = conn.execute("show server_version").fetchone()[0]
+        fsync = conn.execute("show synchronous_commit").fetchone()[0]
+    return {"postgresql": version, "synchronous_commit": fsync}
+
+
+def api_available() -> bool:
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("api:run-actions", args=[1])
+        return True
+    except NoReverseMatch:
+        return False
+
+
+def main() -> None:
+    started = time.time()
+    env = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": QUICK, "cpus": os.cpu_count(),
+           "python": platform.python_version(), "load_before": os.getloadavg()[0]}
+    env.update(prepare())
+    django_setup(UNWIND_TASKS_SYNC="0")
+    from django.db import connection
+
+    env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True,
+                                   text=True, check=False).stdout.strip()
+    results: dict = {"environment": env, "settings": {
+        "sagas_per_case": N, "unwind_runs": UNWIND_N, "api_pairs": API_N, "api_seconds_per_level": API_SECONDS,
+        "crash_trials": CRASH_TRIALS, "sizes": SIZES, "page_requests": PAGE_REQUESTS}}
+
+    from bench import crash, engine, scale
+
+    log(f"engine: {N} sagas of each kind, interleaved with DBOS and the floor; {UNWIND_N} ten-step unwinds")
+    results["engine"] = engine.measure(N, UNWIND_N)
+    results["engine_breakdown"] = engine.breakdown(20 if QUICK else 60)
+    results["transactions_per_saga"] = engine.transactions_per_saga(20 if QUICK else 100)
+    engine.profile(OUT / "profile_saga.txt", 20)
+    connection.close()
+
+    tenant, agent, _ = engine.tenant_with_tools()
+    if api_available():
+        from bench import api
+
+        log(f"api: {API_N} alternating requests, then 1/4/16 agents for {API_SECONDS:g} s each")
+        results["api"] = api.measure(tenant, n=API_N, seconds=API_SECONDS)
+    else:
+        results["api"] = {"not_measured": "the agent API (POST /api/v1/runs/{id}/actions) is not in the URLconf"}
+    connection.close()
+
+    log(f"crash: {CRASH_TRIALS} kills after the tool call, recovered by a real worker")
+    results["crash"] = crash.measure(tenant, agent, CRASH_TRIALS)
+    connection.close()
+
+    log(f"scale: console pages at {SIZES} bulk actions")
+    results["scale"] = scale.measure(SIZES, PAGE_REQUESTS, SIZE_SAGAS)
+
+    env["load_after"] = os.getloadavg()[0]
+    env["seconds"] = round(time.time() - started)
+    (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, OUT / "cost_vs_size.png")
+    print(table(results))
+    log(f"done in {env['seconds']} s: {OUT / 'results.json'}, {OUT / 'cost_vs_size.png'}")
+
+
+# --- the table -----------------------------------------------------------------------------------------
+
+def _ms(row: dict, key: str = "p50") -> str:
+    return f"{row[key]:.1f} ms"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def table(r: dict) -> str:
+    e, env = r["engine"], r["environment"]
+    lines = []
+    add = lines.append
+    add(f"Unwind benchmarks — PostgreSQL {env['postgresql']} (synchronous_commit={env['synchronous_commit']}), "
+        f"{env['cpus']} CPUs, load {env['load_before']:.1f}→{env['load_after']:.1f}, commit {env['commit']}"
+        f"{', QUICK' if env['quick'] else ''}")
+    add("")
+    w = "{:<44} {:>22} {:>16} {:>16} {:>9} {:>9}"
+    add(w.format("1. engine, 3-step saga (p50 / p99)", "Unwind", "DBOS", "floor", "U/DBOS", "U/floor"))
+    for case, label in (("ok", "succeeds"), ("fail", "fails at step 3, 2 compensations")):
+        u, d, f = e[f"unwind_{case}"], e[f"dbos_{case}"], e[f"floor_{case}"]
+        add(w.format(f"   {label}", f"{u['p50']:.1f} / {u['p99']:.1f} ms", f"{d['p50']:.1f} / {d['p99']:.1f} ms",
+                     f"{f['p50']:.2f} ms ({f['commits']}c)", f"{u['p50'] / d['p50']:.2f}", f"{u['p50'] / f['p50']:.1f}"))
+        add(w.format("", f"{u['commits']} commits, {u['queries']} queries", "", "", "", ""))
+    ok = e["unwind_ok"]
+    add(f"   target: p50 ≤ 1/3 of DBOS → {verdict(ok['p50'] <= e['dbos_ok']['p50'] / 3)}; "
+        f"≤ 3× the floor → {verdict(ok['p50'] <= 3 * e['floor_ok']['p50'])}")
+    tx = r.get("transactions_per_saga")
+    if tx:
+        add(f"   transactions per saga as PostgreSQL counts them (reads included): Unwind {tx['unwind_ok']:g} ok / "
+            f"{tx['unwind_fail']:g} failing, DBOS {tx['dbos_ok']:g} / {tx['dbos_fail']:g}")
+    b = r.get("engine_breakdown")
+    if b:
+        top = ", ".join(f"{s['statement']} {s['ms_per_saga']:.1f}" for s in b["statements"][:4])
+        add(f"   where an ok saga's {b['saga_ms']:.1f} ms go: {b['in_driver_ms']:.1f} ms in the driver "
+            f"({top}), {b['outside_driver_ms']:.1f} ms outside; process CPU {b['process_cpu_ms']:.1f} ms")
+    add("")
+    api = r["api"]
+    if "not_measured" in api:
+        add(f"2. API: not measured — {api['not_measured']}")
+    else:
+        o = api["overhead"]
+        add(f"2. API ({api['server']}), per action p50: propose→executed→201 {_ms(o['action'])}, "
+            f"no-op endpoint {_ms(o['noop'])}: overhead {o['overhead_p50_ms']:.1f} ms "
+            f"(target ≤ 5 ms → {verdict(o['overhead_p50_ms'] <= 5)})")
+        add("   throughput: " + "; ".join(f"{t['agents']} agent{'s' if t['agents'] > 1 else ''} "
+                                        f"{t['actions_per_s']:.1f} actions/s (p50 {t['p50']:.0f} ms)"
+                                        for t in api["throughput"]))
+    add("")
+    u9 = e["unwind9"]
+    add(f"3. unwind: failure of step 10 → nine compensations recorded, p50 {_ms(u9)} (p99 {u9['p99']:.1f} ms), "
+        f"target ≤ 20 ms → {verdict(u9['p50'] <= 20)}")
+    add("")
+    s = r["scale"]
+    add(f"4. console, p95 per request (queries), bulk rows in tenant {s['tenant']} (its audit chain does not verify)")
+    pages = list(s["rows"][0]["pages"])
+    add("   {:<14}".format("actions") + "".join(f"{p:>24}" for p in pages) + f"{'engine saga p50':>18}")
+    for row in s["rows"]:
+        cells = []
+        for p in pages:
+            page = row["pages"].get(p, {})
+            cells.append(f"{page['p95']:.1f} ms ({'/'.join(map(str, page['queries']))}q)" if "p95" in page
+                         else page.get("error", "-"))
+        add("   {:<14}".format(f"{row['actions_in_db']:,}") + "".join(f"{c:>24}" for c in cells)
+            + f"{row['engine_saga_ok']['p50']:>15.1f} ms")
+    last = s["rows"][-1]
+    constant = all(len({q for row in s["rows"] for q in row["pages"].get(p, {}).get("queries", [])}) == 1 for p in pages)
+    fast = all(last["pages"].get(p, {}).get("p95", 1e9) <= 150 for p in pages)
+    add(f"   target at {last['actions_in_db']:,} actions: p95 ≤ 150 ms → {verdict(fast)}; "
+        f"constant queries → {verdict(constant)}")
+    add("")
+    c = r["crash"]
+    add(f"5. crash recovery (kill after the tool call → picked up → succeeded): p50 {c['finished_p50_s']:.2f} s, "
+        f"max {c['finished_max_s']:.2f} s; target lease {c['target_s'] - 1:.0f} s + 1 s = {c['target_s']:.1f} s → "
+        f"p50 {verdict(c['finished_p50_s'] <= c['target_s'])}, max {verdict(c['finished_max_s'] <= c['target_s'])}")
+    return "\n".join(lines)
+
+
+# --- the plot --------------------------------------------------------------------------------------------
+
+def plot(r: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = r["scale"]["rows"]
+    sizes = [row["actions_in_db"] for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for page in rows[0]["pages"]:
+        values = [row["pages"].get(page, {}).get("p95") for row in rows]
+        if all(v is not None for v in values):
+            left.plot(sizes, values, marker="o", label=f"{page} p95")
+    left.plot(sizes, [row["engine_saga_ok"]["p50"] for row in rows], marker="s", linestyle="--",
+              label="engine 3-step saga p50")
+    left.axhline(150, color="grey", linewidth=0.8, linestyle=":", label="page target 150 ms")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("actions in the database")
+    left.set_ylabel("ms")
+    left.set_title("Cost against table size")
+    left.legend(fontsize=8)
+    for page in rows[0]["pages"]:
+        values = [max(row["pages"].get(page, {}).get("queries", [0])) for row in rows]
+        right.plot(sizes, values, marker="o", label=page)
+    right.set_xscale("log")
+    right.set_xlabel("actions in the database")
+    right.set_ylabel("queries per request")
+    right.set_ylim(bottom=0)
+    right.set_title("Queries per page")
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""A real multi-process server for the HTTP parts: gunicorn on the bench database, stopped by its group."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import requests
+
+from bench.common import DATABASE_URL, ROOT, bench_env, log
+
+
+class Server:
+    def __init__(self, *, port: int = 8791, workers: int = 4, threads: int = 1):
+        self.port, self.workers, self.threads = port, workers, threads
+        self.url = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self):
+        gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+        env = bench_env(
+            DJANGO_SETTINGS_MODULE="bench.settings",
+            # Persistent connections, as a production deployment runs: no connect per request.
+            DATABASE_URL=f"{DATABASE_URL}?conn_max_age=60",
+            # Both endpoints pass the throttle check; the rate only has to be out of the way.
+            UNWIND_THROTTLE_RATE="10000000/min",
+            UNWIND_TASKS_SYNC="0",
+        )
+        args = [gunicorn, "config.wsgi:application", "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers),
+                "--log-level", "warning", "--timeout", "60"]
+        if self.threads > 1:
+            args += ["--worker-class", "gthread", "--threads", str(self.threads)]
+        self.process = subprocess.Popen(args, cwd=str(ROOT), env=env, start_new_session=True,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited: {self.process.stderr.read().decode()[-2000:]}")
+            try:
+                if requests.get(f"{self.url}/healthz", timeout=2).status_code < 500:
+                    log(f"gunicorn up at {self.url}: {self.workers} workers x {self.threads} threads")
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        self.__exit__(None, None, None)
+        raise RuntimeError("gunicorn did not answer /healthz within 60 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
