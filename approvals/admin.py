@@ -5,17 +5,11 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from approvals.models import ApprovalDecision, ApprovalRequest, Notification
+from ledger.admin import ReadOnlyAdmin as LedgerReadOnlyAdmin
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
+class ReadOnlyAdmin(LedgerReadOnlyAdmin):
+    note = ""  # approval requests change only through decisions, made on their pages
 
 
 class DecisionInline(admin.TabularInline):

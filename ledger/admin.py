@@ -21,7 +21,9 @@ def actor_of(request) -> str:
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """View-only: no add, change or delete, whoever asks."""
+    """View-only: no add, change or delete, whoever asks; `note` is shown above the list."""
+
+    note = LEDGER_NOTE
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -33,7 +35,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
     def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"subtitle": LEDGER_NOTE, **(extra_context or {})})
+        extra = {"subtitle": self.note} if self.note else {}
+        return super().changelist_view(request, {**extra, **(extra_context or {})})
 
 
 @admin.register(Tenant)

@@ -3,13 +3,15 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+from ledger.admin import ReadOnlyAdmin
 from recovery.models import RecoveryItem
 
 NOTE = "Recovery items are read-only here: resume, compensate or close them in the console (/console/recovery/)."
 
 
 @admin.register(RecoveryItem)
-class RecoveryItemAdmin(admin.ModelAdmin):
+class RecoveryItemAdmin(ReadOnlyAdmin):
+    note = NOTE
     list_display = ("id", "tenant", "run_id", "reason", "risk", "tool_name", "status", "resolution", "resolved_by",
                     "created_at", "console")
     list_filter = ("status", "reason", "risk", "resolution", "tenant")
@@ -17,18 +19,6 @@ class RecoveryItemAdmin(admin.ModelAdmin):
     list_select_related = ("tenant",)
     date_hierarchy = "created_at"
     raw_id_fields = ("run", "action")
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"subtitle": NOTE, **(extra_context or {})})
 
     @admin.display(description="console")
     def console(self, obj):
