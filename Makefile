@@ -1,5 +1,5 @@
 # Unwind: the two commands a newcomer needs are `make demo` and `make test`.
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
@@ -17,7 +17,7 @@ help:
 	@echo "make bench       benchmarks on PostgreSQL, side by side with DBOS and the raw floor"
 
 $(BIN)/python:
-	@command -v $(PY) >/dev/null 2>&1 || { echo "Python 3.11 is needed (set PY=/path/to/python3.11)"; exit 1; }
+	@$(PY) -c "import sys; sys.exit(sys.version_info[:2] < (3, 11))" 2>/dev/null || { echo "Python 3.11 or newer is needed (set PY=/path/to/python3.11)"; exit 1; }
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
