@@ -47,3 +47,18 @@ def test_completed_and_compensated_runs_have_no_open_item(tools):
     ok.refresh_from_db()
     assert (ok.status, bad.status) == ("completed", "compensated")
     assert not RecoveryItem.objects.exists()
+
+
+def test_a_step_that_acted_early_and_was_refused_later_is_read_back_not_failed(tools):
+    """The first attempt took effect but answered 502; the retries then got 429s. The last error alone says
+    'not carried out', but an earlier one may have acted: the step is read back, found, and recorded."""
+    from sandbox.selectors import record_get
+
+    fault("crm.update_ticket", "error_after_effect", status=502, times=1)
+    fault("crm.update_ticket", "status", status=429, nth=2, times=5)
+    run = open_run(tools)
+    change = act(run, "crm.update_ticket", {"ticket_id": "T-204", "priority": "high"})
+    run.refresh_from_db()
+    assert record_get("tickets", "T-204")["priority"] == "high"
+    assert change.status == "succeeded" and change.result["recovered"] is True
+    assert run.status == "running"

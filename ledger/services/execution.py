@@ -144,10 +144,26 @@ def settles_at(action: Action):
     return until if until > timezone.now() else None
 
 
+AMBIGUOUS_ATTEMPT = (Q(outcome="lost") | Q(error_class="transient")
+                     | (Q(error_class__startswith="http_5") & ~Q(error_class="http_503")))
+
+
+def an_attempt_may_have_acted(action: Action) -> bool:
+    """Did any finished attempt end without telling whether the tool acted (no answer, a lost worker, a 5xx
+    but 503)? Then a later clean refusal (a 429, say) does not prove the step never took effect."""
+    return action.attempt_set.filter(finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT).exists()
+
+
 def may_have_acted(action: Action) -> bool:
-    """A step waiting for its retry whose last attempt may have acted (no answer, a lost worker, a 5xx but 503)."""
-    kind = action.error_class
-    return kind in ("", "transient", "lease_lost") or (kind.startswith("http_5") and kind != "http_503")
+    """A step waiting for its retry that may already have taken effect."""
+    return an_attempt_may_have_acted(action)
+
+
+def still_ours(action: Action, owner: str) -> bool:
+    """Fencing before a call that cannot be deduplicated: the lease is still ours and has not run out (a thread
+    starved past its lease must not send after the sweep has already handed the step to someone else)."""
+    return Action.objects.filter(pk=action.pk, status=A.RUNNING, lease_owner=owner,
+                                 lease_expires_at__gt=timezone.now()).exists()
 
 
 def run_stopped(action: Action) -> bool:
@@ -212,6 +228,8 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
         if stopped:
             resolve_without_calling(action, owner=owner)
             return action
+        if not action.tool.honours_idempotency_key and not still_ours(action, owner):
+            return Action.objects.select_related("tool").get(pk=action.pk)
         t0 = time.monotonic()
         failpoints.hit("before_tool_call")
         try:
@@ -320,7 +338,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                               max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
                               error_class=error.error_class, error_message=error.message[:2000])
         return True
-    if final and action.kind == ActionKind.FORWARD and error.maybe_applied:
+    if final and action.kind == ActionKind.FORWARD and (error.maybe_applied or an_attempt_may_have_acted(action)):
         try:
             evidence = already_done(action)
         except ToolError as unreadable:
