@@ -79,14 +79,18 @@ def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, dja
     assert len(world_state()["messages"]) == 1  # read back, not re-sent
 
 
-def test_lost_before_the_tool_call_runs_it_exactly_once(tools, django_capture_on_commit_callbacks):
+def test_lost_before_a_call_to_a_key_ignoring_tool_asks_a_person_never_resends(tools, django_capture_on_commit_callbacks):
+    """The worker was lost and the outbox shows nothing: the call may still arrive, so Unwind does not send the
+    email again on a guess. The step's outcome is unknown and a person decides (resume sends it)."""
     short_lease(tools, "email.send")
     run = open_run(tools)
     sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
                           actor="agent:booker")
     wait_for_lease(sent.action)
-    assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "succeeded"
-    assert len(world_state()["messages"]) == 1
+    assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
+    run.refresh_from_db()
+    assert run.status == "needs_attention" and RecoveryItem.objects.get(run=run).reason == "outcome_unknown"
+    assert world_state()["messages"] == []
 
 
 def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_on_commit_callbacks):

@@ -187,6 +187,13 @@ def resolve_without_calling(action: Action, *, owner: str) -> None:
                                      transient=False), latency_ms=None, retry_inline=False, delay=0, owner=owner)
 
 
+def last_call_unanswered(action: Action) -> bool:
+    """The newest attempt that called the tool got no answer at all (a timeout, a dropped connection, a lost worker)."""
+    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
+                .order_by("-number").only("outcome", "error_class").first())
+    return previous is not None and not previous.error_class.startswith("http_")
+
+
 def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
     """Put a claimed action back to wait until `until` (its retry is claimed again by the sweep)."""
     with ledger_transaction(action.tenant_id) as audit:
@@ -235,6 +242,12 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
         try:
             if needs_read_back(action):
                 evidence = already_done(action)
+                if evidence is None and last_call_unanswered(action):
+                    # It may still arrive: a tool that ignores keys is never sent again on a guess.
+                    record_unknown(action, ToolError(action.error_message or "no answer", transient=True),
+                                   why="an earlier call got no answer and the tool ignores idempotency keys, "
+                                       "so sending again could act twice", latency_ms=None, actor=SYSTEM)
+                    return action
                 outcome = ToolOutcome(result=evidence) if evidence is not None else call_tool(action)
             else:
                 outcome = call_tool(action)
