@@ -154,10 +154,6 @@ def an_attempt_may_have_acted(action: Action) -> bool:
     return action.attempt_set.filter(finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT).exists()
 
 
-def may_have_acted(action: Action) -> bool:
-    """A step waiting for its retry that may already have taken effect."""
-    return an_attempt_may_have_acted(action)
-
 
 def still_ours(action: Action, owner: str) -> bool:
     """Fencing before a call that cannot be deduplicated: the lease is still ours and has not run out (a thread
@@ -463,7 +459,7 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
     if forward_only:
         pending_actions = pending_actions.filter(kind=ActionKind.FORWARD)
     for pending in pending_actions:
-        if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and may_have_acted(pending):
+        if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and an_attempt_may_have_acted(pending):
             continue  # it may have acted: its retry finds out (reading back, never calling again) first
         was_waiting = pending.status == A.AWAITING_APPROVAL
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
