@@ -16,7 +16,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from ledger.audit import verify_chain
-from ledger.models import Action, ActionClass, ActionKind, Attempt, Run, Tenant
+from ledger.canonical import dumps
+from ledger.models import Action, ActionClass, ActionKind, Attempt, AuditEvent, Run, Tenant
 from ledger.models import ActionStatus as A
 from ledger.models import RunStatus as R
 from recovery.models import RecoveryItem
@@ -273,7 +274,20 @@ class Checker:
             "actions": len(self.actions),
             "violations": [
                 {"run": v.run_id, "tenant": v.tenant, "status": v.status, "reason": v.reason, "problems": v.problems,
-                 "faults_seen": dict(Counter(v.faults))}
+                 "faults_seen": dict(Counter(v.faults)), "history": self.history(v.run_id)}
                 for v in verdicts if not v.ok
             ],
         }
+
+    def history(self, run_id: int) -> list[dict]:
+        """What the ledger says happened to a failing run, action by action: each attempt (who ran it, how it
+        ended) and the audit events, in order — enough to tell which path acted twice."""
+        rows = []
+        for action in self.by_run.get(run_id, []):
+            attempts = [f"#{a.number} {a.worker} {a.outcome or 'unfinished'} {a.error_class}".strip()
+                        for a in Attempt.objects.filter(action=action).order_by("number")]
+            audit = [f"{e.seq} {e.kind} {e.actor} {dumps(e.data)[:200]}"
+                     for e in AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk).order_by("seq")]
+            rows.append({"action": action.pk, "kind": action.kind, "tool": action.tool.name, "status": action.status,
+                         "attempts": attempts, "audit": audit})
+        return rows

@@ -13,11 +13,12 @@ from collections import Counter
 
 import requests
 from django.db import connection, connections
+from django.db.models import F
 from django_q.tasks import async_task
 
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import FORWARD_TOOLS
-from ledger.models import Action, ActionStatus, Run, RunStatus
+from ledger.models import Attempt, ActionStatus, Run, RunStatus
 
 # Compensations that can be made to fail (payments.refund needs a person and never runs unattended).
 FLAKY_COMPENSATIONS = ["hr.delete_user", "licenses.revoke", "travel.cancel_flight", "travel.cancel_hotel"]
@@ -151,10 +152,12 @@ class Havoc(threading.Thread):
             self.done["db_connection_drop"] += 1
 
     def duplicate_delivery(self) -> None:
-        """Deliver the work in flight twice more: an execute of a running action with its lease owner, and the
-        unwind of an unwinding run (django-q2 delivers at least once)."""
-        running = list(Action.objects.filter(status=ActionStatus.RUNNING).exclude(lease_owner="")
-                       .values_list("pk", "lease_owner")[:50])
+        """Deliver the work in flight twice more: the execute task of a running action, carrying the owner its
+        claim handed out (recorded on the attempt), and the unwind of an unwinding run (django-q2 delivers at
+        least once). A step claimed by the API's fast path or the unwinder was never queued; its delivery is
+        a stray one, and must be refused."""
+        running = list(Attempt.objects.filter(action__status=ActionStatus.RUNNING, finished_at__isnull=True,
+                                              number=F("action__attempts")).values_list("action_id", "worker")[:50])
         if running:
             action_id, owner = self.rng.choice(running)
             for _ in range(2):

@@ -27,6 +27,7 @@ from ledger.models import Action
 from ledger.services import execution
 from ledger.services.actions import action_propose
 from ledger.services.runs import run_complete, run_open
+from ledger.tasks import execute_action
 from sandbox.faults import fault_add
 from sandbox.models import Message
 from sandbox.services import sandbox_reset
@@ -181,3 +182,38 @@ def test_a_step_that_took_effect_but_kept_answering_5xx_is_not_reported_compensa
     run.refresh_from_db()
     verdict = Checker([tools.acme.pk]).verdict(run)
     assert verdict.ok, (run.status, verdict.problems)
+
+
+def test_a_delivery_carrying_the_owner_of_a_step_run_inline_does_not_send_it_again(transactional_db, tools):
+    """Guarantee 1 and 5 (found by `make chaos` on the ORM broker): the API's fast path runs a claimed step in
+    its own thread under the proposal's lease owner. A task delivered with that same owner took the lease over
+    while the inline call was still in flight, and sent the email a second time. An owner that a caller holds
+    itself (the fast path, the unwinder) is never queued, so no delivery may take it over."""
+    fault("email.send", "latency", ms=600)
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "Inline", "body": "b"},
+                              actor="agent:booker", inline=True)
+    started = threading.Event()
+
+    def inline_path():
+        try:
+            started.set()
+            execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        finally:
+            connections.close_all()
+
+    def stray_delivery():
+        try:
+            started.wait()
+            time.sleep(0.25)  # the inline call is now at the relay
+            execute_action(proposal.action.pk, proposal.owner)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=inline_path), threading.Thread(target=stray_delivery)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert Action.objects.get(pk=proposal.action.pk).status == "succeeded"
+    assert Message.objects.filter(idempotency_key=proposal.action.tool_key).count() == 1

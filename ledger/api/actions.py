@@ -101,7 +101,7 @@ class ActionProposeView(ApiView):
         data = body.validated_data
         proposal = action_propose(
             run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
-            intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"))
+            intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"), inline=True)
         if proposal.claimed:
             inline.execute_within(proposal.action.pk, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
         action = fresh(request, proposal.action.pk)

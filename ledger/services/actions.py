@@ -90,12 +90,13 @@ def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str) -> Proposa
 
 def action_propose(
     *, run: Run, tool_name: str, args, actor: str, target: str | None = None, intent: dict | None = None,
-    idempotency_key: str | None = None,
+    idempotency_key: str | None = None, inline: bool = False,
 ) -> Proposal:
     """Record a proposed tool call: validate, check policy and the ordering law, claim it or gate it.
 
     Returns the recorded action. When `claimed`, the action is already `running` with a lease owned
-    by `owner`, and the caller executes it (`execution.execute`), inline or in a worker.
+    by `owner`, and the caller executes it (`execution.execute`), inline or in a worker. `inline` says the
+    caller runs it itself, now: its lease is then held, and no queued delivery can take it over.
     """
     tool = Tool.objects.filter(tenant_id=run.tenant_id, name=tool_name).first() if isinstance(tool_name, str) else None
     if tool is None:
@@ -121,7 +122,7 @@ def action_propose(
             raise StateConflict(f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}") from None
     try:
         return _record(run=run, tool=tool, args=clean, args_hash=args_hash, target_id=target_id, key=key,
-                       source=source, intent=intent or {}, before=before, actor=actor)
+                       source=source, intent=intent or {}, before=before, actor=actor, inline=inline)
     except IntegrityError:
         # A concurrent request with the same key won the insert: answer as its duplicate.
         existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
@@ -147,7 +148,7 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
                 .order_by("seq").values_list("seq", "tool__name", "saga_role")[:1])
 
 
-def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor) -> Proposal:
+def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
         run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run.pk)
         if run.cancel_requested_at:
@@ -158,7 +159,7 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, tenant=run.tenant)
         seq = run.next_seq
         Run.objects.filter(pk=run.pk).update(next_seq=F("next_seq") + 1)
-        owner = "" if required else new_owner()
+        owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
         action = Action.objects.create(
             tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,

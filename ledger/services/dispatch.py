@@ -12,8 +12,14 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident() % 100000}"
 
 
-def new_owner() -> str:
-    return f"{worker_name()}:{uuid.uuid4().hex[:8]}"
+HELD = "#"
+
+
+def new_owner(*, held: bool = False) -> str:
+    """A lease owner. A queued claim's owner travels in its task, and the delivery that runs it takes the lease
+    over under a name of its own (HELD marks it). A `held` owner belongs to a caller that executes the claim
+    itself, right away (the API's fast path, the unwinder): it is never queued, so no delivery may take it."""
+    return f"{worker_name()}:{uuid.uuid4().hex[:8]}" + (HELD if held else "")
 
 
 def enqueue(func: str, *args) -> None:

@@ -26,7 +26,7 @@ from ledger.models import (
     RunStatus as R, SagaRole, Tool,
 )
 from ledger.policy import approvals_needed
-from ledger.services.dispatch import enqueue, new_owner
+from ledger.services.dispatch import HELD, enqueue, new_owner
 from ledger.transitions import action_transition, run_transition
 
 log = logging.getLogger("unwind.engine")
@@ -210,11 +210,13 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
     A queued task may be delivered twice (django-q2 delivers at least once), and both deliveries carry
     the same owner; so unless the caller created the lease itself and shares it with nobody
     (`sole_owner`: the API's fast path, the unwinder), the lease is first taken over with a conditional
-    update under a name of this call's own. The second delivery finds it taken and does nothing.
+    update under a name of this call's own. The second delivery finds it taken and does nothing. A held
+    owner (see `new_owner`) is never in a queued task, so a delivery that carries one takes nothing over.
     """
     if not sole_owner:
-        mine = f"{owner[:100]}#{uuid.uuid4().hex[:8]}"
-        if Action.objects.filter(pk=action_id, status=A.RUNNING, lease_owner=owner).update(lease_owner=mine) != 1:
+        mine = f"{owner[:100]}{HELD}{uuid.uuid4().hex[:8]}"
+        if HELD in owner or Action.objects.filter(
+                pk=action_id, status=A.RUNNING, lease_owner=owner).update(lease_owner=mine) != 1:
             return Action.objects.select_related("tool").get(pk=action_id)
         owner = mine
     started = time.monotonic()
@@ -497,7 +499,7 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
     claims the next one (or settles the run), so every compensation is still recorded, with its lease,
     before its tool is called.
     """
-    owner = new_owner()
+    owner = new_owner(held=True)
     started = time.monotonic()
     tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
 
