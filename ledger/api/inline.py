@@ -14,7 +14,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as WaitExpired
 
-from django.db import connections
+from django.db import close_old_connections
 
 from ledger.models import Run, RunStatus
 from ledger.services import execution
@@ -44,10 +44,13 @@ def _within(wait: float, work, *args) -> bool:
 
 
 def _closing(work, deadline: float, *args) -> None:
+    """Run in a pool thread, which keeps its database connection between actions as a request thread does:
+    up to CONN_MAX_AGE (`?conn_max_age=` on DATABASE_URL), and never one left broken by an error."""
+    close_old_connections()
     try:
         work(deadline, *args)
     finally:
-        connections.close_all()  # this thread's connections only: they are per thread
+        close_old_connections()  # this thread's connections only: they are per thread
 
 
 def _execute_then_unwind(deadline: float, action_id: int, owner: str) -> None:

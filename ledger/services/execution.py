@@ -107,7 +107,7 @@ def already_done(action: Action) -> dict | None:
         if isinstance(state, dict) and all(state.get(k) == v for k, v in expected.items()):
             return {"recovered": True, "evidence": state}
         return None
-    raise ToolError("the tool cannot be read back and does not honour idempotency keys", transient=False)
+    raise ToolError("the tool declares no way to read it back: no lookup and no verify rule", transient=False)
 
 
 # --- calling tools ---------------------------------------------------------------------------------
