@@ -57,7 +57,8 @@ class Saga:
     def act(self, run, tool: str, args: dict):
         """Propose and execute; returns (action, failed). Unwinding is left to the caller."""
         proposal = self.propose(run=run, tool_name=tool, args=args, actor=ACTOR)
-        action = self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        action = self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True,
+                                        claimed=proposal.action)
         return action, action.status != "succeeded"
 
     def onboard(self, i: int, fail: bool) -> str:
@@ -75,7 +76,8 @@ class Saga:
         for n in range(9):
             self.act(run, "bench.step", {"n": n, "run": i})
         proposal = self.propose(run=run, tool_name="bench.step", args={"n": 9, "run": i, "fail": True}, actor=ACTOR)
-        self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)  # fails: starts the unwind
+        self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True,  # fails: starts the unwind
+                               claimed=proposal.action)
         started = time.perf_counter()
         status = self.execution.unwind(run.pk).status
         return time.perf_counter() - started, status

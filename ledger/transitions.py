@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db.models import Q
 from django.utils import timezone
 
+from ledger import sql
 from ledger.audit import AuditLog
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
@@ -53,10 +54,11 @@ def action_transition(
     fields["updated_at"] = now
     if to in (A.SUCCEEDED, A.FAILED, A.REJECTED, A.EXPIRED, A.SKIPPED, A.COMPENSATED, A.COMPENSATION_FAILED, A.LOST):
         fields.setdefault("finished_at", now)
-    query = Action.objects.filter(pk=action.pk, status=current)
-    if where is not None:
-        query = query.filter(where)
-    if query.update(status=to, **fields) != 1:
+    if where is None:
+        moved = sql.update(Action, {"pk": action.pk, "status": current}, status=to, **fields)
+    else:
+        moved = Action.objects.filter(where, pk=action.pk, status=current).update(status=to, **fields)
+    if moved != 1:
         raise StateConflict(f"action {action.pk} is no longer {current}: someone else acted first")
     action.status = to
     for name, value in fields.items():
@@ -72,7 +74,7 @@ def run_transition(run: Run, to: str, *, log: AuditLog, actor: str, note: dict |
     fields["updated_at"] = now
     if to in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
         fields.setdefault("finished_at", now)
-    if Run.objects.filter(pk=run.pk, status=current).update(status=to, **fields) != 1:
+    if sql.update(Run, {"pk": run.pk, "status": current}, status=to, **fields) != 1:
         raise StateConflict(f"run {run.pk} is no longer {current}: someone else acted first")
     run.status = to
     for name, value in fields.items():

@@ -103,7 +103,7 @@ class ActionProposeView(ApiView):
             run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
             intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"), inline=True)
         if proposal.claimed:
-            inline.execute_within(proposal.action.pk, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
+            inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
         action = fresh(request, proposal.action.pk)
         pending = action.status in ACTIVE_ACTION_STATUSES
         status = 202 if pending else 200 if proposal.replayed else 201

@@ -16,7 +16,7 @@ from concurrent.futures import TimeoutError as WaitExpired
 
 from django.db import close_old_connections
 
-from ledger.models import Run, RunStatus
+from ledger.models import Action, Run, RunStatus
 from ledger.services import execution
 
 log = logging.getLogger("unwind.api")
@@ -53,8 +53,9 @@ def _closing(work, deadline: float, *args) -> None:
         close_old_connections()  # this thread's connections only: they are per thread
 
 
-def _execute_then_unwind(deadline: float, action_id: int, owner: str) -> None:
-    action = execution.execute(action_id, owner=owner, budget=max(0.0, deadline - time.monotonic()), sole_owner=True)
+def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> None:
+    action = execution.execute(claimed.pk, owner=owner, budget=max(0.0, deadline - time.monotonic()), sole_owner=True,
+                               claimed=claimed)
     _unwind_if_needed(deadline, action.run_id)
 
 
@@ -64,9 +65,9 @@ def _unwind_if_needed(deadline: float, run_id: int) -> None:
         execution.unwind(run_id, budget=remaining)
 
 
-def execute_within(action_id: int, *, owner: str, wait: float) -> bool:
-    """Execute a claimed action (and the unwind its failure starts); True if it settled within `wait`."""
-    return _within(wait, _execute_then_unwind, action_id, owner)
+def execute_within(claimed: Action, *, owner: str, wait: float) -> bool:
+    """Execute an action this request claimed (and the unwind its failure starts); True if it settled within `wait`."""
+    return _within(wait, _execute_then_unwind, claimed, owner)
 
 
 def unwind_within(run_id: int, *, wait: float) -> bool:

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import jsonschema
 from django.db import IntegrityError
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events
+from ledger import events, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -16,7 +16,7 @@ from ledger.errors import (
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
-    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
+    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
 from ledger.policy import ROLE_RANK, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
@@ -98,7 +98,7 @@ def action_propose(
     by `owner`, and the caller executes it (`execution.execute`), inline or in a worker. `inline` says the
     caller runs it itself, now: its lease is then held, and no queued delivery can take it over.
     """
-    tool = Tool.objects.filter(tenant_id=run.tenant_id, name=tool_name).first() if isinstance(tool_name, str) else None
+    tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name) if isinstance(tool_name, str) else None
     if tool is None:
         raise UnknownTool(f"{tool_name!r} is not a registered tool of this tenant", field="tool")
     clean = validate_args(tool, args)
@@ -108,9 +108,10 @@ def action_propose(
         run=run, tool=tool, target_id=target_id, args=clean)
     source = "header" if idempotency_key is not None else "derived"
     # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
-    existing_id = Action.objects.filter(tenant_id=run.tenant_id, idempotency_key=key).values_list("pk", flat=True).first()
-    if existing_id is not None:
-        return replay(Action.objects.select_related("tool").get(pk=existing_id), run=run, tool=tool, args_hash=args_hash)
+    existing = sql.fetch_one("SELECT id FROM ledger_action WHERE tenant_id = %s AND idempotency_key = %s",
+                             [run.tenant_id, key])
+    if existing is not None:
+        return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash)
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object with goal, reasoning, confidence, model", field="intent")
     intent = storable(intent or {}, field="intent")
@@ -142,26 +143,29 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
         roles.append(SagaRole.PIVOT)
     if not roles:
         return []
-    return list(run.actions.filter(kind=ActionKind.FORWARD, saga_role__in=roles)
-                .exclude(status__in=[A.REJECTED, A.EXPIRED, A.SKIPPED])
-                .exclude(tool__action_class=ActionClass.READ_ONLY)
-                .order_by("seq").values_list("seq", "tool__name", "saga_role")[:1])
+    gone = [A.REJECTED, A.EXPIRED, A.SKIPPED]
+    return sql.fetch_all(
+        "SELECT a.seq, t.name, a.saga_role FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
+        f" WHERE a.run_id = %s AND a.kind = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
+        f" AND a.status NOT IN ({', '.join(['%s'] * len(gone))}) AND t.action_class <> %s ORDER BY a.seq LIMIT 1",
+        [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY])
 
 
 def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; it accepts no new actions")
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
-        required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, tenant=run.tenant)
+        required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
+                                    tenant=sql.get(Tenant, pk=run.tenant_id))  # policy as it stands now
         seq = run.next_seq
-        Run.objects.filter(pk=run.pk).update(next_seq=F("next_seq") + 1)
+        sql.update(Run, {"pk": run.pk}, next_seq=seq + 1)  # the run is locked: nobody else moves it
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
-        action = Action.objects.create(
+        action = sql.insert(Action(
             tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
             risk=tool.risk, args=args, args_hash=args_hash, target_type=tool.target_type, target_id=target_id,
             idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
@@ -169,7 +173,7 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
             lease_owner=owner, lease_expires_at=None if required else execution.lease_until(
                 tool.timeout_seconds if client else tool.timeout_seconds + 1),
             before=before, intent=intent, compensation_plan=dict(tool.compensation),
-        )
+        ))
         action.tool = tool
         audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source)
         if required:
@@ -206,7 +210,7 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
         raise StateConflict("the approval was given for other arguments than this action's; it does not apply")
     owner = new_owner()
     with ledger_transaction(action.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        run = sql.get_locked(Run, action.run_id)
         action_transition(action, A.APPROVED, log=audit, actor=actor)
         if action.kind == ActionKind.COMPENSATION:
             execution.enqueue_unwind_after(run)
@@ -230,7 +234,7 @@ def action_reject(*, action: Action, reason: str, actor: str, expired: bool = Fa
     if not reason.strip():
         raise ValidationFailed("a rejection needs a reason", field="reason")
     with ledger_transaction(action.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        run = sql.get_locked(Run, action.run_id)
         action_transition(action, A.EXPIRED if expired else A.REJECTED, log=audit, actor=actor,
                           note={"reason": reason[:1000]}, decision_reason=reason[:4000])
         word = "expired" if expired else "was rejected"
@@ -271,7 +275,7 @@ def action_reclaim(action_id: int) -> str | None:
                 action_transition(action, A.LOST, log=audit, actor="system:sweeper", note={"why": why},
                                   where=_lease_still(action), lease_owner="", lease_expires_at=None,
                                   error_class="lease_lost", error_message=why)
-                run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+                run = sql.get_locked(Run, action.run_id)
                 if run.status in (R.RUNNING, R.AWAITING_APPROVAL, R.UNWINDING):
                     execution.needs_attention(run, "lease_lost", f"{action.tool.name} (step {action.seq}): {why}",
                                               action=action, log=audit)

@@ -17,13 +17,13 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, failpoints, mapping
+from ledger import events, failpoints, mapping, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor, Run,
-    RunStatus as R, SagaRole, Tool,
+    RunStatus as R, SagaRole, Tenant, Tool,
 )
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
@@ -200,12 +200,14 @@ def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
 
 
 def execute(action_id: int, *, owner: str, budget: float | None = None, sole_owner: bool = False,
-            on_compensated: Callable[[AuditLog], None] | None = None) -> Action:
+            on_compensated: Callable[[AuditLog], None] | None = None, claimed: Action | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
 
     Transient failures are retried inline while the backoff is short and the budget allows;
     otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
     `on_compensated` runs inside the transaction that records a compensation's success (see `unwind`).
+    `claimed` is the action as the caller's own claim left it (with its tool), which spares reading it again;
+    it is used only with `sole_owner`, where nobody else can have moved it since.
 
     A queued task may be delivered twice (django-q2 delivers at least once), and both deliveries carry
     the same owner; so unless the caller created the lease itself and shares it with nobody
@@ -220,7 +222,8 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
             return Action.objects.select_related("tool").get(pk=action_id)
         owner = mine
     started = time.monotonic()
-    action = Action.objects.select_related("tool").get(pk=action_id)
+    action = claimed if sole_owner and claimed is not None and claimed.pk == action_id \
+        else Action.objects.select_related("tool").get(pk=action_id)
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
@@ -296,13 +299,13 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
         except mapping.MappingError as error:
             plan["error"] = str(error)
     with ledger_transaction(action.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        run = sql.get_locked(Run, action.run_id)
         action_transition(action, A.SUCCEEDED, log=audit, actor=actor, result=result, after=after,
                           verification=verification, target_id=target_id, compensation_plan=plan,
                           lease_owner="", lease_expires_at=None, error_class="", error_message="")
         finish_attempt(action, "succeeded", latency_ms=latency_ms)
         if action.kind == ActionKind.COMPENSATION:
-            forward = Action.objects.get(pk=action.compensates_id)
+            forward = sql.get(Action, pk=action.compensates_id)
             action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
             if run.status == R.UNWINDING:
                 enqueue_unwind_after(run)
@@ -388,7 +391,7 @@ def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: fl
         action_transition(action, A.LOST, log=audit, actor=actor, note={"error": error.message[:500]},
                           lease_owner="", lease_expires_at=None, error_class="outcome_unknown",
                           error_message=detail[:2000])
-        run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+        run = sql.get_locked(Run, action.run_id)
         if run.status in (R.RUNNING, R.AWAITING_APPROVAL):
             needs_attention(run, "outcome_unknown", detail, action=action, log=audit)
         elif run.status == R.UNWINDING:
@@ -397,7 +400,7 @@ def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: fl
 
 def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
     """An action failed for good: unwind before the pivot, recovery queue after it; compensations alert and continue."""
-    run = Run.objects.select_for_update(no_key=True).get(pk=action.run_id)
+    run = sql.get_locked(Run, action.run_id)
     if action.kind == ActionKind.COMPENSATION:
         forward = Action.objects.select_related("tool").get(pk=action.compensates_id)
         action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=actor,
@@ -419,30 +422,41 @@ def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
 
 
 def start_attempt(action: Action, owner: str) -> None:
-    Attempt.objects.create(action=action, number=action.attempts, worker=owner[:120], started_at=timezone.now())
+    sql.insert(Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=timezone.now()))
 
 
 def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, error: ToolError | None = None) -> None:
-    Attempt.objects.filter(action=action, number=action.attempts, finished_at__isnull=True).update(
-        finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
-        error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
+    sql.update(Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
+               finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
+               error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
 
 
 # --- run-level decisions ----------------------------------------------------------------------------
 
+def run_steps(run_id: int, *, statuses: list[str] | None = None, forward_only: bool = True) -> list[tuple]:
+    """(id, seq, status, tool name) of a run's forward steps (or all its actions) in order, optionally only
+    those in `statuses`."""
+    where = f" AND a.status IN ({', '.join(['%s'] * len(statuses))})" if statuses else ""
+    kinds = [ActionKind.FORWARD] if forward_only else [ActionKind.FORWARD, ActionKind.COMPENSATION]
+    return sql.fetch_all(
+        "SELECT a.id, a.seq, a.status, t.name FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
+        f" WHERE a.run_id = %s AND a.kind IN (%s, %s){where} ORDER BY a.seq",
+        [run_id, kinds[0], kinds[-1], *(statuses or [])])
+
+
 def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
-    actions = list(run.actions.filter(kind=ActionKind.FORWARD).values("id", "seq", "status", "tool__name"))
+    actions = [dict(zip(("id", "seq", "status", "tool__name"), row)) for row in run_steps(run.pk)]
     completed = [a["id"] for a in actions if a["status"] in (A.SUCCEEDED, A.COMPENSATED)]
     pending = [a["id"] for a in actions if a["status"] in (*PENDING, A.RUNNING, A.FAILED, A.LOST)]
     summary = ", ".join(f"{a['tool__name']} {a['status'].replace('_', ' ')}" for a in actions) or "no actions yet"
     mode = {R.UNWINDING: "compensate", R.NEEDS_ATTENTION: "resume_or_compensate",
             R.AWAITING_APPROVAL: "await_approval"}.get(run.status, "resume")
-    checkpoint = Checkpoint.objects.create(tenant_id=run.tenant_id, run=run, label=label, state={
+    checkpoint = sql.insert(Checkpoint(tenant_id=run.tenant_id, run=run, label=label, state={
         "run_status": run.status, "pivot_committed": run.pivot_committed,
         "completed_action_ids": completed, "pending_action_ids": pending,
         "awaiting_approval_ids": [a["id"] for a in actions if a["status"] == A.AWAITING_APPROVAL],
         "recovery_mode": mode, "summary": summary,
-    })
+    }))
     log.record("run.checkpoint", actor=SYSTEM, run=run, label=label, checkpoint=checkpoint.pk)
     return checkpoint
 
@@ -457,6 +471,8 @@ def needs_attention(run: Run, reason: str, detail: str, *, action: Action | None
 def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only: bool = False) -> None:
     """Skip what has not started. An unwind skips only forward steps: its own compensations may be waiting
     for approval and must still run."""
+    if not run_steps(run.pk, statuses=list(PENDING), forward_only=forward_only):
+        return  # the common case, told by one narrow query
     pending_actions = run.actions.filter(status__in=PENDING).select_related("tool")
     if forward_only:
         pending_actions = pending_actions.filter(kind=ActionKind.FORWARD)
@@ -530,6 +546,7 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
                     chained.append(claim_next_compensation(run_id, owner=owner, log=log))
 
             execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=claim_next_in_same_commit,
+                    claimed=compensation,
                     budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
             if chained:
                 compensation = chained[0]
@@ -572,15 +589,20 @@ def next_compensation(run_id: int, *, owner: str, tenant_id: int | None = None) 
 
 def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action | None:
     """`next_compensation` inside the caller's ledger transaction."""
-    run = Run.objects.select_for_update(no_key=True).select_related("tenant").get(pk=run_id)
+    run = sql.get_locked(Run, run_id)
     if run.status != R.UNWINDING:
         return None
     skip_pending(run, log=log, actor=SYSTEM, why="the run is being unwound", forward_only=True)
-    forward = list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[
-        A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING]).select_related("tool").order_by("-seq"))
-    if any(a.status in (A.RUNNING, A.RETRY_SCHEDULED) for a in forward):
+    steps = run_steps(run.pk, statuses=[A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING])
+    if any(status in (A.RUNNING, A.RETRY_SCHEDULED) for _, _, status, _ in steps):
         return None  # a step in flight, or one that may have acted; when it lands it re-enqueues the unwind
-    candidate = next((a for a in forward if compensable(a)), None)
+    candidate = None
+    for action_id, _, _, _ in reversed(steps):  # newest first; usually the newest is the one
+        step = sql.get(Action, pk=action_id)
+        if compensable(step):
+            candidate = step
+            candidate.tool = sql.get(Tool, pk=step.tool_id)
+            break
     if candidate is None:
         settle(run, log=log)
         return None
@@ -603,7 +625,7 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action
 def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -> Action | None:
     """Create the compensation action for `forward`, with its args resolved just in time."""
     plan = forward.compensation_plan
-    tool = Tool.objects.filter(tenant_id=run.tenant_id, name=plan.get("tool")).first()
+    tool = sql.get(Tool, tenant=run.tenant_id, name=plan.get("tool")) if isinstance(plan.get("tool"), str) else None
     try:
         if tool is None:
             raise mapping.MappingError(f"compensation tool {plan.get('tool')!r} is not registered")
@@ -616,14 +638,14 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
         return None
     args = canonical(args)
     required = approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
-                                required=plan.get("approvals_required", 1), tenant=run.tenant)
+                                required=plan.get("approvals_required", 1), tenant=sql.get(Tenant, pk=run.tenant_id))
     seq = run.next_seq
-    Run.objects.filter(pk=run.pk).update(next_seq=seq + 1)
+    sql.update(Run, {"pk": run.pk}, next_seq=seq + 1)
     run.next_seq = seq + 1
     claim_now = not required and tool.executor != Executor.CLIENT
     # A forward step still `succeeded` has never had a compensation planned: no need to count them.
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
-    compensation = Action.objects.create(
+    compensation = sql.insert(Action(
         tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.COMPENSATION, compensates=forward, tool=tool,
         saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_hash=digest(args),
         target_type=forward.target_type, target_id=forward.target_id,
@@ -635,7 +657,7 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
         lease_expires_at=lease_until(tool.timeout_seconds) if not required else None,
         intent={"goal": f"undo step {forward.seq} ({forward.tool.name})", "strategy": plan.get("strategy")},
         compensation_plan={"strategy": CompensationStrategy.NONE, "force": bool(plan.get("force"))},
-    )
+    ))
     log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
                strategy=plan.get("strategy"))
     if forward.status == A.SUCCEEDED:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.db import IntegrityError
 from django.utils import timezone
 
-from ledger import events
+from ledger import events, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
@@ -39,9 +39,9 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
             return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
     try:
         with ledger_transaction(tenant.pk) as audit:
-            run = Run.objects.create(tenant=tenant, agent=agent, goal=str(goal)[:10000],
-                                     on_behalf_of=str(on_behalf_of)[:200], intent=intent or {}, plan=plan,
-                                     open_key=idempotency_key or "")
+            run = sql.insert(Run(tenant=tenant, agent=agent, goal=str(goal)[:10000],
+                                 on_behalf_of=str(on_behalf_of)[:200], intent=intent or {}, plan=plan,
+                                 open_key=idempotency_key or ""))
             audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
         run.replayed = False
     except IntegrityError:
@@ -63,12 +63,13 @@ def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, pla
 
 def run_complete(*, run: Run, actor: str) -> Run:
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.status == R.COMPLETED:
             return run
-        busy = run.actions.filter(status__in=[*execution.PENDING, A.RUNNING]).order_by("seq").first()
-        if busy is not None:
-            raise StateConflict(f"step {busy.seq} ({busy.tool.name}) is still {busy.status.replace('_', ' ')}; "
+        busy = execution.run_steps(run.pk, statuses=[*execution.PENDING, A.RUNNING], forward_only=False)
+        if busy:
+            seq, name, status = busy[0][1], busy[0][3], busy[0][2]
+            raise StateConflict(f"step {seq} ({name}) is still {status.replace('_', ' ')}; "
                                 "wait for it before completing the run")
         if run.status != R.RUNNING:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
@@ -82,7 +83,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
     """Cancel: start nothing new; unwind what was done before the pivot; after it, ask a person."""
     unwind_now = False
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.cancel_requested_at:
             return run
         if run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
@@ -111,7 +112,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     """Continue from the last checkpoint: retry failed or lost steps with their same idempotency keys."""
     owners = []
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be resumed")
         if run.cancel_requested_at and not run.pivot_committed:
@@ -146,7 +147,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
     `force` lets a snapshot restore overwrite a target that drifted: a person looked and decided.
     """
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be compensated")
         for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
@@ -168,7 +169,7 @@ def run_close(*, run: Run, actor: str, reason: str) -> Run:
     if not reason or not reason.strip():
         raise ValidationFailed("closing a run needs a reason", field="reason")
     with ledger_transaction(run.tenant_id) as audit:
-        run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+        run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be closed")
         execution.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")

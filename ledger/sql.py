@@ -1,0 +1,123 @@
+"""The hot path's statements, written once per model instead of compiled by the ORM on every call.
+
+Every step of every run goes through a handful of statements: lock the chain head, read and lock the run,
+insert the action and its attempt, move a status, append the audit events. Building them with the ORM
+costs about a millisecond of CPU each on a small machine, more than PostgreSQL takes to run them (see
+bench/README.md). Here the SQL text is built once per model and field set and cached; values still go
+through each field's own `get_db_prep_save`, and rows read back through the fields' converters, so what
+is stored and loaded is exactly what the ORM would store and load, on PostgreSQL and on SQLite alike.
+
+Only plain equality conditions: anything richer stays with the ORM.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from django.db import connection, models
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+def _locking(lock: bool) -> str:
+    return " FOR NO KEY UPDATE" if lock and connection.features.has_select_for_no_key_update else ""
+
+
+@lru_cache(maxsize=None)
+def _insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple]:
+    fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+    columns = ", ".join(_q(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    pk = _q(model._meta.pk.column)
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}", fields
+
+
+def insert(obj: models.Model) -> models.Model:
+    """INSERT one new row (auto primary key), as `obj.save()` would store it; sets obj.pk. No signals."""
+    sql, fields = _insert_sql(type(obj), connection.vendor)
+    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, values)
+        obj.pk = cursor.fetchone()[0]
+    obj._state.adding = False
+    obj._state.db = connection.alias
+    return obj
+
+
+def update(model: type[models.Model], where: dict, **values) -> int:
+    """UPDATE … SET values WHERE every `where` column equals its value (None: IS NULL); the row count."""
+    meta = model._meta
+    sets, params = [], []
+    for name, value in values.items():
+        field = meta.get_field(name)
+        sets.append(f"{_q(field.column)} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    conditions = []
+    for name, value in where.items():
+        field = meta.pk if name == "pk" else meta.get_field(name)
+        if value is None:
+            conditions.append(f"{_q(field.column)} IS NULL")
+        else:
+            conditions.append(f"{_q(field.column)} = %s")
+            params.append(field.get_db_prep_value(value, connection, prepared=False))
+    sql = f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+@lru_cache(maxsize=None)
+def _select_sql(model: type[models.Model], where: tuple[str, ...], lock: bool, vendor: str) -> tuple[str, tuple, list]:
+    meta = model._meta
+    fields = tuple(meta.concrete_fields)
+    columns = ", ".join(_q(f.column) for f in fields)
+    conditions = " AND ".join(f"{_q((meta.pk if n == 'pk' else meta.get_field(n)).column)} = %s" for n in where)
+    converters = []
+    for i, f in enumerate(fields):
+        found = connection.ops.get_db_converters(f.get_col(meta.db_table)) + f.get_db_converters(connection)
+        if found:
+            converters.append((i, found, f))
+    sql = f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {conditions}{_locking(lock)}"
+    return sql, fields, converters
+
+
+def get(model: type[models.Model], *, lock: bool = False, **where):
+    """The one row whose columns equal `where`, as a model instance, or None; `lock` takes FOR NO KEY UPDATE."""
+    sql, fields, converters = _select_sql(model, tuple(where), lock, connection.vendor)
+    meta = model._meta
+    params = [(meta.pk if n == "pk" else meta.get_field(n)).get_db_prep_value(v, connection, prepared=False)
+              for n, v in where.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    row = list(row)
+    for i, found, field in converters:
+        value = row[i]
+        for converter in found:
+            value = converter(value, field.get_col(meta.db_table), connection)
+        row[i] = value
+    return model.from_db(connection.alias, [f.attname for f in fields], row)
+
+
+def get_locked(model: type[models.Model], pk) -> models.Model:
+    """The row with this primary key, locked for the rest of the transaction (as `select_for_update(no_key=True)
+    .get(pk=pk)`, and like it raising DoesNotExist)."""
+    obj = get(model, lock=True, pk=pk)
+    if obj is None:
+        raise model.DoesNotExist(f"{model._meta.verbose_name} {pk} does not exist")
+    return obj
+
+
+def fetch_one(sql: str, params: list):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()
+
+
+def fetch_all(sql: str, params: list) -> list:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
