@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ from django.db import connection
 
 from ledger.models import Action
 from ledger.services.actions import action_propose
-from ledger.services.sweep import sweep
+from ledger.management.commands.worker import until_next_sweep
+from ledger.services.sweep import next_due, sweep
 from ledger.services.tools import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox import callables
@@ -66,6 +68,20 @@ def test_lost_worker_after_the_tool_call_is_replayed_with_the_same_key(tools, dj
     assert [c["effect_applied"] for c in calls] == [True, False]  # second call was a replay
     assert len(world_state()["users"]) == 1
     assert list(action.attempt_set.values_list("outcome", flat=True)) == ["lost", "succeeded"]
+
+
+def test_the_sweep_clock_wakes_just_after_the_next_lease_ends(tools):
+    """Crash recovery within the lease + 1 s: the worker's clock does not sleep a whole interval past a lease
+    that is about to end; it wakes just after it (and never spins on work it already could not do)."""
+    assert next_due() is None and until_next_sweep(None, 1.0) == 1.0
+    short_lease(tools, "hr.create_user")
+    proposal = action_propose(run=open_run(tools), tool_name="hr.create_user", args={"email": "a@x.io", "name": "A"},
+                              actor="agent:booker")
+    due = next_due()
+    assert due == Action.objects.get(pk=proposal.action.pk).lease_expires_at
+    assert 0 < until_next_sweep(due, 5.0) < 1.5  # the lease is the tool's timeout + 1 s away, not 5 s
+    assert until_next_sweep(due, 0.2) == 0.2
+    assert until_next_sweep(due - timedelta(seconds=10), 1.0) == 1.0  # already due and left: wait the interval
 
 
 def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, django_capture_on_commit_callbacks):

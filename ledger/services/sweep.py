@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from django.db.models import Q
+from django.db.models import Min, Q
 from django.utils import timezone
 
 from ledger import events
@@ -46,3 +46,14 @@ def sweep() -> dict:
     if any(counts.values()):
         log.info("sweep: %s", counts)
     return counts
+
+
+def next_due():
+    """When the sweep next has something to do, as far as the ledger knows now: the earliest lease that will
+    run out or retry that will fall due (None when there is none). The sweep clock wakes then, not a whole
+    interval later, so a lost step is picked up just after its lease ends."""
+    lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__isnull=False).aggregate(
+        at=Min("lease_expires_at"))["at"]
+    retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__isnull=False).aggregate(
+        at=Min("next_attempt_at"))["at"]
+    return min((at for at in (lease, retry) if at is not None), default=None)

@@ -14,8 +14,9 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
+from django.utils import timezone
 
-from ledger.services.sweep import sweep
+from ledger.services.sweep import next_due, sweep
 
 
 class Command(BaseCommand):
@@ -41,9 +42,11 @@ class Command(BaseCommand):
         self.stderr.write(f"worker: cluster={'off' if no_cluster else cluster.pid} sweep every {settings.UNWIND_SWEEP_INTERVAL}s")
         try:
             while not stop.is_set():
+                wait = settings.UNWIND_SWEEP_INTERVAL
                 if not no_sweep:
                     try:
                         sweep()
+                        wait = until_next_sweep(next_due(), wait)
                     except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the clock
                         self.stderr.write(f"sweep failed: {exc.__class__.__name__}: {exc}")
                     finally:
@@ -51,11 +54,23 @@ class Command(BaseCommand):
                 if cluster is not None and cluster.poll() is not None:
                     self.stderr.write(f"qcluster exited with {cluster.returncode}; stopping")
                     break
-                stop.wait(settings.UNWIND_SWEEP_INTERVAL)
+                stop.wait(wait)
         finally:
             if cluster is not None:
                 stop_group(cluster)
         return None
+
+
+def until_next_sweep(due, interval: float) -> float:
+    """Seconds to sleep: the interval, or less when a lease ends or a retry falls due sooner (waking just after
+    it). Work already due that this sweep left (a full batch, a lost race) waits the interval: no spinning."""
+    if due is None:
+        return interval
+    ahead = (due - timezone.now()).total_seconds()
+    return interval if ahead <= 0 else min(interval, ahead + JUST_AFTER)
+
+
+JUST_AFTER = 0.02  # seconds past a lease's end: the sweep then finds it expired
 
 
 def stop_when_parent_dies() -> None:
