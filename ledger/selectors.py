@@ -8,6 +8,7 @@ from datetime import datetime
 
 from django.db.models import QuerySet
 
+from ledger import sql
 from ledger.errors import NotFound
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus, Checkpoint, Executor, Run, Tool
 
@@ -39,6 +40,23 @@ def run_actions(run: Run) -> list[Action]:
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:
     return list(run.checkpoints.order_by("id"))
+
+
+def run_for_write(*, tenant_ids: list[int], run_id: int) -> Run:
+    """The run an agent writes to (a proposal), read with one written-once statement; relations load lazily."""
+    run = sql.get(Run, pk=run_id)
+    if run is None or run.tenant_id not in tenant_ids:
+        raise NotFound(f"there is no run {run_id}")
+    return run
+
+
+def action_reload(action: Action) -> Action:
+    """The action as the ledger has it now (another thread may have executed it), with the tool it was loaded
+    with and its run as it stands now: what an answer to its proposal shows."""
+    fresh = sql.get(Action, pk=action.pk, tenant=action.tenant_id)
+    fresh.tool = action.tool
+    fresh.run = sql.get(Run, pk=fresh.run_id)
+    return fresh
 
 
 def action_get(*, tenant_ids: list[int], action_id: int) -> Action:

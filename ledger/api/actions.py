@@ -95,7 +95,7 @@ class ActionProposeView(ApiView):
     )
     def post(self, request, run_id: int):
         caller = caller_of(request)
-        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        run = selectors.run_for_write(tenant_ids=caller.tenant_ids, run_id=run_id)
         body = ProposeIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -104,7 +104,7 @@ class ActionProposeView(ApiView):
             intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"), inline=True)
         if proposal.claimed:
             inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
-        action = fresh(request, proposal.action.pk)
+        action = selectors.action_reload(proposal.action)
         pending = action.status in ACTIVE_ACTION_STATUSES
         status = 202 if pending else 200 if proposal.replayed else 201
         response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed)

@@ -305,7 +305,8 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
                           lease_owner="", lease_expires_at=None, error_class="", error_message="")
         finish_attempt(action, "succeeded", latency_ms=latency_ms)
         if action.kind == ActionKind.COMPENSATION:
-            forward = sql.get(Action, pk=action.compensates_id)
+            # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
+            forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
             action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
             if run.status == R.UNWINDING:
                 enqueue_unwind_after(run)
@@ -592,8 +593,11 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action
     run = sql.get_locked(Run, run_id)
     if run.status != R.UNWINDING:
         return None
-    skip_pending(run, log=log, actor=SYSTEM, why="the run is being unwound", forward_only=True)
-    steps = run_steps(run.pk, statuses=[A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING])
+    steps = run_steps(run.pk)
+    if any(status in PENDING for _, _, status, _ in steps):
+        skip_pending(run, log=log, actor=SYSTEM, why="the run is being unwound", forward_only=True)
+        steps = run_steps(run.pk)
+    steps = [step for step in steps if step[2] in (A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING)]
     if any(status in (A.RUNNING, A.RETRY_SCHEDULED) for _, _, status, _ in steps):
         return None  # a step in flight, or one that may have acted; when it lands it re-enqueues the unwind
     candidate = None

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from ledger import sql
 from ledger.audit import ledger_transaction
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Agent, AuditHead, Membership, Role, Tenant
@@ -61,8 +62,8 @@ def agent_authenticate(raw: str) -> Agent | None:
     if not raw.startswith(KEY_PREFIX) or raw.count("_") < 2:
         return None
     prefix = raw[len(KEY_PREFIX):].split("_", 1)[0]
-    agent = Agent.objects.select_related("tenant").filter(key_prefix=prefix, revoked_at__isnull=True).first()
-    if agent is None or not hmac.compare_digest(agent.key_hash, hash_key(raw)):
+    agent = sql.get(Agent, key_prefix=prefix)  # every API call starts here: one written-once statement
+    if agent is None or agent.revoked_at is not None or not hmac.compare_digest(agent.key_hash, hash_key(raw)):
         return None
     return agent
 
