@@ -48,12 +48,12 @@ def sweep() -> dict:
     return counts
 
 
-def next_due():
-    """When the sweep next has something to do, as far as the ledger knows now: the earliest lease that will
-    run out or retry that will fall due (None when there is none). The sweep clock wakes then, not a whole
-    interval later, so a lost step is picked up just after its lease ends."""
-    lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__isnull=False).aggregate(
+def next_due(after):
+    """When the sweep next has something to do that a sweep started at `after` could not have seen: the earliest
+    lease that runs out, or retry that falls due, later than that (None when there is none). The sweep clock
+    wakes then, not a whole interval later, so a lost step is picked up just after its lease ends."""
+    lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__gt=after).aggregate(
         at=Min("lease_expires_at"))["at"]
-    retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__isnull=False).aggregate(
+    retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__gt=after).aggregate(
         at=Min("next_attempt_at"))["at"]
     return min((at for at in (lease, retry) if at is not None), default=None)

@@ -45,8 +45,9 @@ class Command(BaseCommand):
                 wait = settings.UNWIND_SWEEP_INTERVAL
                 if not no_sweep:
                     try:
+                        started = timezone.now()
                         sweep()
-                        wait = until_next_sweep(next_due(), wait)
+                        wait = until_next_sweep(next_due(started), wait)
                     except Exception as exc:  # noqa: BLE001 - one failed sweep must not stop the clock
                         self.stderr.write(f"sweep failed: {exc.__class__.__name__}: {exc}")
                     finally:
@@ -62,12 +63,13 @@ class Command(BaseCommand):
 
 
 def until_next_sweep(due, interval: float) -> float:
-    """Seconds to sleep: the interval, or less when a lease ends or a retry falls due sooner (waking just after
-    it). Work already due that this sweep left (a full batch, a lost race) waits the interval: no spinning."""
+    """Seconds to sleep: the interval, or less when a lease ends or a retry falls due sooner, waking just after it
+    (`due` is later than the sweep's start, so the sweep could not have done it; work the sweep saw and left,
+    a full batch or a lost race, waits the interval: the clock never spins)."""
     if due is None:
         return interval
     ahead = (due - timezone.now()).total_seconds()
-    return interval if ahead <= 0 else min(interval, ahead + JUST_AFTER)
+    return min(interval, max(ahead, 0.0) + JUST_AFTER)
 
 
 JUST_AFTER = 0.02  # seconds past a lease's end: the sweep then finds it expired
