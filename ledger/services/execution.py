@@ -437,12 +437,13 @@ def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, er
 def run_steps(run_id: int, *, statuses: list[str] | None = None, forward_only: bool = True) -> list[tuple]:
     """(id, seq, status, tool name) of a run's forward steps (or all its actions) in order, optionally only
     those in `statuses`."""
-    where = f" AND a.status IN ({', '.join(['%s'] * len(statuses))})" if statuses else ""
-    kinds = [ActionKind.FORWARD] if forward_only else [ActionKind.FORWARD, ActionKind.COMPENSATION]
+    where = " AND a.kind = %s" if forward_only else ""
+    if statuses:
+        where += f" AND a.status IN ({', '.join(['%s'] * len(statuses))})"
     return sql.fetch_all(
         "SELECT a.id, a.seq, a.status, t.name FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
-        f" WHERE a.run_id = %s AND a.kind IN (%s, %s){where} ORDER BY a.seq",
-        [run_id, kinds[0], kinds[-1], *(statuses or [])])
+        f" WHERE a.run_id = %s{where} ORDER BY a.seq",
+        [run_id, *([ActionKind.FORWARD] if forward_only else []), *(statuses or [])])
 
 
 def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
