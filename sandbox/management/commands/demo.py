@@ -4,6 +4,7 @@
 until Ctrl-C, which stops every process it started.
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ class Command(BaseCommand):
         env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
         logs = Path(settings.BASE_DIR) / "var"
         processes = []
+        signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` stops the web server and the worker as Ctrl-C does
         try:
             web_log = open(logs / "demo-web.log", "w")
             processes.append(subprocess.Popen(
@@ -169,3 +171,8 @@ def call_command_output(name: str) -> str:
     out = StringIO()
     call_command(name, stdout=out)
     return out.getvalue()
+
+
+def stop_on_sigterm(signum, frame):
+    """SIGTERM (kill, a supervisor, a container stop) ends the demo the way Ctrl-C does, children included."""
+    raise KeyboardInterrupt
