@@ -3,11 +3,12 @@
 Every step of every run goes through a handful of statements: lock the chain head, read and lock the run,
 insert the action and its attempt, move a status, append the audit events. Building them with the ORM
 costs about a millisecond of CPU each on a small machine, more than PostgreSQL takes to run them (see
-bench/README.md). Here the SQL text is built once per model and field set and cached; values still go
+bench/README.md). Here an INSERT and a SELECT's column list (with the columns' converters) are built
+once per model and cached, and conditions and SET lists are plain string joins; values still go
 through each field's own `get_db_prep_save`, and rows read back through the fields' converters, so what
 is stored and loaded is exactly what the ORM would store and load, on PostgreSQL and on SQLite alike.
 
-Only plain equality conditions: anything richer stays with the ORM.
+Only equality (and IS NULL) conditions: anything richer stays with the ORM.
 """
 from __future__ import annotations
 
@@ -45,6 +46,19 @@ def insert(obj: models.Model) -> models.Model:
     return obj
 
 
+def _where(meta, where: dict) -> tuple[str, list]:
+    """`col = %s AND …` for every `where` item (None: IS NULL; "pk": the primary key), with its parameters."""
+    conditions, params = [], []
+    for name, value in where.items():
+        field = meta.pk if name == "pk" else meta.get_field(name)
+        if value is None:
+            conditions.append(f"{_q(field.column)} IS NULL")
+        else:
+            conditions.append(f"{_q(field.column)} = %s")
+            params.append(field.get_db_prep_value(value, connection, prepared=False))
+    return " AND ".join(conditions), params
+
+
 def update(model: type[models.Model], where: dict, **values) -> int:
     """UPDATE … SET values WHERE every `where` column equals its value (None: IS NULL); the row count."""
     meta = model._meta
@@ -53,41 +67,32 @@ def update(model: type[models.Model], where: dict, **values) -> int:
         field = meta.get_field(name)
         sets.append(f"{_q(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
-    conditions = []
-    for name, value in where.items():
-        field = meta.pk if name == "pk" else meta.get_field(name)
-        if value is None:
-            conditions.append(f"{_q(field.column)} IS NULL")
-        else:
-            conditions.append(f"{_q(field.column)} = %s")
-            params.append(field.get_db_prep_value(value, connection, prepared=False))
-    sql = f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}"
+    conditions, where_params = _where(meta, where)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {conditions}", params + where_params)
         return cursor.rowcount
 
 
 @lru_cache(maxsize=None)
-def _select_sql(model: type[models.Model], where: tuple[str, ...], lock: bool, vendor: str) -> tuple[str, tuple, list]:
+def _select_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple, list]:
+    """`SELECT <every column> FROM <table>` and the converters its columns need, built once per model."""
     meta = model._meta
     fields = tuple(meta.concrete_fields)
-    columns = ", ".join(_q(f.column) for f in fields)
-    conditions = " AND ".join(f"{_q((meta.pk if n == 'pk' else meta.get_field(n)).column)} = %s" for n in where)
     converters = []
     for i, f in enumerate(fields):
         found = connection.ops.get_db_converters(f.get_col(meta.db_table)) + f.get_db_converters(connection)
         if found:
             converters.append((i, found, f))
-    sql = f"SELECT {columns} FROM {_q(meta.db_table)} WHERE {conditions}{_locking(lock)}"
-    return sql, fields, converters
+    return f"SELECT {', '.join(_q(f.column) for f in fields)} FROM {_q(meta.db_table)}", fields, converters
 
 
 def get(model: type[models.Model], *, lock: bool = False, **where):
-    """The one row whose columns equal `where`, as a model instance, or None; `lock` takes FOR NO KEY UPDATE."""
-    sql, fields, converters = _select_sql(model, tuple(where), lock, connection.vendor)
+    """The one row whose columns equal `where` (None: IS NULL), as a model instance, or None; `lock` takes
+    FOR NO KEY UPDATE."""
+    select, fields, converters = _select_sql(model, connection.vendor)
     meta = model._meta
-    params = [(meta.pk if n == "pk" else meta.get_field(n)).get_db_prep_value(v, connection, prepared=False)
-              for n, v in where.items()]
+    conditions, params = _where(meta, where)
+    sql = f"{select} WHERE {conditions}{_locking(lock)}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
