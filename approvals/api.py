@@ -14,7 +14,6 @@ from rest_framework.response import Response
 from approvals import selectors
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import approval_decide
-from ledger.api import links
 from ledger.api.auth import PERSON_FIRST, IsPerson
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems

@@ -225,7 +225,7 @@ def compensation_words(preview: dict, *, plan: dict, tenant: Tenant, risk: str) 
     }.get(strategy, f"If this is undone later, Unwind will call {tool} {with_args}.")
     comp_risk = plan.get("risk", risk)
     needed = approvals_needed(rule=plan.get("approval", "threshold"), risk=comp_risk,
-                              required=plan.get("approvals_required", 1), tenant=tenant)
+                              required=plan.get("approvals_required", 1), threshold=tenant.approval_threshold)
     if needed:
         sentence += f" That call is {comp_risk} risk and will itself wait for {needed} approval(s)."
     return sentence

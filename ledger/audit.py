@@ -51,6 +51,12 @@ class AuditLog:
     tenant_id: int
     head: AuditHead
     pending: list = field(default_factory=list)
+    writes: list = field(default_factory=list)
+
+    def write_at_commit(self, statement: tuple[str, list]) -> None:
+        """Send a write whose outcome nothing in this transaction reads (an attempt's start or finish) with the
+        audit append, just before commit: on PostgreSQL it rides in the append's single statement."""
+        self.writes.append(statement)
 
     def record(self, kind: str, *, actor: str, run: Run | None = None, action: Action | None = None, **data) -> None:
         if action is not None:
@@ -63,8 +69,13 @@ class AuditLog:
         self.pending.append((kind, actor, run_ref, action.pk if action is not None else None, data))
 
     def flush(self) -> None:
-        """Append the pending events and move the head, in one statement on PostgreSQL (two on SQLite)."""
+        """Run the writes left for the commit, append the pending events and move the head: one statement on
+        PostgreSQL (data-modifying CTEs, each on rows the others do not touch), one per write on SQLite."""
+        writes, self.writes = self.writes, []
         if not self.pending:
+            with connection.cursor() as cursor:
+                for statement, params in writes:
+                    cursor.execute(statement, params)
             return
         seq, prev = self.head.seq, self.head.hash
         now = timezone.now()
@@ -78,14 +89,16 @@ class AuditLog:
                            action_ref=action_ref, data=data, created_at=now)
             rows.append((self.tenant_id, seq, kind, actor, run_ref, action_ref, text, at, prev, h))
             prev = h
-        values = ", ".join([_EVENT_ROW] * len(rows))
-        params = [value for row in rows for value in row]
+        append = (f"{_APPEND} {', '.join([_EVENT_ROW] * len(rows))}", [value for row in rows for value in row])
+        move = (_MOVE_HEAD, [seq, prev, self.tenant_id])
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
-                cursor.execute(f"WITH appended AS ({_APPEND} {values}) {_MOVE_HEAD}", [*params, seq, prev, self.tenant_id])
+                parts = [*writes, append]
+                ctes = ", ".join(f"w{i} AS ({statement})" for i, (statement, _) in enumerate(parts))
+                cursor.execute(f"WITH {ctes} {move[0]}", [value for _, params in parts for value in params] + move[1])
             else:
-                cursor.execute(f"{_APPEND} {values}", params)
-                cursor.execute(_MOVE_HEAD, [seq, prev, self.tenant_id])
+                for statement, params in [*writes, append, move]:
+                    cursor.execute(statement, params)
         self.head.seq, self.head.hash = seq, prev
         self.pending.clear()
 
@@ -104,8 +117,14 @@ def ledger_transaction(tenant_id: int):
         stack = _local.stack = []
     for outer in reversed(stack):
         if outer.tenant_id == tenant_id:
-            with transaction.atomic():
-                yield outer
+            events, writes = len(outer.pending), len(outer.writes)
+            try:
+                with transaction.atomic():
+                    yield outer
+            except BaseException:
+                # The savepoint rolled back: so do the events and writes recorded inside it.
+                del outer.pending[events:], outer.writes[writes:]
+                raise
             return
     with transaction.atomic():
         # Lock first: every writer of this tenant takes the same lock before any other row.

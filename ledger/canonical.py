@@ -15,8 +15,14 @@ def canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, str):
-        if "\x00" in value or any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
+        if "\x00" in value:
             raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored")
+        if value.isascii():
+            return value  # most text (keys, hashes, ids): already NFC, and no surrogate can be in it
+        try:
+            value.encode("utf-8")  # fails on exactly the lone surrogates, at C speed
+        except UnicodeEncodeError:
+            raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored") from None
         return unicodedata.normalize("NFC", value)
     if isinstance(value, int):
         return value

@@ -15,7 +15,7 @@ import jsonschema
 from ledger import mapping
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
-    RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tenant, Tool,
+    RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tool,
 )
 
 TOOL_KEYS = {
@@ -217,11 +217,12 @@ def _parse_defaults(defaults: Any) -> dict:
     return parsed
 
 
-def approvals_needed(*, rule: str, risk: str, required: int, tenant: Tenant) -> int:
-    """How many distinct approvals an action needs before it runs (0 = none)."""
+def approvals_needed(*, rule: str, risk: str, required: int, threshold: str) -> int:
+    """How many distinct approvals an action needs before it runs (0 = none); `threshold` is the tenant's
+    approval threshold (the lowest risk that needs a person under the threshold rule)."""
     if rule == ApprovalRule.AUTO:
         return 0
-    if rule == ApprovalRule.MANUAL or RISK_ORDER[risk] >= RISK_ORDER[tenant.approval_threshold]:
+    if rule == ApprovalRule.MANUAL or RISK_ORDER[risk] >= RISK_ORDER[threshold]:
         return max(1, required)
     return 0
 

@@ -1,12 +1,14 @@
 """The hot path's statements, written once per model instead of compiled by the ORM on every call.
 
-Every step of every run goes through a handful of statements: lock the chain head, read and lock the run,
-insert the action and its attempt, move a status, append the audit events. Building them with the ORM
-costs about a millisecond of CPU each on a small machine, more than PostgreSQL takes to run them (see
-bench/README.md). Here an INSERT and a SELECT's column list (with the columns' converters) are built
-once per model and cached, and conditions and SET lists are plain string joins; values still go
-through each field's own `get_db_prep_save`, and rows read back through the fields' converters, so what
-is stored and loaded is exactly what the ORM would store and load, on PostgreSQL and on SQLite alike.
+Every step of every run goes through a handful of statements: lock the chain head, lock the run and take
+the step's number, insert the action, move a status, append the audit events (with the attempt rows riding
+in that last statement, see `AuditLog.write_at_commit`). Building them with the ORM costs about a
+millisecond of CPU each on a small machine, more than PostgreSQL takes to run them (see bench/README.md).
+Here an INSERT and a SELECT's column list (with the columns' converters) are built once per model and
+cached, and conditions and SET lists are plain string joins; values still go through each field's own
+`get_db_prep_save`, and rows read back through the fields' converters, so what is stored and loaded is
+exactly what the ORM would store and load, on PostgreSQL and on SQLite alike. `*_statement` builds a
+statement without running it, for the caller to send with others.
 
 Only equality (and IS NULL) conditions: anything richer stays with the ORM.
 """
@@ -30,16 +32,20 @@ def _insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple]:
     fields = tuple(f for f in model._meta.concrete_fields if not f.primary_key)
     columns = ", ".join(_q(f.column) for f in fields)
     marks = ", ".join(["%s"] * len(fields))
-    pk = _q(model._meta.pk.column)
-    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks}) RETURNING {pk}", fields
+    return f"INSERT INTO {_q(model._meta.db_table)} ({columns}) VALUES ({marks})", fields
+
+
+def insert_statement(obj: models.Model) -> tuple[str, list]:
+    """The INSERT of one new row (auto primary key) as `obj.save()` would store it, not yet executed."""
+    sql, fields = _insert_sql(type(obj), connection.vendor)
+    return sql, [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
 
 
 def insert(obj: models.Model) -> models.Model:
     """INSERT one new row (auto primary key), as `obj.save()` would store it; sets obj.pk. No signals."""
-    sql, fields = _insert_sql(type(obj), connection.vendor)
-    values = [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    sql, values = insert_statement(obj)
     with connection.cursor() as cursor:
-        cursor.execute(sql, values)
+        cursor.execute(f"{sql} RETURNING {_q(obj._meta.pk.column)}", values)
         obj.pk = cursor.fetchone()[0]
     obj._state.adding = False
     obj._state.db = connection.alias
@@ -59,8 +65,8 @@ def _where(meta, where: dict) -> tuple[str, list]:
     return " AND ".join(conditions), params
 
 
-def update(model: type[models.Model], where: dict, **values) -> int:
-    """UPDATE … SET values WHERE every `where` column equals its value (None: IS NULL); the row count."""
+def update_statement(model: type[models.Model], where: dict, **values) -> tuple[str, list]:
+    """UPDATE … SET values WHERE every `where` column equals its value (None: IS NULL), not yet executed."""
     meta = model._meta
     sets, params = [], []
     for name, value in values.items():
@@ -68,8 +74,13 @@ def update(model: type[models.Model], where: dict, **values) -> int:
         sets.append(f"{_q(field.column)} = %s")
         params.append(field.get_db_prep_save(value, connection))
     conditions, where_params = _where(meta, where)
+    return f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {conditions}", params + where_params
+
+
+def update(model: type[models.Model], where: dict, **values) -> int:
+    """`update_statement`, executed; the row count."""
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {conditions}", params + where_params)
+        cursor.execute(*update_statement(model, where, **values))
         return cursor.rowcount
 
 
@@ -86,25 +97,46 @@ def _select_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple, lis
     return f"SELECT {', '.join(_q(f.column) for f in fields)} FROM {_q(meta.db_table)}", fields, converters
 
 
-def get(model: type[models.Model], *, lock: bool = False, **where):
-    """The one row whose columns equal `where` (None: IS NULL), as a model instance, or None; `lock` takes
-    FOR NO KEY UPDATE."""
-    select, fields, converters = _select_sql(model, connection.vendor)
-    meta = model._meta
-    conditions, params = _where(meta, where)
-    sql = f"{select} WHERE {conditions}{_locking(lock)}"
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    row = list(row)
+def _instance(model: type[models.Model], row) -> models.Model:
+    """A model instance from a row of `_select_sql`'s columns, each through its field's converters."""
+    _, fields, converters = _select_sql(model, connection.vendor)
+    table = model._meta.db_table
+    row = list(row[:len(fields)])
     for i, found, field in converters:
         value = row[i]
         for converter in found:
-            value = converter(value, field.get_col(meta.db_table), connection)
+            value = converter(value, field.get_col(table), connection)
         row[i] = value
     return model.from_db(connection.alias, [f.attname for f in fields], row)
+
+
+def get(model: type[models.Model], *, lock: bool = False, **where):
+    """The one row whose columns equal `where` (None: IS NULL), as a model instance, or None; `lock` takes
+    FOR NO KEY UPDATE."""
+    select, _, _ = _select_sql(model, connection.vendor)
+    conditions, params = _where(model._meta, where)
+    with connection.cursor() as cursor:
+        cursor.execute(f"{select} WHERE {conditions}{_locking(lock)}", params)
+        row = cursor.fetchone()
+    return None if row is None else _instance(model, row)
+
+
+def increment(model: type[models.Model], pk, field: str, *, also: tuple[str, ...] = ()):
+    """`field = field + 1` on the row with this primary key, returning the row as it is after the increment
+    (locked for the rest of the transaction, as every UPDATE locks its row) and the values of the `also`
+    SQL expressions, evaluated on that row; (None, ()) when there is no such row. One statement instead of
+    a locking read and an update."""
+    select, fields, _ = _select_sql(model, connection.vendor)
+    meta = model._meta
+    column = _q(meta.get_field(field).column)
+    returning = ", ".join([*(_q(f.column) for f in fields), *also])
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {_q(meta.db_table)} SET {column} = {column} + 1 WHERE {_q(meta.pk.column)} = %s"
+                       f" RETURNING {returning}", [meta.pk.get_db_prep_value(pk, connection)])
+        row = cursor.fetchone()
+    if row is None:
+        return None, ()
+    return _instance(model, row), tuple(row[len(fields):])
 
 
 def get_locked(model: type[models.Model], pk) -> models.Model:
@@ -114,6 +146,11 @@ def get_locked(model: type[models.Model], pk) -> models.Model:
     if obj is None:
         raise model.DoesNotExist(f"{model._meta.verbose_name} {pk} does not exist")
     return obj
+
+
+def execute(sql: str, params: list) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def fetch_one(sql: str, params: list):

@@ -2,8 +2,9 @@
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger.audit import verify_chain
-from ledger.models import Action, AuditEvent, AuditHead, Run
+from ledger import sql
+from ledger.audit import ledger_transaction, verify_chain
+from ledger.models import Action, Attempt, AuditEvent, AuditHead, Run
 from tests.helpers import act, fault, open_run
 
 
@@ -74,3 +75,27 @@ def test_the_command_names_the_first_broken_link(history):
     AuditHead.objects.filter(tenant=history.acme).update(seq=1)
     with pytest.raises(CommandError, match="tenant acme: broken at"):
         call_command("verify_audit")
+
+
+def test_every_attempt_is_written_with_the_commit_that_makes_it(history):
+    """Attempt rows ride in the audit append's statement: each action has exactly its attempts, all closed."""
+    for action in Action.objects.filter(tenant=history.acme).exclude(attempts=0):
+        numbers = list(Attempt.objects.filter(action=action).order_by("number").values_list("number", "outcome"))
+        assert [n for n, _ in numbers] == list(range(1, action.attempts + 1)), action
+        assert all(outcome for _, outcome in numbers), (action, numbers)
+    assert verify_chain(history.acme.pk).ok
+
+
+def test_a_nested_ledger_transaction_that_rolls_back_takes_its_events_and_writes_with_it(history):
+    run = Run.objects.get(tenant=history.acme)
+    with ledger_transaction(history.acme.pk) as outer:
+        outer.record("test.kept", actor="test", run=run)
+        with pytest.raises(RuntimeError):
+            with ledger_transaction(history.acme.pk) as inner:
+                inner.record("test.dropped", actor="test", run=run)
+                inner.write_at_commit(sql.update_statement(Run, {"pk": run.pk}, goal="dropped"))
+                raise RuntimeError("the inner block fails")
+    kinds = set(AuditEvent.objects.filter(tenant=history.acme).values_list("kind", flat=True))
+    assert "test.kept" in kinds and "test.dropped" not in kinds
+    assert Run.objects.get(pk=run.pk).goal != "dropped"
+    assert verify_chain(history.acme.pk).ok

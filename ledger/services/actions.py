@@ -16,7 +16,7 @@ from ledger.errors import (
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
-    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tenant, Tool,
+    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
 from ledger.policy import ROLE_RANK, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
@@ -153,16 +153,17 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
 
 def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
-        run = sql.get_locked(Run, run.pk)
+        # Lock the run and take the next step number in one statement (a refusal below rolls the number back),
+        # reading the tenant's approval threshold as it stands now with it.
+        run, threshold = execution.take_seq(run.pk)
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; it accepts no new actions")
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
-                                    tenant=sql.get(Tenant, pk=run.tenant_id))  # policy as it stands now
-        seq = run.next_seq
-        sql.update(Run, {"pk": run.pk}, next_seq=seq + 1)  # the run is locked: nobody else moves it
+                                    threshold=threshold)
+        seq = run.next_seq - 1
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
         action = sql.insert(Action(
@@ -182,7 +183,7 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
             execution.checkpoint_save(run, "awaiting_approval", log=audit)
             events.emit("approval_required", action=action, requested_by=actor)
         else:
-            execution.start_attempt(action, owner)
+            execution.start_attempt(action, owner, log=audit)
     return Proposal(action=action, replayed=False, owner="" if client else owner)
 
 
@@ -221,7 +222,7 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
         action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                           lease_owner="" if client else owner,
                           lease_expires_at=execution.queued_lease(action.tool))
-        execution.start_attempt(action, owner)
+        execution.start_attempt(action, owner, log=audit)
         if run.status == R.AWAITING_APPROVAL and not run.actions.filter(status=A.AWAITING_APPROVAL).exists():
             run_transition(run, R.RUNNING, log=audit, actor=actor)
         if not client:
@@ -267,7 +268,7 @@ def action_reclaim(action_id: int) -> str | None:
         return None
     try:
         with ledger_transaction(action.tenant_id) as audit:
-            execution.finish_attempt(action, "lost", latency_ms=None)
+            execution.finish_attempt(action, "lost", latency_ms=None, log=audit)
             if action.tool.executor == Executor.CLIENT or not (
                     action.tool.honours_idempotency_key or action.tool.lookup.get("read") or action.tool.verify.get("expect")):
                 why = ("the agent never reported the outcome" if action.tool.executor == Executor.CLIENT
@@ -284,7 +285,7 @@ def action_reclaim(action_id: int) -> str | None:
                               note={"reclaimed_from": action.lease_owner}, attempts=action.attempts + 1,
                               max_attempts=max(action.max_attempts, action.attempts + 1), lease_owner=owner,
                               lease_expires_at=execution.queued_lease(action.tool))
-            execution.start_attempt(action, owner)
+            execution.start_attempt(action, owner, log=audit)
     except StateConflict:
         return None
     return owner
@@ -306,7 +307,7 @@ def action_claim_due(action_id: int) -> str | None:
                               where=Q(next_attempt_at__lte=timezone.now()), attempts=action.attempts + 1,
                               next_attempt_at=None, lease_owner=owner,
                               lease_expires_at=execution.queued_lease(action.tool))
-            execution.start_attempt(action, owner)
+            execution.start_attempt(action, owner, log=audit)
     except StateConflict:
         return None
     return owner

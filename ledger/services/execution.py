@@ -23,7 +23,7 @@ from ledger.canonical import canonical, digest
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor, Run,
-    RunStatus as R, SagaRole, Tenant, Tool,
+    RunStatus as R, SagaRole, Tool,
 )
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
@@ -193,19 +193,20 @@ def last_call_unanswered(action: Action) -> bool:
 def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
     """Put a claimed action back to wait until `until` (its retry is claimed again by the sweep)."""
     with ledger_transaction(action.tenant_id) as audit:
-        finish_attempt(action, "deferred", latency_ms=None)
+        finish_attempt(action, "deferred", latency_ms=None, log=audit)
         action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, where=Q(lease_owner=owner),
                           note={"why": "waiting for the earlier call to be over before reading it back"},
                           next_attempt_at=until, lease_owner="", lease_expires_at=None)
 
 
 def execute(action_id: int, *, owner: str, budget: float | None = None, sole_owner: bool = False,
-            on_compensated: Callable[[AuditLog], None] | None = None, claimed: Action | None = None) -> Action:
+            on_compensated: Callable[[AuditLog, Run], None] | None = None, claimed: Action | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
 
     Transient failures are retried inline while the backoff is short and the budget allows;
     otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
-    `on_compensated` runs inside the transaction that records a compensation's success (see `unwind`).
+    `on_compensated` runs inside the transaction that records a compensation's success, with its log and the run
+    as that transaction locked it (see `unwind`).
     `claimed` is the action as the caller's own claim left it (with its tool), which spares reading it again;
     it is used only with `sole_owner`, where nobody else can have moved it since.
 
@@ -269,7 +270,7 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
 
 
 def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = SYSTEM,
-                   on_compensated: Callable[[AuditLog], None] | None = None) -> None:
+                   on_compensated: Callable[[AuditLog, Run], None] | None = None) -> None:
     tool = action.tool
     result = outcome.result
     target_id = action.target_id or target_from_result(tool, result)
@@ -303,7 +304,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
         action_transition(action, A.SUCCEEDED, log=audit, actor=actor, result=result, after=after,
                           verification=verification, target_id=target_id, compensation_plan=plan,
                           lease_owner="", lease_expires_at=None, error_class="", error_message="")
-        finish_attempt(action, "succeeded", latency_ms=latency_ms)
+        finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
         if action.kind == ActionKind.COMPENSATION:
             # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
             forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
@@ -311,7 +312,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             if run.status == R.UNWINDING:
                 enqueue_unwind_after(run)
             if on_compensated is not None:
-                on_compensated(audit)
+                on_compensated(audit, run)
             return
         if action.saga_role == SagaRole.PIVOT and not run.pivot_committed:
             Run.objects.filter(pk=run.pk).update(pivot_committed=True)
@@ -347,7 +348,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
         # No answer, and the call may still be running at the server: read it back once it must be over,
         # in one more pass (the read-back comes first there), rather than now.
         with ledger_transaction(action.tenant_id) as audit:
-            finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
+            finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error, log=audit)
             action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
                               next_attempt_at=timezone.now() + timedelta(seconds=action.tool.timeout_seconds + 1),
                               max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
@@ -365,13 +366,13 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             return False
     with ledger_transaction(action.tenant_id) as audit:
         finish_attempt(action, "failed_transient" if error.transient else "failed_permanent", latency_ms=latency_ms,
-                       error=error)
+                       error=error, log=audit)
         if error.transient and action.attempts < action.max_attempts:
             if retry_inline:
                 action_transition(action, A.RUNNING, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
                                   attempts=action.attempts + 1, lease_expires_at=lease_until(action.tool.timeout_seconds + delay),
                                   error_class=error.error_class, error_message=error.message[:2000])
-                start_attempt(action, owner)
+                start_attempt(action, owner, log=audit)
             else:
                 action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note,
                                   next_attempt_at=timezone.now() + timedelta(seconds=delay), lease_owner="",
@@ -388,7 +389,7 @@ def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: fl
     detail = (f"{action.tool.name} (step {action.seq}) answered {error.message} on its last attempt, so it may have "
               f"acted, and it cannot be read back ({why}). Check the target, then resume, compensate or close.")
     with ledger_transaction(action.tenant_id) as audit:
-        finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
+        finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error, log=audit)
         action_transition(action, A.LOST, log=audit, actor=actor, note={"error": error.message[:500]},
                           lease_owner="", lease_expires_at=None, error_class="outcome_unknown",
                           error_message=detail[:2000])
@@ -422,14 +423,40 @@ def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
         start_unwind(run, f"{action.tool.name} (step {action.seq}) failed: {action.error_message}", log=log, actor=actor)
 
 
-def start_attempt(action: Action, owner: str) -> None:
-    sql.insert(Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=timezone.now()))
+_TENANT_THRESHOLD = "(SELECT approval_threshold FROM ledger_tenant WHERE ledger_tenant.id = ledger_run.tenant_id)"
 
 
-def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, error: ToolError | None = None) -> None:
-    sql.update(Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
-               finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
-               error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
+def take_seq(run_id: int) -> tuple[Run, str]:
+    """Lock the run and take its next step number (the returned run's `next_seq - 1`), in one statement, reading
+    the tenant's approval threshold as it stands now with it. A rolled-back transaction gives the number back."""
+    run, (threshold,) = sql.increment(Run, run_id, "next_seq", also=(_TENANT_THRESHOLD,))
+    if run is None:
+        raise Run.DoesNotExist(f"run {run_id} does not exist")
+    return run, threshold
+
+
+def start_attempt(action: Action, owner: str, *, log: AuditLog | None = None) -> None:
+    """Open the action's current attempt; with `log`, as part of that transaction's commit (nothing reads it before)."""
+    statement = sql.insert_statement(Attempt(action=action, number=action.attempts, worker=owner[:120],
+                                             started_at=timezone.now()))
+    _write(statement, log)
+
+
+def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, error: ToolError | None = None,
+                   log: AuditLog | None = None) -> None:
+    """Close the action's current attempt, if still open; with `log`, as part of that transaction's commit."""
+    statement = sql.update_statement(
+        Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
+        finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
+        error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
+    _write(statement, log)
+
+
+def _write(statement: tuple[str, list], log: AuditLog | None) -> None:
+    if log is not None:
+        log.write_at_commit(statement)
+    else:
+        sql.execute(*statement)
 
 
 # --- run-level decisions ----------------------------------------------------------------------------
@@ -543,9 +570,9 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
                 continue
             chained: list[Action | None] = []
 
-            def claim_next_in_same_commit(log: AuditLog) -> None:
+            def claim_next_in_same_commit(log: AuditLog, run: Run) -> None:
                 if within_budget():
-                    chained.append(claim_next_compensation(run_id, owner=owner, log=log))
+                    chained.append(claim_next_compensation(run_id, owner=owner, log=log, run=run))
 
             execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=claim_next_in_same_commit,
                     claimed=compensation,
@@ -589,9 +616,9 @@ def next_compensation(run_id: int, *, owner: str, tenant_id: int | None = None) 
         return claim_next_compensation(run_id, owner=owner, log=audit)
 
 
-def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action | None:
-    """`next_compensation` inside the caller's ledger transaction."""
-    run = sql.get_locked(Run, run_id)
+def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run | None = None) -> Action | None:
+    """`next_compensation` inside the caller's ledger transaction (`run`: the run as it already locked it)."""
+    run = run if run is not None else sql.get_locked(Run, run_id)
     if run.status != R.UNWINDING:
         return None
     steps = run_steps(run.pk)
@@ -601,12 +628,11 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action
     steps = [step for step in steps if step[2] in (A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING)]
     if any(status in (A.RUNNING, A.RETRY_SCHEDULED) for _, _, status, _ in steps):
         return None  # a step in flight, or one that may have acted; when it lands it re-enqueues the unwind
-    candidate = None
-    for action_id, _, _, _ in reversed(steps):  # newest first; usually the newest is the one
+    candidate, tool_name = None, ""
+    for action_id, _, _, tool_name in reversed(steps):  # newest first; usually the newest is the one
         step = sql.get(Action, pk=action_id)
         if compensable(step):
             candidate = step
-            candidate.tool = sql.get(Tool, pk=step.tool_id)
             break
     if candidate is None:
         settle(run, log=log)
@@ -614,21 +640,22 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog) -> Action
     if candidate.status == A.COMPENSATING:
         compensation = candidate.compensations.select_related("tool").order_by("-id").first()
         if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
-            return plan_compensation(run, candidate, owner=owner, log=log)
+            return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
         if compensation.status in (A.FAILED, A.APPROVED):
             retry = compensation.status == A.FAILED
             action_transition(compensation, A.RUNNING, log=log, actor=SYSTEM, attempts=compensation.attempts + 1,
                               max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
                               else compensation.max_attempts,
                               lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
-            start_attempt(compensation, owner)
+            start_attempt(compensation, owner, log=log)
             return compensation
         return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
-    return plan_compensation(run, candidate, owner=owner, log=log)
+    return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
 
 
-def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -> Action | None:
-    """Create the compensation action for `forward`, with its args resolved just in time."""
+def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: str, log: AuditLog) -> Action | None:
+    """Create the compensation action for `forward` (a call of the tool named `forward_tool`), with its args
+    resolved just in time."""
     plan = forward.compensation_plan
     tool = sql.get(Tool, tenant=run.tenant_id, name=plan.get("tool")) if isinstance(plan.get("tool"), str) else None
     try:
@@ -642,11 +669,11 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
         events.emit("compensation_failed", action=None, forward=forward)
         return None
     args = canonical(args)
+    taken, threshold = take_seq(run.pk)
+    run.next_seq = taken.next_seq
+    seq = run.next_seq - 1
     required = approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
-                                required=plan.get("approvals_required", 1), tenant=sql.get(Tenant, pk=run.tenant_id))
-    seq = run.next_seq
-    sql.update(Run, {"pk": run.pk}, next_seq=seq + 1)
-    run.next_seq = seq + 1
+                                required=plan.get("approvals_required", 1), threshold=threshold)
     claim_now = not required and tool.executor != Executor.CLIENT
     # A forward step still `succeeded` has never had a compensation planned: no need to count them.
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
@@ -660,7 +687,7 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
         attempts=0 if required else 1, max_attempts=tool.max_attempts,
         lease_owner=owner if claim_now else "",
         lease_expires_at=lease_until(tool.timeout_seconds) if not required else None,
-        intent={"goal": f"undo step {forward.seq} ({forward.tool.name})", "strategy": plan.get("strategy")},
+        intent={"goal": f"undo step {forward.seq} ({forward_tool})", "strategy": plan.get("strategy")},
         compensation_plan={"strategy": CompensationStrategy.NONE, "force": bool(plan.get("force"))},
     ))
     log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
@@ -671,7 +698,7 @@ def plan_compensation(run: Run, forward: Action, *, owner: str, log: AuditLog) -
         events.emit("approval_required", action=compensation, requested_by=SYSTEM)
         return None
     if claim_now:
-        start_attempt(compensation, owner)
+        start_attempt(compensation, owner, log=log)
     return compensation if claim_now else None
 
 
@@ -702,7 +729,7 @@ def drift_detected(compensation: Action) -> bool:
                       f"({', '.join(changed)}); not overwriting someone else's change", transient=False)
     error_class = "drift"
     with ledger_transaction(compensation.tenant_id) as audit:
-        finish_attempt(compensation, "drift", latency_ms=None, error=error)
+        finish_attempt(compensation, "drift", latency_ms=None, error=error, log=audit)
         action_transition(compensation, A.FAILED, log=audit, actor=SYSTEM, note={"current": current},
                           lease_owner="", lease_expires_at=None, error_class=error_class, error_message=error.message)
         after_failure(compensation, log=audit, actor=SYSTEM)

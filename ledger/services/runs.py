@@ -131,7 +131,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
                               max_attempts=action.attempts + action.tool.max_attempts, lease_owner=owner,
                               lease_expires_at=execution.queued_lease(action.tool),
                               error_class="", error_message="")
-            execution.start_attempt(action, owner)
+            execution.start_attempt(action, owner, log=audit)
             if action.tool.executor != "client":
                 owners.append((action.pk, owner))
         execution.checkpoint_save(run, "resumed", log=audit)
