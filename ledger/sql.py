@@ -16,15 +16,18 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 
 
+def _db():
+    """The connection itself: `django.db.connection` is a proxy that looks it up again on every attribute,
+    which the hot path would do hundreds of times per step."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+@lru_cache(maxsize=None)
 def _q(name: str) -> str:
-    return connection.ops.quote_name(name)
-
-
-def _locking(lock: bool) -> str:
-    return " FOR NO KEY UPDATE" if lock and connection.features.has_select_for_no_key_update else ""
+    return _db().ops.quote_name(name)
 
 
 @lru_cache(maxsize=None)
@@ -37,22 +40,24 @@ def _insert_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple]:
 
 def insert_statement(obj: models.Model) -> tuple[str, list]:
     """The INSERT of one new row (auto primary key) as `obj.save()` would store it, not yet executed."""
-    sql, fields = _insert_sql(type(obj), connection.vendor)
-    return sql, [f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields]
+    db = _db()
+    sql, fields = _insert_sql(type(obj), db.vendor)
+    return sql, [f.get_db_prep_save(f.pre_save(obj, True), db) for f in fields]
 
 
 def insert(obj: models.Model) -> models.Model:
     """INSERT one new row (auto primary key), as `obj.save()` would store it; sets obj.pk. No signals."""
     sql, values = insert_statement(obj)
-    with connection.cursor() as cursor:
+    db = _db()
+    with db.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {_q(obj._meta.pk.column)}", values)
         obj.pk = cursor.fetchone()[0]
     obj._state.adding = False
-    obj._state.db = connection.alias
+    obj._state.db = db.alias
     return obj
 
 
-def _where(meta, where: dict) -> tuple[str, list]:
+def _where(db, meta, where: dict) -> tuple[str, list]:
     """`col = %s AND …` for every `where` item (None: IS NULL; "pk": the primary key), with its parameters."""
     conditions, params = [], []
     for name, value in where.items():
@@ -61,64 +66,70 @@ def _where(meta, where: dict) -> tuple[str, list]:
             conditions.append(f"{_q(field.column)} IS NULL")
         else:
             conditions.append(f"{_q(field.column)} = %s")
-            params.append(field.get_db_prep_value(value, connection, prepared=False))
+            params.append(field.get_db_prep_value(value, db, prepared=False))
     return " AND ".join(conditions), params
 
 
 def update_statement(model: type[models.Model], where: dict, **values) -> tuple[str, list]:
     """UPDATE … SET values WHERE every `where` column equals its value (None: IS NULL), not yet executed."""
+    db = _db()
     meta = model._meta
     sets, params = [], []
     for name, value in values.items():
         field = meta.get_field(name)
         sets.append(f"{_q(field.column)} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    conditions, where_params = _where(meta, where)
+        params.append(field.get_db_prep_save(value, db))
+    conditions, where_params = _where(db, meta, where)
     return f"UPDATE {_q(meta.db_table)} SET {', '.join(sets)} WHERE {conditions}", params + where_params
 
 
 def update(model: type[models.Model], where: dict, **values) -> int:
     """`update_statement`, executed; the row count."""
-    with connection.cursor() as cursor:
+    with _db().cursor() as cursor:
         cursor.execute(*update_statement(model, where, **values))
         return cursor.rowcount
 
 
 @lru_cache(maxsize=None)
-def _select_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple, list]:
-    """`SELECT <every column> FROM <table>` and the converters its columns need, built once per model."""
+def _select_sql(model: type[models.Model], vendor: str) -> tuple[str, tuple, list, list, str]:
+    """`SELECT <every column> FROM <table>`, its fields, the converters its columns need, the fields'
+    attribute names and the column list alone, built once per model."""
+    db = _db()
     meta = model._meta
     fields = tuple(meta.concrete_fields)
     converters = []
     for i, f in enumerate(fields):
-        found = connection.ops.get_db_converters(f.get_col(meta.db_table)) + f.get_db_converters(connection)
+        column = f.get_col(meta.db_table)
+        found = db.ops.get_db_converters(column) + f.get_db_converters(db)
         if found:
-            converters.append((i, found, f))
-    return f"SELECT {', '.join(_q(f.column) for f in fields)} FROM {_q(meta.db_table)}", fields, converters
+            converters.append((i, found, column))
+    columns = ", ".join(_q(f.column) for f in fields)
+    return f"SELECT {columns} FROM {_q(meta.db_table)}", fields, converters, [f.attname for f in fields], columns
 
 
-def _instance(model: type[models.Model], row) -> models.Model:
+def _instance(db, model: type[models.Model], row) -> models.Model:
     """A model instance from a row of `_select_sql`'s columns, each through its field's converters."""
-    _, fields, converters = _select_sql(model, connection.vendor)
-    table = model._meta.db_table
+    _, fields, converters, attnames, _ = _select_sql(model, db.vendor)
     row = list(row[:len(fields)])
-    for i, found, field in converters:
+    for i, found, column in converters:
         value = row[i]
         for converter in found:
-            value = converter(value, field.get_col(table), connection)
+            value = converter(value, column, db)
         row[i] = value
-    return model.from_db(connection.alias, [f.attname for f in fields], row)
+    return model.from_db(db.alias, attnames, row)
 
 
 def get(model: type[models.Model], *, lock: bool = False, **where):
     """The one row whose columns equal `where` (None: IS NULL), as a model instance, or None; `lock` takes
     FOR NO KEY UPDATE."""
-    select, _, _ = _select_sql(model, connection.vendor)
-    conditions, params = _where(model._meta, where)
-    with connection.cursor() as cursor:
-        cursor.execute(f"{select} WHERE {conditions}{_locking(lock)}", params)
+    db = _db()
+    select = _select_sql(model, db.vendor)[0]
+    conditions, params = _where(db, model._meta, where)
+    locking = " FOR NO KEY UPDATE" if lock and db.features.has_select_for_no_key_update else ""
+    with db.cursor() as cursor:
+        cursor.execute(f"{select} WHERE {conditions}{locking}", params)
         row = cursor.fetchone()
-    return None if row is None else _instance(model, row)
+    return None if row is None else _instance(db, model, row)
 
 
 def increment(model: type[models.Model], pk, field: str, *, also: tuple[str, ...] = ()):
@@ -126,17 +137,18 @@ def increment(model: type[models.Model], pk, field: str, *, also: tuple[str, ...
     (locked for the rest of the transaction, as every UPDATE locks its row) and the values of the `also`
     SQL expressions, evaluated on that row; (None, ()) when there is no such row. One statement instead of
     a locking read and an update."""
-    select, fields, _ = _select_sql(model, connection.vendor)
+    db = _db()
+    _, fields, _, _, columns = _select_sql(model, db.vendor)
     meta = model._meta
     column = _q(meta.get_field(field).column)
-    returning = ", ".join([*(_q(f.column) for f in fields), *also])
-    with connection.cursor() as cursor:
+    returning = ", ".join([columns, *also])
+    with db.cursor() as cursor:
         cursor.execute(f"UPDATE {_q(meta.db_table)} SET {column} = {column} + 1 WHERE {_q(meta.pk.column)} = %s"
-                       f" RETURNING {returning}", [meta.pk.get_db_prep_value(pk, connection)])
+                       f" RETURNING {returning}", [meta.pk.get_db_prep_value(pk, db)])
         row = cursor.fetchone()
     if row is None:
         return None, ()
-    return _instance(model, row), tuple(row[len(fields):])
+    return _instance(db, model, row), tuple(row[len(fields):])
 
 
 def get_locked(model: type[models.Model], pk) -> models.Model:
@@ -149,17 +161,17 @@ def get_locked(model: type[models.Model], pk) -> models.Model:
 
 
 def execute(sql: str, params: list) -> None:
-    with connection.cursor() as cursor:
+    with _db().cursor() as cursor:
         cursor.execute(sql, params)
 
 
 def fetch_one(sql: str, params: list):
-    with connection.cursor() as cursor:
+    with _db().cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()
 
 
 def fetch_all(sql: str, params: list) -> list:
-    with connection.cursor() as cursor:
+    with _db().cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
