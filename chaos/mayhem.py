@@ -18,10 +18,17 @@ from django_q.tasks import async_task
 
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import FORWARD_TOOLS
+from ledger.executors import ToolError
 from ledger.models import Attempt, ActionStatus, Run, RunStatus
 
 # Compensations that can be made to fail (payments.refund needs a person and never runs unattended).
 FLAKY_COMPENSATIONS = ["hr.delete_user", "licenses.revoke", "travel.cancel_flight", "travel.cancel_hotel"]
+
+# A tool that acts and then answers an error can only answer one that the tool contract leaves open (a 500,
+# a 502, a 504): a 503, a 429 or a 4xx tells Unwind the request was not carried out (ToolError.maybe_applied),
+# and a tool that acts and says so anyway breaks the contract rather than tests Unwind. Read off the
+# engine's own rule, so the harness cannot drift from it again (it once injected "acted, then 503").
+MAY_HAVE_ACTED = [status for status in (500, 502, 503, 504) if ToolError("", transient=True, status=status).maybe_applied]
 
 TOOL_FAULTS = {  # kind -> weight
     "burst_429": 2, "http_5xx": 3, "timeout": 2, "latency": 3, "error_after_effect": 2,
@@ -42,7 +49,7 @@ def tool_fault(kind: str, rng: random.Random) -> dict:
     if kind == "latency":
         return {"tool": tool, "mode": "latency", "ms": rng.randint(200, 2500), "times": rng.randint(1, 3)}
     if kind == "error_after_effect":
-        return {"tool": tool, "mode": "error_after_effect", "status": rng.choice([500, 502, 503]),
+        return {"tool": tool, "mode": "error_after_effect", "status": rng.choice(MAY_HAVE_ACTED),
                 "times": rng.randint(1, 3)}
     compensation = rng.choice(FLAKY_COMPENSATIONS)
     if kind == "compensation_fails_then_succeeds":

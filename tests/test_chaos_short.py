@@ -217,3 +217,14 @@ def test_a_delivery_carrying_the_owner_of_a_step_run_inline_does_not_send_it_aga
         thread.join()
     assert Action.objects.get(pk=proposal.action.pk).status == "succeeded"
     assert Message.objects.filter(idempotency_key=proposal.action.tool_key).count() == 1
+
+
+def test_the_harness_only_makes_tools_act_then_fail_with_an_answer_the_contract_leaves_open():
+    """A tool that acts and then answers 503 breaks the tool contract (503 = not carried out); `make chaos` once
+    injected exactly that and blamed Unwind for believing it."""
+    from chaos.mayhem import tool_fault
+    from ledger.executors import ToolError
+
+    rng = random.Random(7)
+    statuses = {tool_fault("error_after_effect", rng)["status"] for _ in range(200)}
+    assert statuses and all(ToolError("", transient=True, status=s).maybe_applied for s in statuses), statuses
