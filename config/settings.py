@@ -36,6 +36,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -85,7 +86,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = BASE_DIR / "var" / "static"  # where `collectstatic` puts them, for a proxy or CDN in front
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# The pages' CSS and htmx, and the API docs' Swagger UI, are served by the app itself (WhiteNoise) under any
+# server and with DEBUG off, straight from the apps' static folders: no collectstatic step, nothing for a
+# newcomer to set up.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
 
 # Email: console in development, SMTP when EMAIL_HOST is set.
 EMAIL_HOST = env_str("EMAIL_HOST", "")

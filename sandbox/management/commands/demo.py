@@ -135,6 +135,10 @@ class Command(BaseCommand):
             except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a failed check, reported with the rest
                 ctx.expect(scenario.__name__, "ran to the end", "yes", f"{exc.__class__.__name__}: {exc}")
         waiting = demo.waiting_in_the_inbox(ctx)
+        # The pages need their stylesheet and htmx from this very server (DEBUG off, as a newcomer runs it).
+        served = [requests.get(f"{base_url}{settings.STATIC_URL}{path}", timeout=10).status_code
+                  for path in ("unwind/unwind.css", "unwind/htmx.min.js")]
+        ctx.expect("0 pages", "stylesheet and htmx served", [200, 200], served)
         return ctx.checks, ctx.runs, waiting
 
     def report(self, checks) -> int:
