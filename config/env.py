@@ -122,7 +122,7 @@ def database_from_url(name: str, url: str, *, base_dir) -> dict:
             "PASSWORD": unquote(parsed.password or ""),
             "HOST": parsed.hostname or "",
             "PORT": str(parsed.port or ""),
-            "CONN_MAX_AGE": int(options.pop("conn_max_age", 0)),
+            "CONN_MAX_AGE": options.pop("conn_max_age", 0),
             "OPTIONS": {**POSTGRES_DEFAULTS, **options},
         }
     raise ImproperlyConfigured(

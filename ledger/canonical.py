@@ -15,15 +15,10 @@ def canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, str):
-        if "\x00" in value:
+        if "\x00" in value or _has_lone_surrogate(value):
             raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored")
-        if value.isascii():
-            return value  # most text (keys, hashes, ids): already NFC, and no surrogate can be in it
-        try:
-            value.encode("utf-8")  # fails on exactly the lone surrogates, at C speed
-        except UnicodeEncodeError:
-            raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored") from None
-        return unicodedata.normalize("NFC", value)
+        # Most text (keys, hashes, ids) is ASCII: already NFC.
+        return value if value.isascii() else unicodedata.normalize("NFC", value)
     if isinstance(value, int):
         return value
     if isinstance(value, (float, Decimal)):
@@ -36,6 +31,17 @@ def canonical(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [canonical(v) for v in value]
     raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _has_lone_surrogate(text: str) -> bool:
+    """ASCII never holds one; otherwise UTF-8 encoding fails on exactly these, at C speed."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def dumps(value: Any) -> str:
