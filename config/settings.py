@@ -111,6 +111,8 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "unwind@localhost")
 UNWIND_BASE_URL = env_str("UNWIND_BASE_URL", "http://127.0.0.1:8000")
 # Relative HTTP tool URLs (those starting with "/") are resolved against this address.
 UNWIND_TOOL_BASE_URL = env_str("UNWIND_TOOL_BASE_URL", UNWIND_BASE_URL)
+# The key Unwind signs its tool requests with (ledger/signing.py); a tool that shares it can check them.
+UNWIND_TOOL_SIGNING_KEY = env_str("UNWIND_TOOL_SIGNING_KEY", "") or ("unwind-tool-signing:" + SECRET_KEY)
 
 # Engine.
 UNWIND_INLINE_WAIT = env_float("UNWIND_INLINE_WAIT", 5.0, minimum=0)
