@@ -9,10 +9,12 @@ messages sent with a key, for reading back whether a send happened.
 Tool arguments name their target (`ticket_id`, `charge_id`, ...); `target` is accepted for the
 executor contract and not needed beyond that.
 
-Example executor paths: "sandbox.callables:crm_update_ticket", reader "sandbox.callables:read_ticket".
+They are registered in Unwind's Python registry (`ledger.registry`): a policy names the tool
+"sandbox.crm.update_ticket" and the reader "sandbox.read_ticket", never a module path.
 """
 from collections.abc import Callable
 
+from ledger import registry
 from ledger.executors import ToolError
 from sandbox import selectors
 from sandbox.models import ToolName
@@ -24,7 +26,7 @@ def _is_transient(status: int) -> bool:
 
 
 def _tool_callable(name: ToolName) -> Callable[..., dict]:
-    def call(args: dict, *, idempotency_key: str, target: str | None = None) -> dict:
+    def call(args: dict, *, idempotency_key: str, target: str | None = None, tenant: str | None = None) -> dict:
         response = call_tool(name, args, idempotency_key=idempotency_key)
         if response.ok:
             return response.body
@@ -37,7 +39,7 @@ def _tool_callable(name: ToolName) -> Callable[..., dict]:
 
     call.__name__ = call.__qualname__ = name.replace(".", "_")
     call.__doc__ = f"Call the sandbox tool {name} in-process."
-    return call
+    return registry.tool(f"sandbox.{name}")(call)
 
 
 hr_create_user = _tool_callable(ToolName.HR_CREATE_USER)
@@ -55,35 +57,43 @@ crm_create_ticket = _tool_callable(ToolName.CRM_CREATE_TICKET)
 crm_update_ticket = _tool_callable(ToolName.CRM_UPDATE_TICKET)
 
 
-def read_user(target: str) -> dict | None:
+@registry.reader("sandbox.read_user")
+def read_user(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("users", target)
 
 
-def read_license(target: str) -> dict | None:
+@registry.reader("sandbox.read_license")
+def read_license(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("licenses", target)
 
 
-def read_message(target: str) -> dict | None:
+@registry.reader("sandbox.read_message")
+def read_message(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("messages", target)
 
 
-def messages_with_key(target: str) -> dict:
+@registry.reader("sandbox.messages_with_key")
+def messages_with_key(target: str, *, tenant: str | None = None) -> dict:
     """Did a send with this Idempotency-Key happen? The same document as
     GET /sandbox/email/messages?idempotency_key=<key>: {"results": [message, ...]}."""
     return {"results": selectors.message_list(idempotency_key=target)}
 
 
-def read_charge(target: str) -> dict | None:
+@registry.reader("sandbox.read_charge")
+def read_charge(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("charges", target)
 
 
-def read_flight(target: str) -> dict | None:
+@registry.reader("sandbox.read_flight")
+def read_flight(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("flights", target)
 
 
-def read_hotel(target: str) -> dict | None:
+@registry.reader("sandbox.read_hotel")
+def read_hotel(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("hotels", target)
 
 
-def read_ticket(target: str) -> dict | None:
+@registry.reader("sandbox.read_ticket")
+def read_ticket(target: str, *, tenant: str | None = None) -> dict | None:
     return selectors.record_get("tickets", target)
