@@ -4,39 +4,39 @@ They do nothing but answer, so what is timed is Unwind itself (ledger, policy, a
 DBOS reference times DBOS itself. `send_email` fails when its args say so, like the reference's third step.
 """
 
-def create_user(args, *, idempotency_key, target):
+def create_user(args, *, idempotency_key, target, tenant):
     return {"id": f"u-{args['i']}"}
 
 
-def delete_user(args, *, idempotency_key, target):
+def delete_user(args, *, idempotency_key, target, tenant):
     return {"deleted": args["user_id"]}
 
 
-def provision(args, *, idempotency_key, target):
+def provision(args, *, idempotency_key, target, tenant):
     return {"id": f"lic-{args['user_id']}"}
 
 
-def deprovision(args, *, idempotency_key, target):
+def deprovision(args, *, idempotency_key, target, tenant):
     return {"revoked": args["license_id"]}
 
 
-def send_email(args, *, idempotency_key, target):
+def send_email(args, *, idempotency_key, target, tenant):
     if args.get("fail"):
         raise RuntimeError("Email API Gateway Timeout (504)")
     return {"sent": True}
 
 
-def step(args, *, idempotency_key, target):
+def step(args, *, idempotency_key, target, tenant):
     if args.get("fail"):
         raise RuntimeError("step failed on purpose")
     return {"id": f"s-{args['n']}"}
 
 
-def undo_step(args, *, idempotency_key, target):
+def undo_step(args, *, idempotency_key, target, tenant):
     return {"undone": args["id"]}
 
 
-def noop(args, *, idempotency_key, target):
+def noop(args, *, idempotency_key, target, tenant):
     return {}
 
 

@@ -5,12 +5,15 @@ Every executor answers with a ToolOutcome or raises ToolError; the engine decide
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
 import requests
 from django.conf import settings
+
+from ledger import signing
 
 
 class ToolError(Exception):
@@ -63,21 +66,18 @@ _session = requests.Session()
 
 
 def http_call(
-    *, url: str, args: dict, idempotency_key: str, timeout: float, method: str = "POST"
+    *, url: str, args: dict, idempotency_key: str, timeout: float, tenant: str, method: str = "POST"
 ) -> ToolOutcome:
-    """POST the args as JSON with an Idempotency-Key header and classify the answer.
+    """POST the args as JSON with an Idempotency-Key header, signed for `tenant`, and classify the answer.
 
     2xx is done; 408, 425, 429, 5xx, timeouts and connection errors are transient; other 4xx are
     permanent (the same request will never succeed).
     """
+    body = json.dumps(args, allow_nan=False).encode()
+    headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
+               **signing.sign(tenant=tenant, method=method, url=url, body=body)}
     try:
-        response = _session.request(
-            method,
-            url,
-            json=args,
-            headers={"Idempotency-Key": idempotency_key, "Accept": "application/json"},
-            timeout=timeout,
-        )
+        response = _session.request(method, url, data=body, headers=headers, timeout=timeout)
     except requests.ConnectTimeout:
         raise ToolError(f"{url} could not be reached within {timeout:g}s", transient=True, not_sent=True) from None
     except requests.Timeout:
@@ -101,10 +101,11 @@ def http_call(
     raise ToolError(message, transient=transient, status=response.status_code, body=body)
 
 
-def http_read(*, url: str, timeout: float) -> Any:
-    """GET a target's current state (for snapshots and verification). None when it does not exist."""
+def http_read(*, url: str, timeout: float, tenant: str) -> Any:
+    """GET a target's current state (for snapshots and verification), signed for `tenant`. None when it does not exist."""
+    headers = {"Accept": "application/json", **signing.sign(tenant=tenant, method="GET", url=url)}
     try:
-        response = _session.get(url, headers={"Accept": "application/json"}, timeout=timeout)
+        response = _session.get(url, headers=headers, timeout=timeout)
     except requests.Timeout:
         raise ToolError(f"{url} did not answer within {timeout:g}s", transient=True) from None
     except requests.RequestException as exc:
@@ -128,15 +129,15 @@ def python_callable(dotted_path: str):
         raise ToolError(f"callable {dotted_path!r} cannot be imported: {exc}", transient=False) from None
 
 
-def python_call(*, path: str, args: dict, idempotency_key: str, target: str | None) -> ToolOutcome:
-    """Call an in-process tool: fn(args, *, idempotency_key, target) -> JSON-able result.
+def python_call(*, path: str, args: dict, idempotency_key: str, target: str | None, tenant: str) -> ToolOutcome:
+    """Call an in-process tool: fn(args, *, idempotency_key, target, tenant) -> JSON-able result.
 
     The callable raises ToolError for failures it can classify; anything else it raises is treated
     as permanent, because a bug will not fix itself on retry.
     """
     fn = python_callable(path)
     try:
-        result = fn(dict(args), idempotency_key=idempotency_key, target=target)
+        result = fn(dict(args), idempotency_key=idempotency_key, target=target, tenant=tenant)
     except ToolError:
         raise
     except Exception as exc:  # noqa: BLE001 - the tool's own bug, recorded as a permanent failure
@@ -144,6 +145,6 @@ def python_call(*, path: str, args: dict, idempotency_key: str, target: str | No
     return ToolOutcome(result=result if result is not None else {})
 
 
-def python_read(*, path: str, target: str) -> Any:
+def python_read(*, path: str, target: str, tenant: str) -> Any:
     fn = python_callable(path)
-    return fn(target)
+    return fn(target, tenant=tenant)

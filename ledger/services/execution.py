@@ -59,8 +59,8 @@ def read_target(tool: Tool, target_id: str) -> object:
     if not reader or not target_id:
         return None
     if tool.executor == Executor.PYTHON or not (reader.startswith("/") or reader.startswith("http")):
-        return python_read(path=reader, target=target_id)
-    return http_read(url=resolve_url(reader, target=target_id), timeout=tool.timeout_seconds)
+        return python_read(path=reader, target=target_id, tenant=tool.tenant.slug)
+    return http_read(url=resolve_url(reader, target=target_id), timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
 
 
 def snapshot_fields(tool: Tool, state: object) -> object:
@@ -96,9 +96,9 @@ def already_done(action: Action) -> dict | None:
     if lookup:
         if lookup.startswith("/") or lookup.startswith("http"):
             url = resolve_url(lookup, key=action.tool_key, target=action.target_id)
-            found = http_read(url=url, timeout=tool.timeout_seconds)
+            found = http_read(url=url, timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
         else:
-            found = python_read(path=lookup, target=action.tool_key)
+            found = python_read(path=lookup, target=action.tool_key, tenant=tool.tenant.slug)
         items = found.get("results", found) if isinstance(found, dict) else found
         return {"recovered": True, "evidence": items[0] if isinstance(items, list) else items} if items else None
     if tool.verify.get("expect") and action.target_id:
@@ -116,10 +116,11 @@ def call_tool(action: Action) -> ToolOutcome:
     tool = action.tool
     if tool.executor == Executor.HTTP:
         url = resolve_url(tool.endpoint, target=action.target_id)
-        return http_call(url=url, args=action.args, idempotency_key=action.tool_key, timeout=tool.timeout_seconds)
+        return http_call(url=url, args=action.args, idempotency_key=action.tool_key, timeout=tool.timeout_seconds,
+                         tenant=tool.tenant.slug)
     if tool.executor == Executor.PYTHON:
         return python_call(path=tool.endpoint, args=action.args, idempotency_key=action.tool_key,
-                           target=action.target_id or None)
+                           target=action.target_id or None, tenant=tool.tenant.slug)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
 
