@@ -22,7 +22,8 @@ def psycopg_url(db: str = BENCH_DB) -> str:
 def bench_env(**extra) -> dict:
     """The environment of every process the benchmark starts: the bench database, quiet engine settings."""
     env = dict(os.environ, DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="config.settings",
-               PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0")
+               PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0",
+               UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools")
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

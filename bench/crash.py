@@ -24,7 +24,7 @@ def register(tenant) -> None:
     from ledger.services.tools import tool_upsert
 
     tool_upsert(tenant=tenant, name=TOOL, actor="bench", spec={
-        "executor": {"kind": "python", "path": "bench.noop_tools:noop"}, "risk": "low", "args_schema": {"type": "object"},
+        "executor": {"kind": "python", "path": "bench.noop.noop"}, "risk": "low", "args_schema": {"type": "object"},
         "compensation": {"strategy": "none"}, "timeout": TIMEOUT,
     })
 

@@ -74,10 +74,10 @@ class Bulk:
 
         self.tenant = Tenant.objects.filter(slug=TENANT).first() or tenant_create(slug=TENANT, name="Bulk fixture")
         tool_upsert(tenant=self.tenant, name="bulk.undo", actor="bench", spec={
-            "executor": {"kind": "python", "path": "bench.noop_tools:undo_step"}, "args_schema": {"type": "object"}})
+            "executor": {"kind": "python", "path": "bench.noop.undo_step"}, "args_schema": {"type": "object"}})
         for n in range(ACTIONS_PER_RUN):
             tool_upsert(tenant=self.tenant, name=f"bulk.step{n}", actor="bench", spec={
-                "executor": {"kind": "python", "path": "bench.noop_tools:step"}, "args_schema": {"type": "object"},
+                "executor": {"kind": "python", "path": "bench.noop.step"}, "args_schema": {"type": "object"},
                 "target": {"type": "record", "from": "args.n"},
                 "compensation": {"strategy": "twin", "tool": "bulk.undo", "args": {"id": "$result.id"}}})
         from ledger.models import Agent, Tool

@@ -111,6 +111,16 @@ DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "unwind@localhost")
 UNWIND_BASE_URL = env_str("UNWIND_BASE_URL", "http://127.0.0.1:8000")
 # Relative HTTP tool URLs (those starting with "/") are resolved against this address.
 UNWIND_TOOL_BASE_URL = env_str("UNWIND_TOOL_BASE_URL", UNWIND_BASE_URL)
+# Where HTTP tools may live: scheme://host:port origins, comma-separated. The origin of UNWIND_TOOL_BASE_URL
+# is always allowed; any other URL in policy is refused when written and when called (ledger/egress.py).
+UNWIND_TOOL_ORIGINS = env_list("UNWIND_TOOL_ORIGINS", [])
+# Addresses (CIDRs) a DNS-named tool origin may resolve to although they are not public, e.g. 10.0.0.0/8
+# for tools on the deployment's own network. Loopback, link-local and private space are refused otherwise.
+UNWIND_TOOL_PRIVATE_NETWORKS = env_list("UNWIND_TOOL_PRIVATE_NETWORKS", [])
+# A tool's answer (or snapshot) longer than this is refused, not kept.
+UNWIND_TOOL_MAX_RESPONSE_BYTES = env_int("UNWIND_TOOL_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
+# Modules imported at start whose @registry.tool / @registry.reader callables policy may name by key.
+UNWIND_PYTHON_TOOL_MODULES = env_list("UNWIND_PYTHON_TOOL_MODULES", [])
 # The key Unwind signs its tool requests with (ledger/signing.py); a tool that shares it can check them.
 UNWIND_TOOL_SIGNING_KEY = env_str("UNWIND_TOOL_SIGNING_KEY", "") or ("unwind-tool-signing:" + SECRET_KEY)
 

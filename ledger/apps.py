@@ -1,5 +1,17 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
+
+    def ready(self):
+        from ledger import egress
+
+        # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
+        # once, here, from a setting, so that policy can only ever name what the deployment put there.
+        for module in settings.UNWIND_PYTHON_TOOL_MODULES:
+            import_module(module)
+        egress.check_settings()

@@ -6,32 +6,38 @@ Every executor answers with a ToolOutcome or raises ToolError; the engine decide
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
-from importlib import import_module
 from typing import Any
 
 import requests
 from django.conf import settings
 
-from ledger import signing
+from ledger import egress, registry, signing
 
 
 class ToolError(Exception):
     """A tool call did not succeed. `transient` errors are retried with the same idempotency key."""
 
     def __init__(self, message: str, *, transient: bool, status: int | None = None, body: Any = None,
-                 not_sent: bool = False):
+                 not_sent: bool = False, applied: bool | None = None):
+        # The message is stored on the action and shown to the agent: one bounded line, whatever a tool sent.
+        message = egress.clean_message(message)
         super().__init__(message)
         self.message = message
         self.transient = transient
         self.status = status
         self.body = body
         self.not_sent = not_sent
+        self.applied = applied
 
     @property
     def maybe_applied(self) -> bool:
         """Could the tool have acted before this error? A 5xx (but 503) or a timeout leaves it unknown; a 4xx (408
-        and 429 included), a 503, a refused connection or a connect timeout mean the request was not carried out."""
+        and 429 included), a 503, a refused connection or a connect timeout mean the request was not carried out.
+        An answer refused after the tool acted (a 2xx too large to keep) says so with `applied`."""
+        if self.applied is not None:
+            return self.applied
         if self.status is not None:
             return self.status >= 500 and self.status != 503
         return self.transient and not self.not_sent
@@ -62,22 +68,24 @@ def resolve_url(url: str, **fields: str) -> str:
     return url
 
 
-_session = requests.Session()
+_session = egress.session()
 
 
-def http_call(
-    *, url: str, args: dict, idempotency_key: str, timeout: float, tenant: str, method: str = "POST"
-) -> ToolOutcome:
-    """POST the args as JSON with an Idempotency-Key header, signed for `tenant`, and classify the answer.
+def _send(method: str, url: str, *, timeout: float, **kwargs) -> tuple[requests.Response, bytes]:
+    """One request to an allowed origin, no redirects followed, the body read up to the cap within `timeout`.
 
-    2xx is done; 408, 425, 429, 5xx, timeouts and connection errors are transient; other 4xx are
-    permanent (the same request will never succeed).
+    Raises ToolError for everything but an answer; a refusal (origin, address, redirect) is permanent
+    and means nothing was sent.
     """
-    body = json.dumps(args, allow_nan=False).encode()
-    headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
-               **signing.sign(tenant=tenant, method=method, url=url, body=body)}
     try:
-        response = _session.request(method, url, data=body, headers=headers, timeout=timeout)
+        egress.check_url(url)
+    except egress.Refused as why:
+        raise ToolError(f"{url} {why}", transient=False, not_sent=True) from None
+    deadline = time.monotonic() + timeout
+    try:
+        response = _session.request(method, url, timeout=timeout, allow_redirects=False, stream=True, **kwargs)
+    except egress.Refused as why:
+        raise ToolError(f"{url} refused: {why}", transient=False, not_sent=True) from None
     except requests.ConnectTimeout:
         raise ToolError(f"{url} could not be reached within {timeout:g}s", transient=True, not_sent=True) from None
     except requests.Timeout:
@@ -87,55 +95,89 @@ def http_call(
         raise ToolError(f"{url} could not be reached: {exc.__class__.__name__}", transient=True, not_sent=refused) from None
     except requests.RequestException as exc:
         raise ToolError(f"{url} could not be reached: {exc.__class__.__name__}", transient=True) from None
+    if response.is_redirect or 300 <= response.status_code < 400:
+        response.close()
+        raise ToolError(f"{url} answered {response.status_code}, a redirect: Unwind does not follow redirects "
+                        f"(point the policy at the final URL)", transient=False, status=response.status_code)
     try:
-        body = response.json() if response.content else None
+        content = egress.read_capped(response, deadline=deadline)
+    except egress.TooLarge as cap:
+        raise ToolError(f"{url} answered {response.status_code} with a body larger than {cap} "
+                        f"(UNWIND_TOOL_MAX_RESPONSE_BYTES); it was not kept", transient=False,
+                        status=response.status_code, applied=200 <= response.status_code < 300 or None) from None
+    except egress.TooSlow:
+        raise ToolError(f"{url} did not finish answering within {timeout:g}s", transient=True) from None
+    except requests.RequestException as exc:
+        raise ToolError(f"{url} broke off its answer: {exc.__class__.__name__}", transient=True) from None
+    return response, content
+
+
+def _json(content: bytes):
+    """The body as JSON, or ValueError (a body nested too deep to parse is no JSON worth keeping either)."""
+    try:
+        return json.loads(content)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def http_call(
+    *, url: str, args: dict, idempotency_key: str, timeout: float, tenant: str, method: str = "POST"
+) -> ToolOutcome:
+    """POST the args as JSON with an Idempotency-Key header, signed for `tenant`, and classify the answer.
+
+    2xx is done; 408, 425, 429, 5xx, timeouts and connection errors are transient; 3xx (never followed)
+    and other 4xx are permanent (the same request will never succeed).
+    """
+    body = json.dumps(args, allow_nan=False).encode()
+    headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
+               **signing.sign(tenant=tenant, method=method, url=url, body=body)}
+    response, content = _send(method, url, timeout=timeout, data=body, headers=headers)
+    try:
+        answer = _json(content) if content else None
     except ValueError:
-        body = {"text": response.text[:2000]}
+        answer = {"text": content[:2000].decode("utf-8", "replace")}
     if 200 <= response.status_code < 300:
-        return ToolOutcome(result=body if body is not None else {}, status=response.status_code)
+        return ToolOutcome(result=answer if answer is not None else {}, status=response.status_code)
     transient = response.status_code in (408, 425, 429) or response.status_code >= 500
     detail = ""
-    if isinstance(body, dict):
-        detail = str(body.get("detail") or body.get("error") or body.get("title") or "")
+    if isinstance(answer, dict):
+        detail = str(answer.get("detail") or answer.get("error") or answer.get("title") or "")
     message = f"{url} answered {response.status_code}" + (f": {detail}" if detail else "")
-    raise ToolError(message, transient=transient, status=response.status_code, body=body)
+    raise ToolError(message, transient=transient, status=response.status_code, body=answer)
 
 
 def http_read(*, url: str, timeout: float, tenant: str) -> Any:
     """GET a target's current state (for snapshots and verification), signed for `tenant`. None when it does not exist."""
     headers = {"Accept": "application/json", **signing.sign(tenant=tenant, method="GET", url=url)}
-    try:
-        response = _session.get(url, headers=headers, timeout=timeout)
-    except requests.Timeout:
-        raise ToolError(f"{url} did not answer within {timeout:g}s", transient=True) from None
-    except requests.RequestException as exc:
-        raise ToolError(f"{url} could not be reached: {exc.__class__.__name__}", transient=True) from None
+    response, content = _send("GET", url, timeout=timeout, headers=headers)
     if response.status_code in (404, 410):
         return None
     if not 200 <= response.status_code < 300:
         transient = response.status_code in (408, 429) or response.status_code >= 500
         raise ToolError(f"reading {url} answered {response.status_code}", transient=transient, status=response.status_code)
-    return response.json() if response.content else None
-
-
-def python_callable(dotted_path: str):
-    """Import `package.module:function` or `package.module.function`."""
-    module_path, sep, attr = dotted_path.partition(":")
-    if not sep:
-        module_path, _, attr = dotted_path.rpartition(".")
     try:
-        return getattr(import_module(module_path), attr)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ToolError(f"callable {dotted_path!r} cannot be imported: {exc}", transient=False) from None
+        return _json(content) if content else None
+    except ValueError:
+        raise ToolError(f"reading {url} answered {response.status_code} with a body that is not JSON",
+                        transient=False, status=response.status_code) from None
+
+
+def registered(key: str, kind: str):
+    """The registered callable policy names by `key`. Nothing is ever imported from a policy string: a key no
+    deployer registered (a dotted path written before this rule, say) fails the call for good."""
+    try:
+        return registry.get(key, kind)
+    except registry.NotRegistered as why:
+        raise ToolError(str(why), transient=False, not_sent=True) from None
 
 
 def python_call(*, path: str, args: dict, idempotency_key: str, target: str | None, tenant: str) -> ToolOutcome:
-    """Call an in-process tool: fn(args, *, idempotency_key, target, tenant) -> JSON-able result.
+    """Call a registered in-process tool: fn(args, *, idempotency_key, target, tenant) -> JSON-able result.
 
     The callable raises ToolError for failures it can classify; anything else it raises is treated
     as permanent, because a bug will not fix itself on retry.
     """
-    fn = python_callable(path)
+    fn = registered(path, "tool")
     try:
         result = fn(dict(args), idempotency_key=idempotency_key, target=target, tenant=tenant)
     except ToolError:
@@ -146,5 +188,11 @@ def python_call(*, path: str, args: dict, idempotency_key: str, target: str | No
 
 
 def python_read(*, path: str, target: str, tenant: str) -> Any:
-    fn = python_callable(path)
-    return fn(target, tenant=tenant)
+    """Call a registered reader: fn(target, *, tenant) -> JSON-able state or None."""
+    fn = registered(path, "reader")
+    try:
+        return fn(target, tenant=tenant)
+    except ToolError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the reader's own bug: the target cannot be read
+        raise ToolError(f"{path} raised {exc.__class__.__name__}: {exc}", transient=False) from None

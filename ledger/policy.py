@@ -6,13 +6,12 @@ A policy file is JSON or YAML, either in the shape of seed 004's configuration t
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
-from ledger import mapping
+from ledger import egress, mapping, registry, schemas
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tool,
@@ -39,23 +38,34 @@ def _choice(value: Any, choices, where: str) -> str:
     return value.strip().lower()
 
 
-def _number(value: Any, where: str, *, minimum: float, integer: bool = False):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and int(value) != value):
+def _number(value: Any, where: str, *, minimum: float, maximum: float | None = None, integer: bool = False,
+            unit: str = ""):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(where, f"must be a {'whole ' if integer else ''}number, not {value!r}")
-    if value < minimum:
-        _fail(where, f"must be at least {minimum}, not {value}")
+    if isinstance(value, float) and not math.isfinite(value):
+        _fail(where, f"must be a finite number, not {value!r}")
+    if integer and isinstance(value, float) and not value.is_integer():
+        _fail(where, f"must be a whole number, not {value!r}")
+    # Compared before any conversion: float(10**400) would raise, int(1e300) would be a 300-digit count.
+    if value < minimum or (maximum is not None and value > maximum):
+        bounds = f"from {minimum:g} to {maximum:g}{unit}" if maximum is not None else f"at least {minimum:g}{unit}"
+        shown = f"{value:.6g}" if isinstance(value, float) else (str(value) if abs(value) < 10**18 else "a number that large")
+        _fail(where, f"must be {bounds}, not {shown}")
     return int(value) if integer else float(value)
 
 
-def _duration(value: Any, where: str) -> float:
-    """30, "30s", "2m", "500ms" -> seconds."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _number(value, where, minimum=0)
+def _duration(value: Any, where: str, *, minimum: float = 0, maximum: float | None = None) -> float:
+    """30, "30s", "2m", "500ms" -> seconds, within [minimum, maximum]."""
     if isinstance(value, str):
         text = value.strip().lower()
         for suffix, factor in (("ms", 0.001), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)):
             if text.endswith(suffix) and text[: -len(suffix)].replace(".", "", 1).isdigit():
-                return float(text[: -len(suffix)]) * factor
+                value = float(text[: -len(suffix)]) * factor
+                break
+        else:
+            _fail(where, f"must be a duration like 30s, 2m or 500ms, not {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number(value, where, minimum=minimum, maximum=maximum, unit=" seconds")
     _fail(where, f"must be a duration like 30s, 2m or 500ms, not {value!r}")
 
 
@@ -73,6 +83,43 @@ def _template(value: Any, where: str):
     return value
 
 
+# The documented bounds (README, "Policy files"): what a policy may ask of the engine.
+TIMEOUT_SECONDS = (0.1, 300.0)
+MAX_ATTEMPTS = (1, 20)
+BACKOFF_SECONDS = (0.0, 3600.0)
+APPROVALS_REQUIRED = (1, 10)
+APPROVAL_TTL_SECONDS = (1, 30 * 86400)
+
+
+def _approvals(value: Any, where: str) -> int:
+    return _number(value, where, minimum=APPROVALS_REQUIRED[0], maximum=APPROVALS_REQUIRED[1], integer=True)
+
+
+def _tool_url(url: str, where: str) -> str:
+    try:
+        egress.check_url(url)
+    except egress.Refused as why:
+        _fail(where, str(why))
+    return url
+
+
+def _registered(key: str, kind: str, where: str) -> str:
+    """Policy names in-process code by registry key only; nothing is imported from a policy string."""
+    try:
+        registry.get(key, kind)
+    except registry.NotRegistered as why:
+        _fail(where, f"{why}. Policy names in-process callables by the key a deployer registered in code "
+                     f"(ledger.registry), never by import path")
+    return key
+
+
+def _reader(value: Any, where: str) -> str:
+    """A snapshot, lookup or verify reader: a URL ("/path" or "http(s)://…") or a registered reader key."""
+    if not isinstance(value, str) or not value:
+        _fail(where, f"must be a URL or a registered reader key, not {value!r}")
+    return _tool_url(value, where) if egress.is_url(value) else _registered(value, "reader", where)
+
+
 TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}$")
 
 
@@ -87,33 +134,37 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     fields: dict[str, Any] = {"description": str(spec.get("description", ""))}
 
     schema = spec.get("args_schema", {})
-    _dict(schema, f"{where}.args_schema")
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        _fail(f"{where}.args_schema", f"is not a valid JSON Schema: {exc.message}")
+    schemas.check(schema, where=f"{where}.args_schema")
     fields["args_schema"] = schema
 
     fields["action_class"] = _choice(spec.get("action_class", "internal_update"), ActionClass, f"{where}.action_class")
     fields["saga_role"] = _choice(spec.get("saga_role", "compensatable"), SagaRole, f"{where}.saga_role")
     fields["risk"] = _choice(spec.get("risk", "low"), Risk, f"{where}.risk")
     fields["approval"] = _choice(spec.get("approval", "threshold"), ApprovalRule, f"{where}.approval")
-    fields["approvals_required"] = _number(spec.get("approvals_required", 1), f"{where}.approvals_required", minimum=1, integer=True)
+    fields["approvals_required"] = _approvals(spec.get("approvals_required", 1), f"{where}.approvals_required")
 
     executor = spec.get("executor", "http" if spec.get("endpoint") or spec.get("url") else
                         "python" if spec.get("path") else "client")
     if isinstance(executor, dict):
-        executor_spec = executor
+        executor_spec, prefix = executor, f"{where}.executor"
         kind = executor_spec.get("kind", "http")
     else:
-        executor_spec = spec
+        executor_spec, prefix = spec, where
         kind = executor
     fields["executor"] = _choice(kind, Executor, f"{where}.executor")
-    endpoint = executor_spec.get("endpoint") or executor_spec.get("url") or executor_spec.get("path") or ""
+    named = next((key for key in ("endpoint", "url", "path") if executor_spec.get(key)), None)
+    endpoint = executor_spec.get(named, "") if named else ""
+    field = f"{prefix}.{named}"
     if fields["executor"] != Executor.CLIENT and not endpoint:
         _fail(f"{where}.executor", f"a {fields['executor']} tool needs an endpoint (url or path)")
-    if fields["executor"] == Executor.HTTP and not (endpoint.startswith("/") or endpoint.startswith("http")):
-        _fail(f"{where}.endpoint", f"must be an http(s) URL or a path starting with /, not {endpoint!r}")
+    if endpoint and not isinstance(endpoint, str):
+        _fail(field, f"must be a string, not {type(endpoint).__name__}")
+    if fields["executor"] == Executor.HTTP:
+        if not egress.is_url(endpoint):
+            _fail(field, f"must be an http(s) URL or a path starting with /, not {endpoint[:80]!r}")
+        _tool_url(endpoint, field)
+    elif fields["executor"] == Executor.PYTHON:
+        _registered(endpoint, "tool", field)
     fields["endpoint"] = str(endpoint)
 
     target = _dict(spec.get("target", {}), f"{where}.target")
@@ -135,6 +186,8 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
 
     for part in ("snapshot", "verify", "lookup"):
         fields[part] = _template(_dict(spec.get(part, {}), f"{where}.{part}"), f"{where}.{part}")
+        if "read" in fields[part]:
+            _reader(fields[part]["read"], f"{where}.{part}.read")
     if fields["verify"] and not (fields["snapshot"].get("read") or fields["verify"].get("read")):
         _fail(f"{where}.verify", "needs a snapshot.read (or verify.read) to read the target back")
 
@@ -159,13 +212,16 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
         plan["args"] = _template(_dict(comp.get("args", {}), f"{where}.compensation.args"), f"{where}.compensation.args")
         plan["risk"] = _choice(comp.get("risk", fields["risk"]), Risk, f"{where}.compensation.risk")
         plan["approval"] = _choice(comp.get("approval", "threshold"), ApprovalRule, f"{where}.compensation.approval")
-        plan["approvals_required"] = _number(comp.get("approvals_required", 1), f"{where}.compensation.approvals_required", minimum=1, integer=True)
+        plan["approvals_required"] = _approvals(comp.get("approvals_required", 1), f"{where}.compensation.approvals_required")
     fields["compensation"] = plan
 
-    fields["timeout_seconds"] = _duration(spec.get("timeout", 10), f"{where}.timeout")
+    fields["timeout_seconds"] = _duration(spec.get("timeout", 10), f"{where}.timeout",
+                                          minimum=TIMEOUT_SECONDS[0], maximum=TIMEOUT_SECONDS[1])
     retry = _dict(spec.get("retry", {}), f"{where}.retry")
-    fields["max_attempts"] = _number(retry.get("max_attempts", 3), f"{where}.retry.max_attempts", minimum=1, integer=True)
-    fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff")
+    fields["max_attempts"] = _number(retry.get("max_attempts", 3), f"{where}.retry.max_attempts",
+                                     minimum=MAX_ATTEMPTS[0], maximum=MAX_ATTEMPTS[1], integer=True)
+    fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff",
+                                          minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     return fields
 
 
@@ -211,9 +267,8 @@ def _parse_defaults(defaults: Any) -> dict:
     if "approval_threshold" in defaults:
         parsed["approval_threshold"] = _choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
     if "approval_ttl" in defaults:
-        parsed["approval_ttl_seconds"] = int(_duration(defaults["approval_ttl"], "defaults.approval_ttl"))
-        if parsed["approval_ttl_seconds"] < 1:
-            _fail("defaults.approval_ttl", "must be at least one second")
+        parsed["approval_ttl_seconds"] = int(_duration(defaults["approval_ttl"], "defaults.approval_ttl",
+                                                       minimum=APPROVAL_TTL_SECONDS[0], maximum=APPROVAL_TTL_SECONDS[1]))
     return parsed
 
 

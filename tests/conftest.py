@@ -20,18 +20,19 @@ ROOT = Path(__file__).resolve().parent.parent
 POLICY = yaml.safe_load((ROOT / "sandbox" / "policy.yaml").read_text())
 
 READERS = {
-    "/sandbox/hr/users/": "sandbox.callables:read_user",
-    "/sandbox/crm/tickets/": "sandbox.callables:read_ticket",
-    "/sandbox/payments/charges/": "sandbox.callables:read_charge",
-    "/sandbox/email/messages?idempotency_key=": "sandbox.callables:messages_with_key",
+    "/sandbox/hr/users/": "sandbox.read_user",
+    "/sandbox/crm/tickets/": "sandbox.read_ticket",
+    "/sandbox/payments/charges/": "sandbox.read_charge",
+    "/sandbox/email/messages?idempotency_key=": "sandbox.messages_with_key",
 }
 
 
 def in_process_policy() -> dict:
-    """The sandbox policy with every HTTP tool switched to its in-process callable (no server needed)."""
+    """The sandbox policy with every HTTP tool switched to its in-process callable (no server needed): the
+    registry keys the sandbox registers (sandbox/callables.py), as a deployer's policy names them."""
     policy = copy.deepcopy(POLICY)
     for name, spec in policy["tools"].items():
-        spec["executor"] = {"kind": "python", "path": "sandbox.callables:" + name.replace(".", "_")}
+        spec["executor"] = {"kind": "python", "path": "sandbox." + name}
         for part in ("snapshot", "lookup"):
             read = spec.get(part, {}).get("read")
             if read:

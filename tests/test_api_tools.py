@@ -42,7 +42,7 @@ def test_put_refuses_a_bad_policy_naming_the_field(api_db):
     assert assert_problem(refused, 400, "validation_error")["field"] == "tools.crm.escalate.risk"
     unknown = api_db.agent.put("/api/v1/tools/crm.escalate", {**TICKET, "colour": "red"}, format="json")
     assert assert_problem(unknown, 400, "validation_error")["field"] == "tools.crm.escalate.colour"
-    orphan = {**TICKET, "executor": "python", "endpoint": "sandbox.callables:x",
+    orphan = {**TICKET, "executor": "python", "endpoint": "sandbox.crm.update_ticket",
               "compensation": {"strategy": "twin", "tool": "nope"}}
     assert "compensation.tool" in assert_problem(api_db.agent.put("/api/v1/tools/x", orphan, format="json"), 400,
                                                  "validation_error")["field"]

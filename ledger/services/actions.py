@@ -3,12 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jsonschema
 from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, sql
+from ledger import events, schemas, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -42,8 +41,7 @@ class Proposal:
 def validate_args(tool: Tool, args) -> dict:
     if not isinstance(args, dict):
         raise ValidationFailed(f"args must be a JSON object, not {type(args).__name__}", field="args")
-    validator = jsonschema.Draft202012Validator(tool.args_schema or {}, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+    errors = schemas.errors(tool.args_schema or {}, args)
     if errors:
         problems = [{"field": ".".join(["args", *map(str, e.absolute_path)]), "message": e.message} for e in errors]
         first = problems[0]

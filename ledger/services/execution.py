@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, failpoints, mapping, sql
+from ledger import egress, events, failpoints, mapping, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
@@ -58,7 +58,7 @@ def read_target(tool: Tool, target_id: str) -> object:
     reader = tool.snapshot.get("read")
     if not reader or not target_id:
         return None
-    if tool.executor == Executor.PYTHON or not (reader.startswith("/") or reader.startswith("http")):
+    if not egress.is_url(reader):
         return python_read(path=reader, target=target_id, tenant=tool.tenant.slug)
     return http_read(url=resolve_url(reader, target=target_id), timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
 
@@ -94,7 +94,7 @@ def already_done(action: Action) -> dict | None:
     tool = action.tool
     lookup = tool.lookup.get("read")
     if lookup:
-        if lookup.startswith("/") or lookup.startswith("http"):
+        if egress.is_url(lookup):
             url = resolve_url(lookup, key=action.tool_key, target=action.target_id)
             found = http_read(url=url, timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
         else:
