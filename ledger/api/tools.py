@@ -13,6 +13,7 @@ from ledger.api.base import ApiView, absolute
 from ledger.api.problems import problems
 from ledger.errors import ValidationFailed
 from ledger.models import ActionClass, ApprovalRule, Executor, Risk, Role, SagaRole, Tool
+from ledger.policy import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
 from ledger.services.tools import tool_upsert, tools_load
 
 TAG = ["tools"]
@@ -49,8 +50,9 @@ class IdempotencyPolicy(serializers.Serializer):
 
 
 class RetryPolicy(serializers.Serializer):
-    max_attempts = serializers.IntegerField(required=False, min_value=1)
-    backoff = serializers.FloatField(required=False, help_text="Seconds before the first retry (doubles, jittered).")
+    max_attempts = serializers.IntegerField(required=False, min_value=MAX_ATTEMPTS[0], max_value=MAX_ATTEMPTS[1])
+    backoff = serializers.FloatField(required=False, min_value=BACKOFF_SECONDS[0], max_value=BACKOFF_SECONDS[1],
+                                     help_text="Seconds before the first retry (doubles, jittered), or a duration like 2s.")
 
 
 class ToolPolicy(serializers.Serializer):
@@ -62,18 +64,22 @@ class ToolPolicy(serializers.Serializer):
     saga_role = serializers.ChoiceField(SagaRole.choices, required=False)
     risk = serializers.ChoiceField(Risk.choices, required=False)
     approval = serializers.ChoiceField(ApprovalRule.choices, required=False)
-    approvals_required = serializers.IntegerField(required=False, min_value=1)
+    approvals_required = serializers.IntegerField(required=False, min_value=APPROVALS_REQUIRED[0],
+                                                  max_value=APPROVALS_REQUIRED[1])
     executor = serializers.ChoiceField(Executor.choices, required=False,
                                        help_text="Also accepted as an object: {kind, url|path}.")
-    endpoint = serializers.CharField(required=False, help_text="URL (http) or module:function (python).")
+    endpoint = serializers.CharField(
+        required=False, help_text="http: a path (resolved against UNWIND_TOOL_BASE_URL) or a URL at an allowed origin "
+                                  "(UNWIND_TOOL_ORIGINS); python: a key a deployer registered in code (ledger.registry).")
     target = TargetPolicy(required=False)
     idempotency = IdempotencyPolicy(required=False)
-    snapshot = serializers.JSONField(required=False, help_text='{"read": URL or path, "fields": [...]}')
+    snapshot = serializers.JSONField(required=False, help_text='{"read": URL, path or registered reader key, "fields": [...]}')
     verify = serializers.JSONField(required=False, help_text='{"expect": {"field": "$args.x"}}')
-    lookup = serializers.JSONField(required=False, help_text='{"read": URL with {key}}')
+    lookup = serializers.JSONField(required=False, help_text='{"read": URL with {key}, or a registered reader key}')
     compensation = serializers.JSONField(required=False,
                                          help_text="{strategy: twin|snapshot|correction|none, tool, args, risk, approval}")
-    timeout = serializers.FloatField(required=False, help_text="Seconds (or a duration like 30s, 2m).")
+    timeout = serializers.FloatField(required=False, min_value=TIMEOUT_SECONDS[0], max_value=TIMEOUT_SECONDS[1],
+                                     help_text="Seconds (or a duration like 30s, 2m).")
     retry = RetryPolicy(required=False)
 
 
