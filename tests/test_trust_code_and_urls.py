@@ -32,7 +32,8 @@ def write_marker(*args, **kwargs):
 class Listener:
     """A real HTTP server on 127.0.0.1:<free port> that records every connection it accepts."""
 
-    def __init__(self, status: int = 200, body: bytes = b'{"ok": true}', headers: dict | None = None):
+    def __init__(self, status: int = 200, body: bytes = b'{"ok": true}', headers: dict | None = None,
+                 declare_length: bool = True):
         listener = self
         self.connections: list = []
 
@@ -49,7 +50,8 @@ class Listener:
                 for name, value in (headers or {}).items():
                     self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
+                if declare_length:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -322,9 +324,10 @@ def test_limits_at_their_bounds_are_accepted(admin, http_tools):
     assert (tool.timeout_seconds, tool.max_attempts, tool.backoff_seconds, tool.approvals_required) == (300, 20, 3600, 10)
 
 
-def test_an_oversized_answer_is_refused_not_kept(admin, http_tools, listeners, settings):
+@pytest.mark.parametrize("declare_length", [True, False], ids=["declared", "streamed"])
+def test_an_oversized_answer_is_refused_not_kept(admin, http_tools, listeners, settings, declare_length):
     settings.UNWIND_TOOL_MAX_RESPONSE_BYTES = 4096
-    listener = listeners(body=json.dumps({"data": "x" * 100_000}).encode())
+    listener = listeners(body=json.dumps({"data": "x" * 100_000}).encode(), declare_length=declare_length)
     settings.UNWIND_TOOL_ORIGINS = [listener.origin]
     created = put_tool(admin, "big", {"endpoint": f"{listener.origin}/charge", "args_schema": {"type": "object"},
                                       "compensation": "none"})
@@ -347,3 +350,25 @@ def test_what_an_agent_sees_of_a_tool_error_is_bounded_and_clean(admin, http_too
     assert len(message) <= 300 and message.endswith("…"), message
     assert message.isprintable() and "\x1b" not in message and "\n" not in message, message
     assert failed_action(proposed).error_message == message
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1", "169.254.169.254", "10.1.2.3", "172.16.0.1", "192.168.1.1",
+                                     "100.64.0.1", "0.0.0.0", "::", "224.0.0.1", "ff02::1", "240.0.0.1", "fe80::1",
+                                     "fc00::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254"])
+def test_a_dns_named_origin_may_not_reach_internal_addresses(settings, address):
+    from ledger.egress import address_allowed
+
+    settings.UNWIND_TOOL_PRIVATE_NETWORKS = []
+    assert not address_allowed("tools.example.com", address)
+    assert address_allowed("tools.example.com", "93.184.216.34")
+    settings.UNWIND_TOOL_PRIVATE_NETWORKS = ["10.0.0.0/8"]
+    assert address_allowed("tools.example.com", "10.1.2.3")
+    assert not address_allowed("tools.example.com", "169.254.169.254")
+
+
+def test_an_ip_literal_or_localhost_origin_allows_exactly_that(settings):
+    from ledger.egress import address_allowed
+
+    assert address_allowed("127.0.0.1", "127.0.0.1") and not address_allowed("127.0.0.1", "127.0.0.2")
+    assert address_allowed("localhost", "127.0.0.1") and address_allowed("localhost", "::1")
+    assert not address_allowed("localhost", "10.0.0.1")
