@@ -45,12 +45,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 class SuperuserWritesAdmin(admin.ModelAdmin):
-    """Policy: added and changed by superusers only; other staff, whatever their model permissions, only read."""
+    """Policy and who holds which role: written by superusers only; other staff, whatever their model permissions,
+    only read (a staff user who could grant themselves a tenant's admin role could change its policy too)."""
 
     def has_add_permission(self, request, obj=None):
         return request.user.is_active and request.user.is_superuser
 
     def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
         return request.user.is_active and request.user.is_superuser
 
 
@@ -158,7 +162,7 @@ class DeployKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(SuperuserWritesAdmin):
     list_display = ("user", "tenant", "role")
     list_filter = ("role", "tenant")
     search_fields = ("user__username", "user__email", "tenant__slug")

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission
 from django.forms.models import model_to_dict
 from django.test import Client
 
-from ledger.models import AuditEvent, DeployKey, Tenant, Tool
+from ledger.models import AuditEvent, DeployKey, Membership, Tenant, Tool
 from ledger.services.tenancy import deploy_key_create, deploy_key_authenticate
 
 
@@ -50,6 +50,14 @@ def test_a_staff_user_with_every_permission_cannot_change_tools_or_tenant_defaul
     refused = client.post(tenant_url, {"name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 99})
     assert refused.status_code == 403
     assert Tenant.objects.get(pk=tools.acme.pk).approval_threshold == "high"
+    # Nor can they make themselves the tenant's admin, which would let them change its policy over the API.
+    stella = get_user_model().objects.get(username="stella")
+    granted = client.post("/admin/ledger/membership/add/", {"user": stella.pk, "tenant": tools.acme.pk, "role": "admin"})
+    assert granted.status_code == 403
+    assert not Membership.objects.filter(user=stella).exists()
+    victor = Membership.objects.get(user=tools.victor)
+    assert client.post(f"/admin/ledger/membership/{victor.pk}/change/", {"role": "admin"}).status_code == 403
+    assert Membership.objects.get(pk=victor.pk).role == "viewer"
 
 
 def test_a_superuser_changes_tool_policy_and_it_is_audited(tools):
