@@ -89,6 +89,10 @@ def test_a_tenant_at_its_share_goes_to_the_worker_while_another_tenant_still_run
     assert handed.status_code == 202 and handed.json()["status"] == "running", handed.text
     handed_id = handed.json()["id"]
     assert handed_id in queued_executions() and handed_id not in queued_before  # the worker's, not the pool's
+    # Its claim lasts while it waits in the queue, so the sweep does not take it for a lost call meanwhile.
+    handed_action = Action.objects.select_related("tool").get(pk=handed_id)
+    lease = (handed_action.lease_expires_at - handed_action.created_at).total_seconds()
+    assert lease > handed_action.tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS - 1  # not just the call's time
     assert world_state()["users"] == []  # and not called yet
 
     other = open_and_propose(globex, "hr.create_user", {"email": "g@globex.example", "name": "G"})

@@ -109,7 +109,7 @@ class ActionProposeView(ApiView):
             proposal = action_propose(
                 run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
                 intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"),
-                inline=slot is not None)
+                inline=slot is not None, queued=slot is None)
             if proposal.claimed and slot is not None:
                 inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
                                       slot=slot)
