@@ -126,6 +126,12 @@ UNWIND_TOOL_SIGNING_KEY = env_str("UNWIND_TOOL_SIGNING_KEY", "") or ("unwind-too
 
 # Engine.
 UNWIND_INLINE_WAIT = env_float("UNWIND_INLINE_WAIT", 5.0, minimum=0)
+# The largest fraction of the inline pool one tenant's steps may hold at once (ledger/api/inline.py); a tenant
+# at its share has its next step run by the worker (202) instead of queueing for a thread ahead of other tenants.
+UNWIND_INLINE_TENANT_SHARE = env_float("UNWIND_INLINE_TENANT_SHARE", 0.5, minimum=0)
+if not 0 < UNWIND_INLINE_TENANT_SHARE <= 1:
+    raise ImproperlyConfigured(f"UNWIND_INLINE_TENANT_SHARE must be a fraction above 0 and at most 1 (0.5 is half "
+                               f"the inline pool), not {UNWIND_INLINE_TENANT_SHARE}.")
 UNWIND_LEASE_SECONDS = env_float("UNWIND_LEASE_SECONDS", 30.0, minimum=1)
 UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, minimum=0.1)
 UNWIND_DEFAULT_MAX_ATTEMPTS = env_int("UNWIND_DEFAULT_MAX_ATTEMPTS", 3, minimum=1)

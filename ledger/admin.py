@@ -1,7 +1,10 @@
-"""Admin for the ledger: tenants, members and tool policy are edited here; ledger and audit rows are only read.
+"""Admin for the ledger: members are edited here; tool policy and tenant defaults only by superusers (the
+deployers); ledger and audit rows are only read.
 
 State changes to runs, actions and the audit chain go through the services (and the console), never
-through a form: an edit here would also break the audit chain's fingerprints.
+through a form: an edit here would also break the audit chain's fingerprints. Tools and policy are the
+agents' guardrails: a staff user given the model permissions still only reads them here; tenant admins
+change them through the API, pipelines with a deploy key.
 """
 from django.contrib import admin, messages
 from django.forms.models import model_to_dict
@@ -10,8 +13,10 @@ from django.utils.html import format_html
 
 from ledger.audit import ledger_transaction
 from ledger.canonical import digest
-from ledger.models import Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant, Tool
-from ledger.services.tenancy import agent_revoke, membership_set, tenant_create
+from ledger.models import (
+    Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant, Tool,
+)
+from ledger.services.tenancy import agent_revoke, deploy_key_revoke, membership_set, tenant_create
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
 
@@ -39,8 +44,22 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return super().changelist_view(request, {**extra, **(extra_context or {})})
 
 
+class SuperuserWritesAdmin(admin.ModelAdmin):
+    """Policy and who holds which role: written by superusers only; other staff, whatever their model permissions,
+    only read (a staff user who could grant themselves a tenant's admin role could change its policy too)."""
+
+    def has_add_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(SuperuserWritesAdmin):
     list_display = ("slug", "name", "approval_threshold", "approval_ttl_seconds", "created_at")
     list_filter = ("approval_threshold",)
     search_fields = ("slug", "name")
@@ -103,8 +122,47 @@ class AgentAdmin(admin.ModelAdmin):
         self.message_user(request, f"{revoked} agent key(s) revoked.", messages.SUCCESS)
 
 
+@admin.register(DeployKey)
+class DeployKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "tenant", "key_prefix", "created_at", "revoked_at")
+    list_filter = ("tenant", ("revoked_at", admin.EmptyFieldListFilter))
+    search_fields = ("name", "key_prefix", "tenant__slug")
+    fields = ("tenant", "name", "key_prefix", "created_at", "revoked_at")
+    readonly_fields = fields
+    list_select_related = ("tenant",)
+    actions = ("revoke",)
+    help_text = ("Deploy keys write tools and policy for a pipeline (never runs or actions). They are created only "
+                 "with `manage.py create_deploy_key TENANT NAME`, which prints the key once; only its hash is stored.")
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm("ledger.change_deploykey")
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"subtitle": self.help_text, **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url, {"subtitle": self.help_text, **(extra_context or {})})
+
+    @admin.action(description="Revoke the selected deploy keys", permissions=["revoke"])
+    def revoke(self, request, queryset):
+        revoked = 0
+        for key in queryset.filter(revoked_at__isnull=True):
+            deploy_key_revoke(key=key, actor=actor_of(request))
+            revoked += 1
+        self.message_user(request, f"{revoked} deploy key(s) revoked.", messages.SUCCESS)
+
+
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(SuperuserWritesAdmin):
     list_display = ("user", "tenant", "role")
     list_filter = ("role", "tenant")
     search_fields = ("user__username", "user__email", "tenant__slug")
@@ -122,8 +180,8 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Tool)
-class ToolAdmin(admin.ModelAdmin):
-    """Tool policy is editable here; each save is recorded in the tenant's audit chain."""
+class ToolAdmin(SuperuserWritesAdmin):
+    """Tool policy is editable here by superusers only; each save is recorded in the tenant's audit chain."""
 
     list_display = ("name", "tenant", "action_class", "saga_role", "risk", "approval", "executor", "updated_at")
     list_filter = ("tenant", "action_class", "saga_role", "risk", "approval", "executor")

@@ -94,6 +94,27 @@ class Agent(models.Model):
         return f"{self.tenant.slug}/{self.name}"
 
 
+class DeployKey(models.Model):
+    """A pipeline's credential for pushing reviewed tools and policy: not an agent, so it can never act.
+
+    Accepted only on the tool and policy endpoints (`Authorization: Bearer uwd_<prefix>_<secret>`); stored
+    like an agent key (SHA-256 hash, found by its visible prefix), shown once by `manage.py create_deploy_key`.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="deploy_keys")
+    name = models.CharField(max_length=100)
+    key_prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="deploy_key_name_unique_per_tenant")]
+
+    def __str__(self):
+        return f"{self.tenant.slug}/{self.name}"
+
+
 class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")

@@ -1,6 +1,8 @@
-"""Reads: every query the API makes, scoped to the caller's tenants.
+"""Reads: every query the API makes, scoped to the caller's tenants — and for an agent, to its own runs.
 
-An object outside the caller's tenants is indistinguishable from a missing one (`NotFound`, 404).
+An object outside the caller's tenants is indistinguishable from a missing one (`NotFound`, 404). Runs and
+actions also take `agent_id`, which every caller passes explicitly: an agent's id keeps an agent to its own
+runs (another agent's run in the same tenant is a 404 too), None is for people, who see their whole tenants.
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStat
 ACTION_RELATED = ("tool", "run")
 
 
-def run_list(*, tenant_ids: list[int], status: str | None = None, agent: str | None = None,
+def run_list(*, tenant_ids: list[int], agent_id: int | None, status: str | None = None, agent: str | None = None,
              since: datetime | None = None) -> QuerySet[Run]:
     runs = Run.objects.filter(tenant_id__in=tenant_ids).select_related("agent")
+    if agent_id is not None:
+        runs = runs.filter(agent_id=agent_id)
     if status:
         runs = runs.filter(status=status)
     if agent:
@@ -27,8 +31,11 @@ def run_list(*, tenant_ids: list[int], status: str | None = None, agent: str | N
     return runs
 
 
-def run_get(*, tenant_ids: list[int], run_id: int) -> Run:
-    run = Run.objects.filter(tenant_id__in=tenant_ids, pk=run_id).select_related("agent", "tenant").first()
+def run_get(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:
+    runs = Run.objects.filter(tenant_id__in=tenant_ids, pk=run_id)
+    if agent_id is not None:
+        runs = runs.filter(agent_id=agent_id)
+    run = runs.select_related("agent", "tenant").first()
     if run is None:
         raise NotFound(f"there is no run {run_id}")
     return run
@@ -42,10 +49,10 @@ def run_checkpoints(run: Run) -> list[Checkpoint]:
     return list(run.checkpoints.order_by("id"))
 
 
-def run_for_write(*, tenant_ids: list[int], run_id: int) -> Run:
+def run_for_write(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:
     """The run an agent writes to (a proposal), read with one written-once statement; relations load lazily."""
     run = sql.get(Run, pk=run_id)
-    if run is None or run.tenant_id not in tenant_ids:
+    if run is None or run.tenant_id not in tenant_ids or (agent_id is not None and run.agent_id != agent_id):
         raise NotFound(f"there is no run {run_id}")
     return run
 
@@ -59,8 +66,11 @@ def action_reload(action: Action) -> Action:
     return fresh
 
 
-def action_get(*, tenant_ids: list[int], action_id: int) -> Action:
-    action = Action.objects.filter(tenant_id__in=tenant_ids, pk=action_id).select_related(*ACTION_RELATED).first()
+def action_get(*, tenant_ids: list[int], agent_id: int | None, action_id: int) -> Action:
+    actions = Action.objects.filter(tenant_id__in=tenant_ids, pk=action_id)
+    if agent_id is not None:
+        actions = actions.filter(run__agent_id=agent_id)
+    action = actions.select_related(*ACTION_RELATED).first()
     if action is None:
         raise NotFound(f"there is no action {action_id}")
     return action
@@ -76,7 +86,7 @@ def awaiting_report(status: str, executor: str) -> bool:
     return status == ActionStatus.RUNNING and executor == Executor.CLIENT
 
 
-def compensations_pending_report(*, tenant_ids: list[int], agent_id: int | None = None,
+def compensations_pending_report(*, tenant_ids: list[int], agent_id: int | None,
                                  run_id: int | None = None) -> QuerySet[Action]:
     """Compensations of client-executed tools that wait for the agent to run them and report."""
     pending = Action.objects.filter(tenant_id__in=tenant_ids, kind=ActionKind.COMPENSATION,

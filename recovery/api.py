@@ -211,7 +211,8 @@ class RunTrailView(ApiView):
                                "derived from the ledger alone.",
                    responses={200: TrailOut, **problems(404)})
     def get(self, request, run_id: int):
-        run = ledger_selectors.run_get(tenant_ids=caller_of(request).tenant_ids, run_id=run_id)
+        caller = caller_of(request)
+        run = ledger_selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
         return Response(TrailOut(correction_trail(run)).data)
 
 

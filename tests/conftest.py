@@ -1,8 +1,8 @@
 """Shared fixtures: two tenants with fixed personas, and the sandbox world's tools.
 
-Personas (healthchecks-style): in tenant "acme" alice approves, oscar operates, victor only views;
-ben is a second approver for quorum tests; mallory belongs to tenant "globex" only and is used for
-every isolation check.
+Personas (healthchecks-style): in tenant "acme" alice approves, oscar operates, victor only views, ada
+administers (tools and policy); ben is a second approver for quorum tests; mallory belongs to tenant
+"globex" only and is used for every isolation check.
 """
 import copy
 from pathlib import Path
@@ -58,7 +58,7 @@ class World:
         self.users = {}
         for username, tenant, role in [
             ("alice", self.acme, "approver"), ("ben", self.acme, "approver"), ("oscar", self.acme, "operator"),
-            ("victor", self.acme, "viewer"), ("mallory", self.globex, "admin"),
+            ("victor", self.acme, "viewer"), ("ada", self.acme, "admin"), ("mallory", self.globex, "admin"),
         ]:
             user = User.objects.create_user(username, f"{username}@example.com", "pw-" + username)
             membership_set(tenant=tenant, user=user, role=role)

@@ -188,7 +188,7 @@ CHAT_DELETE = {"executor": "client", "risk": "low", "timeout": 30, "args_schema"
 
 def register_chat(api):
     for name, policy in (("chat.delete", CHAT_DELETE), ("chat.post", CHAT_POST)):
-        assert api.agent.put(f"/api/v1/tools/{name}", policy, format="json").status_code == 201
+        assert api.person("ada").put(f"/api/v1/tools/{name}", policy, format="json").status_code == 201
 
 
 def test_a_client_executed_step_waits_for_the_agents_report(api):

@@ -88,7 +88,7 @@ def test_another_tenants_key_gets_404_on_every_object(api_db):
     action = act(run, "hr.create_user", USER)
     gated = action_propose(run=run, tool_name="payments.charge", args={"customer": "c", "amount_cents": 1},
                            actor="agent:booker").action
-    api_db.agent.put("/api/v1/tools/crm.escalate", {"executor": "client"}, format="json")
+    api_db.person("ada").put("/api/v1/tools/crm.escalate", {"executor": "client"}, format="json")
     intruder = api_db.intruder
     for path in (f"/api/v1/runs/{run.pk}", f"/api/v1/runs/{run.pk}/trail", f"/api/v1/actions/{action.pk}",
                  f"/api/v1/actions/{action.pk}/wait?timeout=0", f"/api/v1/actions/{gated.pk}",

@@ -1,4 +1,7 @@
-"""Tools and policy over the API: list, get, upsert by name, bulk load; who may change them."""
+"""Tools and policy over the API: list, get, upsert by name, bulk load; who may change them.
+
+Agents only read tools; ada (acme's admin) writes them here. Who may write is attacked in test_governance.py.
+"""
 import copy
 
 from ledger.models import Tool
@@ -26,11 +29,11 @@ def test_list_and_get_show_the_policy(api_db):
 
 
 def test_put_registers_then_updates_and_get_round_trips(api_db):
-    created = api_db.agent.put("/api/v1/tools/crm.escalate", TICKET, format="json")
+    created = api_db.person("ada").put("/api/v1/tools/crm.escalate", TICKET, format="json")
     assert created.status_code == 201, created.content
     policy = created.json()["policy"]
     assert policy["executor"] == "client" and policy["risk"] == "medium"
-    updated = api_db.agent.put("/api/v1/tools/crm.escalate", {**policy, "risk": "high"}, format="json")
+    updated = api_db.person("ada").put("/api/v1/tools/crm.escalate", {**policy, "risk": "high"}, format="json")
     assert updated.status_code == 200 and updated.json()["policy"]["risk"] == "high"
     assert updated.json()["policy"] == {**policy, "risk": "high"}
     assert Tool.objects.get(tenant=api_db.world.acme, name="crm.escalate").risk == "high"
@@ -38,21 +41,21 @@ def test_put_registers_then_updates_and_get_round_trips(api_db):
 
 
 def test_put_refuses_a_bad_policy_naming_the_field(api_db):
-    refused = api_db.agent.put("/api/v1/tools/crm.escalate", {**TICKET, "risk": "extreme"}, format="json")
+    refused = api_db.person("ada").put("/api/v1/tools/crm.escalate", {**TICKET, "risk": "extreme"}, format="json")
     assert assert_problem(refused, 400, "validation_error")["field"] == "tools.crm.escalate.risk"
-    unknown = api_db.agent.put("/api/v1/tools/crm.escalate", {**TICKET, "colour": "red"}, format="json")
+    unknown = api_db.person("ada").put("/api/v1/tools/crm.escalate", {**TICKET, "colour": "red"}, format="json")
     assert assert_problem(unknown, 400, "validation_error")["field"] == "tools.crm.escalate.colour"
     orphan = {**TICKET, "executor": "python", "endpoint": "sandbox.crm.update_ticket",
               "compensation": {"strategy": "twin", "tool": "nope"}}
-    assert "compensation.tool" in assert_problem(api_db.agent.put("/api/v1/tools/x", orphan, format="json"), 400,
+    assert "compensation.tool" in assert_problem(api_db.person("ada").put("/api/v1/tools/x", orphan, format="json"), 400,
                                                  "validation_error")["field"]
-    assert_problem(api_db.agent.put("/api/v1/tools/x", ["not", "an", "object"], format="json"), 400, "validation_error")
+    assert_problem(api_db.person("ada").put("/api/v1/tools/x", ["not", "an", "object"], format="json"), 400, "validation_error")
     assert not Tool.objects.filter(name__in=["crm.escalate", "x"]).exists()
 
 
 def test_policy_load_is_all_or_nothing(api_db):
     document = {"defaults": {"approval_threshold": "critical"}, "tools": {"crm.escalate": TICKET}}
-    loaded = api_db.agent.post("/api/v1/policy", document, format="json")
+    loaded = api_db.person("ada").post("/api/v1/policy", document, format="json")
     assert loaded.status_code == 200, loaded.content
     assert loaded.json()["loaded"] == ["crm.escalate"]
     api_db.world.acme.refresh_from_db()
@@ -60,10 +63,10 @@ def test_policy_load_is_all_or_nothing(api_db):
     broken = copy.deepcopy(in_process_policy())
     broken["tools"]["zz.new"] = {"executor": "client"}
     broken["tools"]["payments.charge"]["saga_role"] = "keystone"
-    refused = api_db.agent.post("/api/v1/policy", broken, format="json")
+    refused = api_db.person("ada").post("/api/v1/policy", broken, format="json")
     assert assert_problem(refused, 400, "validation_error")["field"] == "tools.payments.charge.saga_role"
     assert not Tool.objects.filter(name="zz.new").exists()
-    other = api_db.agent.post("/api/v1/policy", {"tenant": "globex", "tools": {}}, format="json")
+    other = api_db.person("ada").post("/api/v1/policy", {"tenant": "globex", "tools": {}}, format="json")
     assert assert_problem(other, 400, "validation_error")["field"] == "tenant"
 
 

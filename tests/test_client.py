@@ -11,6 +11,7 @@ from requests.adapters import HTTPAdapter
 
 from examples import agent_loop
 from ledger.models import Run
+from ledger.services.tenancy import deploy_key_create
 from tests.conftest import ROOT
 from tests.helpers import fault
 from unwind_client import ApprovalPending, InFlight, Refused, Rejected, ReportRequired, Unavailable, Unwind, Unwound
@@ -212,10 +213,12 @@ def test_a_slow_tool_is_waited_for(unwind, http_tools, settings):
 
 
 def test_a_client_executed_tool_and_its_compensation(unwind, http_tools):
-    unwind.put_tool("chat.delete", {"executor": "client", "timeout": 60})
-    unwind.put_tool("chat.post", {"executor": "client", "timeout": 60, "saga_role": "compensatable",
-                                  "compensation": {"strategy": "twin", "tool": "chat.delete",
-                                                   "args": {"message_id": "$result.id"}}})
+    _, deploy_key = deploy_key_create(tenant=http_tools.acme, name="ci", actor="test")
+    pipeline = Unwind(http_tools.live_server.url, deploy_key, backoff=0.01)  # tools are written by a deploy key
+    pipeline.put_tool("chat.delete", {"executor": "client", "timeout": 60})
+    pipeline.put_tool("chat.post", {"executor": "client", "timeout": 60, "saga_role": "compensatable",
+                                    "compensation": {"strategy": "twin", "tool": "chat.delete",
+                                                     "args": {"message_id": "$result.id"}}})
     posted = []
     run = unwind.run(goal="Announce Ashu")
     message = run.act("chat.post", {"text": "Welcome Ashu"}, execute=lambda args: posted.append(args) or {"id": "m-1"})

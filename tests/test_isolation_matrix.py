@@ -1,5 +1,8 @@
 """Guarantee 8 over HTTP: every API endpoint and every page, as each persona of tenant globex, against every
 object of tenant acme — 404 or 403 (405 for a method the endpoint does not have), never data, never an effect.
+And inside acme, agent against agent: a second acme agent against every run and action of the first — 404
+exactly like a missing one, or 403 where agents never go; only the tenant's tool list (read-only, agents need
+the schemas) is shared.
 
 The endpoints are enumerated from the URL resolver, so a new one fails here until it is mapped to the acme
 objects its parameters name. Left out, with the reason: the Django admin (staff only), the sandbox (the shared
@@ -16,6 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from approvals.models import ApprovalRequest
 from ledger.audit import verify_chain
 from ledger.models import Action, Run, Tool
+from ledger.services.tenancy import agent_create
 from ledger.services.tools import tool_upsert
 from recovery.forms import OPERATIONS
 from recovery.models import RecoveryItem
@@ -130,18 +134,17 @@ def state(world) -> dict:
     }
 
 
-def test_every_endpoint_as_globex_against_every_acme_object_is_404_or_403(acme):
-    before = state(acme)
-    table = routes()
-    assert len(table) >= 30, [r[0] for r in table]  # the resolver found the API and the pages
+def sweep(world, clients: dict, *, shared: tuple[str, ...] = ()) -> tuple[int, list[str]]:
+    """Every route, method and acme object as each client: (requests made, what leaked or answered wrongly).
+    Routes named in `shared` are the caller's to read (200, and they may show acme's marker)."""
     leaks = []
     checked = 0
-    for persona, client in personas(acme, lambda **headers: Client(**headers)).items():
-        for route, namespace, name, methods in table:
+    for persona, client in clients.items():
+        for route, namespace, name, methods in routes():
             page = not (route.startswith("api/") or route == "metrics")
-            for url in urls(acme, route, namespace):
+            for url in urls(world, route, namespace):
                 for method in methods:
-                    body = body_for(name, acme)
+                    body = body_for(name, world)
                     if page:
                         response = getattr(client, method)(url, body if method == "post" else None)
                     else:
@@ -150,17 +153,40 @@ def test_every_endpoint_as_globex_against_every_acme_object_is_404_or_403(acme):
                     text = response.content.decode(errors="replace")
                     parametrised = "<" in route
                     allowed = {403, 404, 405} if parametrised else {200, 400, 403, 404, 405}
+                    if name in shared and method == "get":
+                        allowed = {200}
                     if page and persona != "mallory (session)":  # pages take a session, nothing else
                         allowed = {302}
                         if not response.get("Location", "").startswith("/accounts/login/"):
                             leaks.append(f"{persona} {method.upper()} {url}: {response.status_code} not to the login page")
                     if response.status_code not in allowed:
                         leaks.append(f"{persona} {method.upper()} {url}: {response.status_code}")
-                    if MARKER in text:
+                    if MARKER in text and name not in shared:
                         leaks.append(f"{persona} {method.upper()} {url}: {response.status_code} shows acme data")
+    return checked, leaks
+
+
+def test_every_endpoint_as_globex_against_every_acme_object_is_404_or_403(acme):
+    before = state(acme)
+    table = routes()
+    assert len(table) >= 30, [r[0] for r in table]  # the resolver found the API and the pages
+    checked, leaks = sweep(acme, personas(acme, lambda **headers: Client(**headers)))
     assert checked > 300
     assert leaks == [], "\n".join(leaks)
     assert state(acme) == before  # nothing of acme changed
+    assert verify_chain(acme.acme.pk).ok
+
+
+def test_every_endpoint_as_another_acme_agent_against_the_first_agents_objects_is_404_or_403(acme):
+    """Agent against agent inside one tenant: acme's second agent reaches none of booker's runs and actions."""
+    _, rival_key = agent_create(tenant=acme.acme, name="rival", actor="test")
+    assert set(Run.objects.filter(tenant=acme.acme).values_list("agent__name", flat=True)) == {"booker"}
+    before = state(acme)
+    rival = {"acme's other agent key": Client(HTTP_AUTHORIZATION=f"Bearer {rival_key}")}
+    checked, leaks = sweep(acme, rival, shared=("tool-list", "tool-detail"))
+    assert checked > 100
+    assert leaks == [], "\n".join(leaks)
+    assert state(acme) == before  # nothing of booker's changed
     assert verify_chain(acme.acme.pk).ok
 
 
@@ -206,9 +232,9 @@ def test_a_forged_share_link_to_an_acme_trail_shows_nothing(acme, client):
 
 def test_globex_registering_a_tool_by_an_acme_tools_name_gets_its_own(acme, client):
     before = state(acme)
-    agent = {"HTTP_AUTHORIZATION": f"Bearer {acme.other_key}"}
+    admin = {"HTTP_AUTHORIZATION": "Basic " + base64.b64encode(b"mallory:pw-mallory").decode()}  # globex's admin
     response = client.put(f"/api/v1/tools/{ACME_TOOL}", {"executor": "client", "description": "globex's"},
-                          content_type="application/json", **agent)
+                          content_type="application/json", **admin)
     assert response.status_code == 201
     assert MARKER not in response.content.decode()
     assert Tool.objects.get(tenant=acme.globex, name=ACME_TOOL).description == "globex's"

@@ -103,7 +103,7 @@ def test_approval_requested_mail_arrives_with_text_html_and_a_working_link(tools
     assert smtp.messages == []  # written to the outbox only; the worker sends it
     assert notifications_send() == 1
     [envelope] = smtp.handler.envelopes
-    assert sorted(envelope.rcpt_tos) == ["alice@example.com", "ben@example.com", "oscar@example.com"]
+    assert sorted(envelope.rcpt_tos) == ["ada@example.com", "alice@example.com", "ben@example.com", "oscar@example.com"]
     [message] = smtp.messages
     assert message["Subject"] == "[Unwind] Approval needed: payments.charge (high risk)"
     text, html = body_parts(message)
@@ -240,7 +240,7 @@ def test_operators_hear_when_a_compensation_is_refused(tools, smtp, django_captu
     by_subject = {m["Subject"]: m for m in smtp.messages}
     charge = Action.objects.get(pk=approval.action_id)
     failed = by_subject[f"[Unwind] Compensation failed: payments.charge in run {charge.run_id}"]
-    assert failed["To"] == "oscar@example.com"
+    assert failed["To"] == "ada@example.com, oscar@example.com"  # operators and up
     text, html = body_parts(failed)
     assert "the compensation was rejected: the customer keeps the ticket" in text
     assert f"step {charge.seq}" in html and "alert and continue" in html

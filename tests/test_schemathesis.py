@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 from approvals.models import ApprovalRequest
 from config.wsgi import application
 from ledger.models import Action
-from ledger.services.tenancy import membership_set
+from ledger.services.tenancy import deploy_key_create
 from recovery.models import RecoveryItem
 from tests.api_support import basic
 from tests.helpers import act, fault, open_run
@@ -56,8 +56,8 @@ def ledger(transactional_db, tools, settings):
     """acme with a completed run, a compensated one, one waiting for approval and one in the recovery queue."""
     cache.clear()
     settings.UNWIND_THROTTLE_RATE = "1000000/min"
-    ada = tools.users["ada"] = type(tools.alice).objects.create_user("ada", "ada@example.com", "pw-ada", is_staff=True)
-    membership_set(tenant=tools.acme, user=ada, role="admin")
+    type(tools.ada).objects.filter(pk=tools.ada.pk).update(is_staff=True)  # acme's admin also reads /metrics
+    _, deploy_key = deploy_key_create(tenant=tools.acme, name="ci", actor="test")
     done = open_run(tools)
     user = act(done, "hr.create_user", {"email": "s@x.io", "name": "S"})
     act(done, "licenses.provision", {"user_id": user.result["id"]})
@@ -80,6 +80,7 @@ def ledger(transactional_db, tools, settings):
         "approvals": ApprovalRequest.objects.get(run=gated).pk,
         "recovery-items": RecoveryItem.objects.get(run=stuck).pk,
         "name": "hr.create_user",
+        "deploy_key": deploy_key,
     }
 
 
@@ -96,9 +97,12 @@ def aim(case, ledger) -> None:
 
 
 def credentials(case, ledger) -> dict:
-    """The agent's key where agents come first, an admin's HTTP Basic where people decide."""
+    """The agent's key where agents come first, a deploy key on tools and policy, an admin's HTTP Basic where people
+    decide."""
     security = case.operation.definition.raw.get("security") or [{}]
     first = next(iter(security[0]), None)
+    if first == "deployKey":
+        return {"Authorization": f"Bearer {ledger['deploy_key']}"}
     if first == "agentKey":
         return {"Authorization": f"Bearer {ledger['world'].key}"}
     if first == "basicAuth":

@@ -42,7 +42,7 @@ FINISHED = {"completed", "compensated", "closed"}
 
 
 class Unwind:
-    """A connection to an Unwind server with one agent's API key."""
+    """A connection to an Unwind server with one agent's API key (or, for `put_tool`/`load_policy`, a deploy key)."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0, retries: int = 4, backoff: float = 0.25,
                  session: requests.Session | None = None):
@@ -209,10 +209,15 @@ class Unwind:
     def tools(self) -> list[dict]:
         return self.request("GET", "/api/v1/tools").json()
 
+    # Writing tools and policy takes a deploy key (`Unwind(url, "uwd_…")`, from manage.py create_deploy_key):
+    # an agent's key is refused with 403 agents_cannot_govern, since the policy is the agent's guardrail.
+
     def put_tool(self, name: str, policy: dict) -> dict:
+        """Register or update a tool (with a deploy key)."""
         return self.request("PUT", f"/api/v1/tools/{name}", json=policy).json()
 
     def load_policy(self, document: dict) -> dict:
+        """Load a whole policy document, all or nothing (with a deploy key)."""
         return self.request("POST", "/api/v1/policy", json=document).json()
 
 

@@ -31,7 +31,9 @@ def action_response(request, action: Action, *, status: int = 200, shape=ActionO
 
 
 def fresh(request, action_id: int) -> Action:
-    return selectors.action_get(tenant_ids=caller_of(request).tenant_ids, action_id=action_id)
+    """The action, if the caller may see it: an agent only in its own runs, a person in their tenants."""
+    caller = caller_of(request)
+    return selectors.action_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, action_id=action_id)
 
 
 # --- propose -------------------------------------------------------------------------------------------------
@@ -72,15 +74,18 @@ class ActionProposeView(ApiView):
         tags=TAG, operation_id="actions_propose", summary="Propose a tool call", request=ProposeIn,
         parameters=[IDEMPOTENCY_KEY],
         description="Records the call, checks it against policy and the ordering law, and executes it inside the "
-                    "request when it needs no approval (bounded wait). A failed step starts the unwind: the answer "
+                    "request when it needs no approval (bounded wait); when the tenant already holds its share of the "
+                    "inline pool, the worker runs it (202). A failed step starts the unwind: the answer "
                     "shows the action failed and the run's status (unwinding, compensated or needs_attention).",
         responses={
             201: OpenApiResponse(ProposalOut, description="Recorded and executed: the outcome is in status/result."),
             200: OpenApiResponse(ProposalOut, description="A replay of an Idempotency-Key: the stored outcome "
                                                           "(header Idempotent-Replayed: true)."),
             202: OpenApiResponse(ProposalOut, description="Not settled yet: awaiting approval (see approval.url), "
-                                                          "awaiting the agent's report (client-executed tool), or "
-                                                          "still running after the inline wait (poll links.wait)."),
+                                                          "awaiting the agent's report (client-executed tool), "
+                                                          "still running after the inline wait, or handed to the "
+                                                          "worker (the tenant's share of the inline pool is busy): "
+                                                          "poll links.wait."),
             **problems(404, 409, 422, body=True, codes={
                 400: "validation_error (field, errors), parse_error",
                 404: "not_found (the run), unknown_tool",
@@ -95,15 +100,21 @@ class ActionProposeView(ApiView):
     )
     def post(self, request, run_id: int):
         caller = caller_of(request)
-        run = selectors.run_for_write(tenant_ids=caller.tenant_ids, run_id=run_id)
+        run = selectors.run_for_write(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
         body = ProposeIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        proposal = action_propose(
-            run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
-            intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"), inline=True)
-        if proposal.claimed:
-            inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT)
+        # A tenant holding its share of the inline pool has the step claimed for the worker instead (fair share).
+        with inline.tenant_slot(run.tenant_id) as slot:
+            proposal = action_propose(
+                run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
+                intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"),
+                inline=slot is not None, queued=slot is None)
+            if proposal.claimed and slot is not None:
+                inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
+                                      slot=slot)
+            elif proposal.claimed:
+                inline.hand_to_worker(proposal.action, owner=proposal.owner)
         action = selectors.action_reload(proposal.action)
         pending = action.status in ACTIVE_ACTION_STATUSES
         status = 202 if pending else 200 if proposal.replayed else 201
@@ -193,7 +204,7 @@ class ActionReportView(ApiView):
                                actor=caller.actor)
         action = fresh(request, action.pk)
         if action.run.status == RunStatus.UNWINDING:
-            inline.unwind_within(action.run_id, wait=settings.UNWIND_INLINE_WAIT)
+            inline.unwind_within(action.run_id, tenant_id=action.tenant_id, wait=settings.UNWIND_INLINE_WAIT)
             action = fresh(request, action.pk)
         return action_response(request, action)
 
@@ -229,7 +240,7 @@ class PendingCompensationsView(ApiView):
         caller = caller_of(request)
         query = PendingFilterIn(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        pending = selectors.compensations_pending_report(tenant_ids=caller.tenant_ids, agent_id=caller.agent.pk,
+        pending = selectors.compensations_pending_report(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id,
                                                         run_id=query.validated_data.get("run"))
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(pending, request, view=self)

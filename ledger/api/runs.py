@@ -1,4 +1,8 @@
-"""Runs: open (with a declared plan checked against the ordering law), list, get, cancel, complete."""
+"""Runs: open (with a declared plan checked against the ordering law), list, get, cancel, complete.
+
+An agent sees and acts on its own runs only (another agent's run answers 404, like a missing one);
+people see every run of their tenants.
+"""
 from __future__ import annotations
 
 from django.urls import reverse
@@ -19,7 +23,7 @@ TAG = ["runs"]
 
 
 def run_response(request, run, *, status: int = 200) -> Response:
-    run = selectors.run_get(tenant_ids=[run.tenant_id], run_id=run.pk)  # fresh, with its agent
+    run = selectors.run_get(tenant_ids=[run.tenant_id], agent_id=None, run_id=run.pk)  # fresh, with its agent
     context = {"request": request, "actions": selectors.run_actions(run), "checkpoints": selectors.run_checkpoints(run)}
     return Response(RunDetailOut(run, context=context).data, status=status)
 
@@ -37,7 +41,8 @@ class RunOpenIn(StrictSerializer):
 
 class RunFilterIn(serializers.Serializer):
     status = serializers.ChoiceField(RunStatus.choices, required=False)
-    agent = serializers.CharField(required=False, max_length=100, help_text="The agent's name.")
+    agent = serializers.CharField(required=False, max_length=100,
+                                  help_text="The agent's name (people; an agent lists its own runs only).")
     since = serializers.DateTimeField(required=False, help_text="Runs opened at or after this time (ISO 8601).")
 
 
@@ -52,7 +57,8 @@ class RunListView(ApiView):
     def get(self, request):
         query = RunFilterIn(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        runs = selectors.run_list(tenant_ids=caller_of(request).tenant_ids, **query.validated_data)
+        caller = caller_of(request)
+        runs = selectors.run_list(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, **query.validated_data)
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(runs, request, view=self)
         return paginator.get_paginated_response(RunOut(page, many=True, context={"request": request}).data)
@@ -91,7 +97,9 @@ class RunDetailView(ApiView):
     @extend_schema(tags=TAG, operation_id="runs_get", summary="Get a run with its actions and checkpoints",
                    responses={200: RunDetailOut, **problems(404)})
     def get(self, request, run_id: int):
-        return run_response(request, selectors.run_get(tenant_ids=caller_of(request).tenant_ids, run_id=run_id))
+        caller = caller_of(request)
+        return run_response(request, selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id,
+                                                       run_id=run_id))
 
 
 class RunCancelIn(StrictSerializer):
@@ -104,13 +112,14 @@ class RunCancelView(ApiView):
     @extend_schema(
         tags=TAG, operation_id="runs_cancel", summary="Cancel a run",
         description="Starts nothing new; unwinds what was done before the pivot (newest first); after the pivot, "
-                    "the run goes to the recovery queue. Cancelling twice is harmless. People need the operator role.",
+                    "the run goes to the recovery queue. Cancelling twice is harmless. An agent cancels its own runs; "
+                    "people need the operator role.",
         request=RunCancelIn,
         responses={200: RunDetailOut, **problems(404, 409, body=True, codes={409: "state_conflict (already finished)"})},
     )
     def post(self, request, run_id: int):
         caller = caller_of(request)
-        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        run = selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
         require_role(caller, run.tenant_id, Role.OPERATOR)
         body = RunCancelIn(data=request.data)
         body.is_valid(raise_exception=True)
@@ -129,6 +138,6 @@ class RunCompleteView(ApiView):
     )
     def post(self, request, run_id: int):
         caller = caller_of(request)
-        run = selectors.run_get(tenant_ids=caller.tenant_ids, run_id=run_id)
+        run = selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
         return run_response(request, run_complete(run=run, actor=caller.actor))
 

@@ -1,4 +1,9 @@
-"""Tools and their policy: list, get, upsert by name, and a whole policy document at once."""
+"""Tools and their policy: list, get, upsert by name, and a whole policy document at once.
+
+Agents read the tool list (they need the schemas to propose) but never write it: the policy is their
+guardrail. Writes take a person with the tenant's admin role or a deploy key; the deploy key is accepted
+on these endpoints only.
+"""
 from __future__ import annotations
 
 from django.urls import reverse
@@ -8,7 +13,9 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from ledger import selectors
-from ledger.api.auth import IsAgentOrMember, caller_of, tenant_for
+from ledger.api.auth import (
+    GOVERNANCE_AUTHENTICATION, AgentsCannotGovern, CanReadTools, IsMemberOrDeployKey, caller_of, tenant_for,
+)
 from ledger.api.base import ApiView, absolute
 from ledger.api.problems import problems
 from ledger.errors import ValidationFailed
@@ -18,7 +25,9 @@ from ledger.services.tools import tool_upsert, tools_load
 
 TAG = ["tools"]
 TENANT = OpenApiParameter("tenant", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
-                          description="People in several tenants: the tenant's slug. Agents act in their own.")
+                          description="People in several tenants: the tenant's slug. Keys act in their own.")
+GOVERN_403 = ("agents_cannot_govern (an agent's key: a person with the admin role or a deploy key writes tools and "
+              "policy), permission_denied (below the admin role)")
 
 
 def policy_of(tool: Tool) -> dict:
@@ -104,9 +113,12 @@ def tool_data(request, tools) -> list | dict:
 
 
 class ToolListView(ApiView):
-    permission_classes = [IsAgentOrMember]
+    authentication_classes = GOVERNANCE_AUTHENTICATION
+    permission_classes = [CanReadTools]
 
     @extend_schema(tags=TAG, operation_id="tools_list", summary="List the tenant's tools",
+                   description="Agents, deploy keys and members (viewer and up) read it; agents read only, since "
+                               "they need the schemas to propose.",
                    parameters=[TENANT], responses={200: ToolOut(many=True), **problems(400, 404)})
     def get(self, request):
         tenant = tenant_for(request, role=Role.VIEWER)
@@ -114,7 +126,12 @@ class ToolListView(ApiView):
 
 
 class ToolDetailView(ApiView):
-    permission_classes = [IsAgentOrMember]
+    authentication_classes = GOVERNANCE_AUTHENTICATION
+
+    def get_permissions(self):
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return [CanReadTools()]
+        return [AgentsCannotGovern(), IsMemberOrDeployKey()]
 
     @extend_schema(tags=TAG, operation_id="tools_get", summary="Get a tool and its policy",
                    parameters=[TENANT], responses={200: ToolOut, **problems(400, 404)})
@@ -124,11 +141,12 @@ class ToolDetailView(ApiView):
 
     @extend_schema(
         tags=TAG, operation_id="tools_put", summary="Register or update a tool",
-        description="Agents register their own tenant's tools; people need the admin role.",
+        description="For a person with the tenant's admin role, or a deploy key. An agent's key is refused (403 "
+                    "agents_cannot_govern): the policy is the agent's guardrail.",
         parameters=[TENANT], request=ToolPolicy,
         responses={200: OpenApiResponse(ToolOut, description="Updated."),
                    201: OpenApiResponse(ToolOut, description="Registered."),
-                   **problems(404, body=True, codes={404: "not_found (the ?tenant)"})},
+                   **problems(404, body=True, codes={403: GOVERN_403, 404: "not_found (the ?tenant)"})},
         examples=[OpenApiExample("a client-executed tool", request_only=True, value={
             "description": "Post a message to a chat channel.", "executor": "client", "saga_role": "compensatable",
             "args_schema": {"type": "object", "required": ["channel", "text"]},
@@ -152,14 +170,18 @@ class PolicyLoadOut(serializers.Serializer):
 
 
 class PolicyLoadView(ApiView):
-    permission_classes = [IsAgentOrMember]
+    authentication_classes = GOVERNANCE_AUTHENTICATION
+    permission_classes = [AgentsCannotGovern, IsMemberOrDeployKey]
 
     @extend_schema(
         tags=TAG, operation_id="policy_load", summary="Load a whole policy document",
         description="The JSON form of a policy file (flat, or seed 004's agentSafety shape), loaded atomically: "
-                    "every tool, or none with the first error. Same as `manage.py load_tools`.",
+                    "every tool, or none with the first error. Same as `manage.py load_tools`. For a person with the "
+                    "tenant's admin role, or a deploy key (a pipeline pushing a reviewed policy file); an agent's key "
+                    "is refused (403 agents_cannot_govern).",
         parameters=[TENANT], request=PolicyLoadIn,
-        responses={200: PolicyLoadOut, **problems(404, body=True, codes={404: "not_found (the ?tenant)"})},
+        responses={200: PolicyLoadOut, **problems(404, body=True, codes={403: GOVERN_403,
+                                                                         404: "not_found (the ?tenant)"})},
     )
     def post(self, request):
         tenant = tenant_for(request, role=Role.ADMIN)

@@ -88,13 +88,14 @@ def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str) -> Proposa
 
 def action_propose(
     *, run: Run, tool_name: str, args, actor: str, target: str | None = None, intent: dict | None = None,
-    idempotency_key: str | None = None, inline: bool = False,
+    idempotency_key: str | None = None, inline: bool = False, queued: bool = False,
 ) -> Proposal:
     """Record a proposed tool call: validate, check policy and the ordering law, claim it or gate it.
 
     Returns the recorded action. When `claimed`, the action is already `running` with a lease owned
     by `owner`, and the caller executes it (`execution.execute`), inline or in a worker. `inline` says the
-    caller runs it itself, now: its lease is then held, and no queued delivery can take it over.
+    caller runs it itself, now: its lease is then held, and no queued delivery can take it over. `queued` says the
+    caller queues it for a worker: its lease then also covers the time in the queue (as after an approval).
     """
     tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name) if isinstance(tool_name, str) else None
     if tool is None:
@@ -121,7 +122,7 @@ def action_propose(
             raise StateConflict(f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}") from None
     try:
         return _record(run=run, tool=tool, args=clean, args_hash=args_hash, target_id=target_id, key=key,
-                       source=source, intent=intent or {}, before=before, actor=actor, inline=inline)
+                       source=source, intent=intent or {}, before=before, actor=actor, inline=inline, queued=queued)
     except IntegrityError:
         # A concurrent request with the same key won the insert: answer as its duplicate.
         existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
@@ -149,7 +150,7 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
         [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY])
 
 
-def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline) -> Proposal:
+def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline, queued) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
         # Lock the run and take the next step number in one statement (a refusal below rolls the number back),
         # reading the tenant's approval threshold as it stands now with it.
@@ -164,13 +165,14 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
         seq = run.next_seq - 1
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
+        lease = execution.queued_lease(tool) if queued and not client else execution.lease_until(
+            tool.timeout_seconds if client else tool.timeout_seconds + 1)
         action = sql.insert(Action(
             tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
             risk=tool.risk, args=args, args_hash=args_hash, target_type=tool.target_type, target_id=target_id,
             idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
             approvals_required=required, attempts=0 if required else 1, max_attempts=tool.max_attempts,
-            lease_owner=owner, lease_expires_at=None if required else execution.lease_until(
-                tool.timeout_seconds if client else tool.timeout_seconds + 1),
+            lease_owner=owner, lease_expires_at=None if required else lease,
             before=before, intent=intent, compensation_plan=dict(tool.compensation),
         ))
         action.tool = tool

@@ -1,4 +1,9 @@
-"""Tenants, agents (API keys) and memberships."""
+"""Tenants, agents (API keys), deploy keys and memberships.
+
+Two kinds of key, told apart by their prefix and never interchangeable: an agent's key (`uw_…`) acts (runs,
+proposals, reports); a deploy key (`uwd_…`) governs (tools and policy) for a pipeline that pushes a reviewed
+policy file. Both are stored as a SHA-256 hash and found by a short visible prefix.
+"""
 from __future__ import annotations
 
 import hashlib
@@ -12,9 +17,10 @@ from django.utils import timezone
 from ledger import sql
 from ledger.audit import ledger_transaction
 from ledger.errors import StateConflict, ValidationFailed
-from ledger.models import Agent, AuditHead, Membership, Role, Tenant
+from ledger.models import Agent, AuditHead, DeployKey, Membership, Role, Tenant
 
 KEY_PREFIX = "uw_"
+DEPLOY_KEY_PREFIX = "uwd_"
 
 
 def hash_key(raw: str) -> str:
@@ -66,6 +72,39 @@ def agent_authenticate(raw: str) -> Agent | None:
     if agent is None or agent.revoked_at is not None or not hmac.compare_digest(agent.key_hash, hash_key(raw)):
         return None
     return agent
+
+
+def deploy_key_create(*, tenant: Tenant, name: str, actor: str = "system:admin") -> tuple[DeployKey, str]:
+    """Create a deploy key and return it with its secret token, shown this once; only its hash is kept."""
+    if not name or len(name) > 100:
+        raise ValidationFailed("a deploy key needs a name of 1 to 100 characters", field="name")
+    if DeployKey.objects.filter(tenant=tenant, name=name).exists():
+        raise StateConflict(f"tenant {tenant.slug} already has a deploy key named {name!r}")
+    prefix = secrets.token_hex(6)
+    raw = f"{DEPLOY_KEY_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    with ledger_transaction(tenant.pk) as audit:
+        key = DeployKey.objects.create(tenant=tenant, name=name, key_prefix=prefix, key_hash=hash_key(raw))
+        audit.record("deploy_key.created", actor=actor, deploy_key=key.pk, name=name, key_prefix=prefix)
+    return key, raw
+
+
+def deploy_key_revoke(*, key: DeployKey, actor: str) -> DeployKey:
+    with ledger_transaction(key.tenant_id) as audit:
+        if DeployKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now()) == 1:
+            audit.record("deploy_key.revoked", actor=actor, deploy_key=key.pk, name=key.name)
+    key.refresh_from_db()
+    return key
+
+
+def deploy_key_authenticate(raw: str) -> DeployKey | None:
+    """Find the live deploy key for a raw token by its prefix and compare hashes in constant time."""
+    if not raw.startswith(DEPLOY_KEY_PREFIX) or raw.count("_") < 2:
+        return None
+    prefix = raw[len(DEPLOY_KEY_PREFIX):].split("_", 1)[0]
+    key = DeployKey.objects.filter(key_prefix=prefix).select_related("tenant").first()
+    if key is None or key.revoked_at is not None or not hmac.compare_digest(key.key_hash, hash_key(raw)):
+        return None
+    return key
 
 
 def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, actor: str = "system:admin") -> Membership:

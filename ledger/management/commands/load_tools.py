@@ -1,3 +1,4 @@
+import getpass
 import json
 from pathlib import Path
 
@@ -9,8 +10,18 @@ from ledger.models import Tenant
 from ledger.services.tools import tools_load
 
 
+def shell_actor() -> str:
+    """Who ran the command, for the audit chain: shell access to the deployment is a deployer's."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name in a bare container
+        user = "unknown"
+    return f"system:load_tools:{user}"
+
+
 class Command(BaseCommand):
-    help = "Load tools and their policy from a JSON or YAML policy file (see README, 'Policy files')."
+    help = ("Load tools and their policy from a JSON or YAML policy file (see README, 'Policy files'). For deployers "
+            "with shell access; audit events name the OS user (system:load_tools:<user>).")
 
     def add_arguments(self, parser):
         parser.add_argument("file")
@@ -34,7 +45,7 @@ class Command(BaseCommand):
         if tenant_obj is None:
             raise CommandError(f"tenant {slug!r} does not exist (create it with: manage.py create_tenant {slug})")
         try:
-            tools = tools_load(tenant=tenant_obj, document=document, actor="system:load_tools")
+            tools = tools_load(tenant=tenant_obj, document=document, actor=shell_actor())
         except UnwindError as exc:
             raise CommandError(f"{file}: {exc.detail}") from None
         for tool in tools:
