@@ -151,7 +151,8 @@ class DecisionIn(StrictSerializer):
 DECISION_PROBLEMS = problems(404, 409, body=True, codes={
     400: "validation_error (a rejection needs a reason), parse_error",
     403: "permission_denied (not an approver; your own request or one on your behalf; an agent key)",
-    409: "state_conflict (already decided or expired; you already decided; the arguments changed)"})
+    409: "state_conflict (already decided or expired; you already decided; the arguments changed), "
+         "approval_voided (the tool's policy changed while the request waited)"})
 
 
 class ApprovalDecideView(ApiView):

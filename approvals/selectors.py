@@ -28,7 +28,7 @@ def memberships_of(user) -> list[Membership]:
 
 
 def tool_names(*, tenant_ids: list[int]) -> list[str]:
-    names = Tool.objects.filter(tenant_id__in=tenant_ids).order_by("name").values_list("name", flat=True)
+    names = Tool.objects.filter(tenant_id__in=tenant_ids, is_current=True).order_by("name").values_list("name", flat=True)
     return list(names.distinct())
 
 
