@@ -107,8 +107,9 @@ def on_approval_withdrawn(*, action: Action, reason: str) -> None:
 
 
 def void_reason(tool_name: str, bound: int, current: int | None) -> str:
-    now = f"to version {current}" if current is not None else "and it has no current version"
-    return f"the policy of {tool_name} changed from version {bound} {now} while this waited"
+    if current is None:
+        return f"the policy of {tool_name} version {bound} was retired while this waited"
+    return f"the policy of {tool_name} changed from version {bound} to {current} while this waited"
 
 
 def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
