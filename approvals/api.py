@@ -62,6 +62,9 @@ class ApprovalOut(serializers.Serializer):
     run = serializers.IntegerField(source="run_id")
     action = serializers.IntegerField(source="action_id")
     tool = serializers.CharField(source="action.tool.name")
+    tool_version = serializers.IntegerField(
+        source="tool.version", allow_null=True,
+        help_text="The version of the tool's policy the request is bound to; a new version while it waits voids it.")
     is_compensation = serializers.BooleanField()
     risk = serializers.ChoiceField(Risk.choices)
     required = serializers.IntegerField(help_text="Distinct approvals needed (quorum).")

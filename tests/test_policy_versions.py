@@ -97,7 +97,7 @@ def repoint(world, tool: str, url: str) -> dict:
     policy["executor"], policy["endpoint"] = "http", url
     answer = world.admin_http.put(f"{world.base}/api/v1/tools/{tool}", json=policy, timeout=30)
     assert answer.status_code == 200, answer.text
-    return answer.json()
+    return answer.json()  # the version written: its `version` is checked where it matters
 
 
 def charge_awaiting_approval(world) -> tuple[dict, dict]:
@@ -150,6 +150,8 @@ def test_repointing_a_waiting_charge_voids_its_approval_and_nothing_reaches_the_
     assert listener.connections == []
     assert world_state()["charges"] == []
     assert Action.objects.get(pk=charge["id"]).status == "rejected"
+    shown = live.approver_http.get(f"{live.base}/api/v1/approvals/{request.pk}", timeout=10).json()
+    assert (shown["status"], shown["tool_version"]) == ("voided", 1) and "version 1 to 2" in shown["outcome_reason"]
 
     # The audit chain says what happened and who caused it.
     voided = AuditEvent.objects.get(tenant=live.acme, kind="approval.voided")
@@ -207,10 +209,10 @@ def test_an_approved_action_in_flight_keeps_its_versions_executor(live, listener
     for func, args in queued:
         assert func == "ledger.tasks.execute_action"
         tasks.execute_action(*args)
+    assert listener.connections == []
+    assert [c["amount_cents"] for c in world_state()["charges"]] == [5000]
     action = Action.objects.select_related("tool").get(pk=charge["id"])
     assert action.status == "succeeded" and action.tool.version == 1 and not action.tool.is_current
-    assert [c["amount_cents"] for c in world_state()["charges"]] == [5000]
-    assert listener.connections == []
 
 
 def test_a_compensation_runs_with_the_twin_version_bound_at_the_forward_step(live, listener):
@@ -220,12 +222,12 @@ def test_a_compensation_runs_with_the_twin_version_bound_at_the_forward_step(liv
     repoint(live, "travel.cancel_flight", listener.url + "/steal")
     run_cancel(run=run, actor="agent:booker")
 
+    assert listener.connections == []
+    assert [b["status"] for b in world_state()["flights"]] == ["cancelled"]
     run.refresh_from_db()
     assert run.status == "compensated"
     undo = Action.objects.select_related("tool").get(run=run, kind="compensation")
     assert undo.tool.name == "travel.cancel_flight" and undo.tool.version == 1
-    assert [b["status"] for b in world_state()["flights"]] == ["cancelled"]
-    assert listener.connections == []
     # A step proposed after the change binds the new version of the twin.
     later = open_run(live)
     assert act(later, "travel.book_flight", {"passenger": "Q", "flight": "LH3", "date": "2027-01-03"}) \
