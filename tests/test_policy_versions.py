@@ -322,3 +322,24 @@ def test_the_policy_page_lists_versions_with_their_diff_for_members_only(tools):
     outsider.force_login(get_user_model().objects.create_user("nobody", "n@example.com", "pw"))
     assert outsider.get("/console/policy/").status_code == 403
     assert Client().get("/console/policy/").status_code == 302  # to the login page
+
+
+def test_a_waiting_compensation_is_voided_when_its_tools_policy_changes(tools, django_capture_on_commit_callbacks):
+    from tests.conftest import in_process_policy
+    from tests.test_approval_pages import refund_waiting_for_approval
+
+    run, charge, undo = refund_waiting_for_approval(tools, django_capture_on_commit_callbacks)
+    spec = {**in_process_policy()["tools"]["payments.refund"], "description": "Refund a charge (v2)."}
+    with django_capture_on_commit_callbacks(execute=True):
+        tool_upsert(tenant=tools.acme, name="payments.refund", spec=spec, actor="user:adam")
+    undo.refresh_from_db()
+    assert undo.status == "voided" and "payments.refund changed from version 1 to 2" in undo.outcome_reason
+    # Refused as a rejected compensation is: the charge stands, and a person is told.
+    assert [c["status"] for c in world_state()["charges"]] == ["captured"]
+    charge.refresh_from_db()
+    assert charge.status == "compensation_failed"
+    run.refresh_from_db()
+    assert run.status == "needs_attention" and "payments.charge (step 3) could not be compensated" in run.attention_detail
+    with pytest.raises(ApprovalVoided):
+        approval_decide(request=undo, user=tools.ben, approve=True)
+    assert [c["status"] for c in world_state()["charges"]] == ["captured"]
