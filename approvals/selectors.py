@@ -28,8 +28,8 @@ def memberships_of(user) -> list[Membership]:
 
 
 def tool_names(*, tenant_ids: list[int]) -> list[str]:
-    names = Tool.objects.filter(tenant_id__in=tenant_ids, is_current=True).order_by("name").values_list("name", flat=True)
-    return list(names.distinct())
+    names = Tool.objects.filter(tenant_id__in=tenant_ids, is_current=True).order_by("name")
+    return list(names.values_list("name", flat=True).distinct())
 
 
 def inbox_requests(*, tenant_ids: list[int], tenant: str = "", risk: str = "", tool: str = "",

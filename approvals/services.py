@@ -169,7 +169,8 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
             raise StateConflict(f"this request is already {request.status}; nothing to decide")
         if request.expires_at <= timezone.now():
             raise StateConflict("this request has expired; the run has gone on without it")
-        bound = Tool.objects.filter(pk=request.tool_id or request.action.tool_id).values("name", "version", "is_current").get()
+        bound = (Tool.objects.filter(pk=request.tool_id or request.action.tool_id)
+                 .values("name", "version", "is_current").get())
         if not bound["is_current"]:
             # A policy change that got here first without voiding the request (it races this decision, or the
             # request predates versioned approvals): what was asked for is no longer what would run.

@@ -14,9 +14,8 @@ from ledger.models import (
     POLICY_FIELDS, Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant,
     TenantPolicyVersion, Tool,
 )
-from ledger.policy import parse_tool
 from ledger.services.tenancy import agent_revoke, membership_set, tenant_create
-from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_upsert
+from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
 
@@ -146,9 +145,12 @@ class ToolVersionForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
+        tenant = cleaned.get("tenant") or (self.instance.tenant if self.instance.tenant_id else None)
+        if tenant is None or self.errors:
+            return cleaned
         draft = Tool(**{name: value for name, value in cleaned.items() if name in POLICY_FIELDS})
         try:
-            parse_tool(cleaned.get("name") or self.instance.name, policy_of(draft), where="tool")
+            tool_policy_check(tenant=tenant, name=cleaned.get("name") or self.instance.name, spec=policy_of(draft))
         except ValidationFailed as error:
             raise forms.ValidationError(error.detail) from None
         return cleaned
@@ -188,8 +190,8 @@ class ToolAdmin(admin.ModelAdmin):
         return False  # a version is history: actions and approvals point at it
 
     def save_model(self, request, obj, form, change):
-        tenant = obj.tenant if not change else Tenant.objects.get(pk=obj.tenant_id)
-        tool, _ = tool_upsert(tenant=tenant, name=obj.name, spec=policy_of(obj), actor=actor_of(request), via="admin")
+        tool, _ = tool_upsert(tenant=obj.tenant, name=obj.name, spec=policy_of(obj), actor=actor_of(request),
+                              via="admin")
         # The admin redirects to (and logs) the version written, not the one the form was opened on.
         obj.pk, obj.version, obj.is_current = tool.pk, tool.version, tool.is_current
         obj._state.adding = False

@@ -164,7 +164,8 @@ def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
         if tool.version > 1:
             wanted |= Q(name=tool.name, version=tool.version - 1)
     tenant_ids = {tool.tenant_id for tool in versions}
-    earlier = {(t.name, t.version): t for t in Tool.objects.filter(wanted, tenant_id__in=tenant_ids)} if versions else {}
+    earlier = ({(t.name, t.version): t for t in Tool.objects.filter(wanted, tenant_id__in=tenant_ids)}
+               if versions else {})
     shown = []
     for tool in versions:
         previous = earlier.get((tool.name, tool.version - 1))

@@ -137,7 +137,8 @@ def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
     version (`execution.compensation_tool`), whatever the twin's policy has become by then."""
     plan = dict(tool.compensation)
     if isinstance(plan.get("tool"), str):
-        twin = tool if plan["tool"] == tool.name else sql.get(Tool, tenant=tenant_id, name=plan["tool"], is_current=True)
+        twin = tool if plan["tool"] == tool.name else sql.get(Tool, tenant=tenant_id, name=plan["tool"],
+                                                              is_current=True)
         if twin is not None:
             plan["tool_id"], plan["tool_version"] = twin.pk, twin.version
     return plan

@@ -61,10 +61,16 @@ def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit
     return tool, current is None
 
 
-def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str, via: str = "") -> tuple[Tool, bool]:
-    """Register a tool or write the next version of its policy. Returns (its current version, newly registered)."""
+def tool_policy_check(*, tenant: Tenant, name: str, spec: dict) -> dict:
+    """Validate one tool's policy for `tenant` (ValidationFailed names the setting) and return its field values."""
     fields = parse_tool(name, spec, where=f"tools.{name}")
     _check_compensation_tools(tenant, {name: fields}, where="tools")
+    return fields
+
+
+def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str, via: str = "") -> tuple[Tool, bool]:
+    """Register a tool or write the next version of its policy. Returns (its current version, newly registered)."""
+    fields = tool_policy_check(tenant=tenant, name=name, spec=spec)
     with ledger_transaction(tenant.pk) as audit:
         return _write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit, via=via)
 
@@ -75,10 +81,11 @@ def tenant_defaults_set(*, tenant: Tenant, values: dict, actor: str, via: str = 
         return _write_defaults(tenant=tenant, values=values, actor=actor, audit=audit, via=via)
 
 
-def _write_defaults(*, tenant: Tenant, values: dict, actor: str, audit: AuditLog, via: str = "") -> TenantPolicyVersion | None:
-    unknown = set(values) - set(DEFAULT_FIELDS)
+def _write_defaults(*, tenant: Tenant, values: dict, actor: str, audit: AuditLog,
+                    via: str = "") -> TenantPolicyVersion | None:
+    unknown = sorted(set(values) - set(DEFAULT_FIELDS))
     if unknown:
-        raise ValidationFailed(f"defaults.{sorted(unknown)[0]}: is not a tenant default", field=f"defaults.{sorted(unknown)[0]}")
+        raise ValidationFailed(f"defaults.{unknown[0]}: is not a tenant default", field=f"defaults.{unknown[0]}")
     now = Tenant.objects.values(*DEFAULT_FIELDS).get(pk=tenant.pk)
     merged = {**now, **values}
     if merged == now:
