@@ -62,6 +62,9 @@ class ApprovalOut(serializers.Serializer):
     run = serializers.IntegerField(source="run_id")
     action = serializers.IntegerField(source="action_id")
     tool = serializers.CharField(source="action.tool.name")
+    tool_version = serializers.IntegerField(
+        source="tool.version", allow_null=True,
+        help_text="The version of the tool's policy the request is bound to; a new version while it waits voids it.")
     is_compensation = serializers.BooleanField()
     risk = serializers.ChoiceField(Risk.choices)
     required = serializers.IntegerField(help_text="Distinct approvals needed (quorum).")
@@ -151,7 +154,8 @@ class DecisionIn(StrictSerializer):
 DECISION_PROBLEMS = problems(404, 409, body=True, codes={
     400: "validation_error (a rejection needs a reason), parse_error",
     403: "permission_denied (not an approver; your own request or one on your behalf; an agent key)",
-    409: "state_conflict (already decided or expired; you already decided; the arguments changed)"})
+    409: "state_conflict (already decided or expired; you already decided; the arguments changed), "
+         "approval_voided (the tool's policy changed while the request waited)"})
 
 
 class ApprovalDecideView(ApiView):

@@ -12,6 +12,7 @@ class ApprovalsConfig(AppConfig):
         events.subscribe("approval_withdrawn", services.on_approval_withdrawn)
         events.subscribe("compensation_failed", services.on_compensation_failed)
         events.subscribe("sweep", services.on_sweep)
+        events.subscribe("policy_changed", services.on_policy_changed)
 
         from approvals.api import approvals_of_actions
         from ledger.api import links

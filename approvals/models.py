@@ -10,16 +10,20 @@ class ApprovalStatus(models.TextChoices):
     REJECTED = "rejected", "rejected"
     EXPIRED = "expired", "expired"
     WITHDRAWN = "withdrawn", "withdrawn"
+    VOIDED = "voided", "voided"
 
 
 class ApprovalRequest(models.Model):
-    """A gate in front of one action or compensation, bound to the exact args hash it shows."""
+    """A gate in front of one action or compensation, bound to the exact args hash it shows and to the version of
+    the tool's policy it was requested under (`tool`): a new version while it waits voids it."""
 
     tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="approval_requests")
     run = models.ForeignKey("ledger.Run", on_delete=models.CASCADE, related_name="approval_requests")
     action = models.ForeignKey("ledger.Action", on_delete=models.CASCADE, related_name="approval_requests")
     is_compensation = models.BooleanField(default=False)
     args_hash = models.CharField(max_length=64)
+    tool = models.ForeignKey("ledger.Tool", on_delete=models.PROTECT, null=True, related_name="+",
+                             help_text="The tool version (policy) the request was made under.")
     preview = models.JSONField(default=dict)
     risk = models.CharField(max_length=16)
     requested_by = models.CharField(max_length=160)

@@ -28,8 +28,8 @@ def memberships_of(user) -> list[Membership]:
 
 
 def tool_names(*, tenant_ids: list[int]) -> list[str]:
-    names = Tool.objects.filter(tenant_id__in=tenant_ids).order_by("name").values_list("name", flat=True)
-    return list(names.distinct())
+    names = Tool.objects.filter(tenant_id__in=tenant_ids, is_current=True).order_by("name")
+    return list(names.values_list("name", flat=True).distinct())
 
 
 def inbox_requests(*, tenant_ids: list[int], tenant: str = "", risk: str = "", tool: str = "",
@@ -44,7 +44,7 @@ def inbox_requests(*, tenant_ids: list[int], tenant: str = "", risk: str = "", t
         requests = requests.filter(action__tool__name=tool)
     if status != ANY_STATUS:
         requests = requests.filter(status=status or ApprovalStatus.PENDING)
-    return requests.select_related("tenant", "run__agent", "action__tool").order_by("-created_at", "-pk")
+    return requests.select_related("tenant", "run__agent", "action__tool", "tool").order_by("-created_at", "-pk")
 
 
 # --- one request ------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def approval_for(user, pk: int) -> ApprovalRequest | None:
     decisions = ApprovalDecision.objects.select_related("user").order_by("created_at", "pk")
     return (ApprovalRequest.objects.annotate(viewer_role=Subquery(role))
             .filter(pk=pk, viewer_role__isnull=False)
-            .select_related("tenant", "run__agent", "action__tool")
+            .select_related("tenant", "run__agent", "action__tool", "tool")
             .prefetch_related(Prefetch("decisions", queryset=decisions))
             .first())
 

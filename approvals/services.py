@@ -15,12 +15,18 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus
 from ledger.audit import ledger_transaction
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
-from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role
+from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
 from ledger.services.actions import action_approve, action_reject
 
 log = logging.getLogger("unwind.approvals")
 SEND_BATCH = 50
 MAX_SEND_ATTEMPTS = 8
+
+
+class ApprovalVoided(StateConflict):
+    """The tool's policy changed while the request waited: approving it would release a call nobody approved."""
+
+    code, title = "approval_voided", "The approval request was voided"
 
 
 def actor_of(user) -> str:
@@ -84,7 +90,8 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
     tenant = action.run.tenant
     request = ApprovalRequest.objects.create(
         tenant_id=action.tenant_id, run_id=action.run_id, action=action, is_compensation=action.kind == "compensation",
-        args_hash=action.args_hash, preview=build_preview(action), risk=action.risk, requested_by=requested_by,
+        args_hash=action.args_hash, tool_id=action.tool_id, preview=build_preview(action), risk=action.risk,
+        requested_by=requested_by,
         required=max(1, action.approvals_required),
         expires_at=timezone.now() + timedelta(seconds=tenant.approval_ttl_seconds),
     )
@@ -97,6 +104,35 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
 def on_approval_withdrawn(*, action: Action, reason: str) -> None:
     ApprovalRequest.objects.filter(action=action, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.WITHDRAWN, decided_at=timezone.now(), outcome_reason=reason[:2000])
+
+
+def void_reason(tool_name: str, bound: int, current: int | None) -> str:
+    if current is None:
+        return f"the policy of {tool_name} version {bound} was retired while this waited"
+    return f"the policy of {tool_name} changed from version {bound} to {current} while this waited"
+
+
+def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
+    """Close a pending request as voided and refuse its action as a rejection would (unwind before the pivot,
+    recovery queue after it). In the caller's ledger transaction when there is one. False if it was not pending."""
+    with ledger_transaction(request.tenant_id) as audit:
+        if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
+                status=ApprovalStatus.VOIDED, decided_at=timezone.now(), outcome_reason=reason[:4000]) != 1:
+            return False
+        action = Action.objects.select_related("tool").get(pk=request.action_id)
+        audit.record("approval.voided", actor=actor, action=action, request=request.pk, tool=action.tool.name,
+                     version=action.tool.version, reason=reason[:1000])
+        if action.status == ActionStatus.AWAITING_APPROVAL:
+            action_reject(action=action, reason=f"approval voided: {reason}", actor=actor)
+    return True
+
+
+def on_policy_changed(*, retired: Tool, current: Tool, actor: str) -> None:
+    """A tool got a new policy version: every request still waiting under the retired one is voided."""
+    waiting = ApprovalRequest.objects.filter(
+        Q(tool=retired) | Q(tool__isnull=True, action__tool=retired), status=ApprovalStatus.PENDING)
+    for request in waiting.order_by("pk"):
+        approval_void(request=request, reason=void_reason(retired.name, retired.version, current.version), actor=actor)
 
 
 # --- decisions ------------------------------------------------------------------------------------
@@ -115,12 +151,34 @@ def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: st
     if not approve and not reason.strip():
         raise ValidationFailed("a rejection needs a reason the agent and the requester will read", field="reason")
     actor = actor_of(user)
+    voided = _decide(request=request, user=user, approve=approve, reason=reason, actor=actor)
+    if voided:
+        # Raised after the commit: the void itself (and the run's rejection path) must stand.
+        raise ApprovalVoided(f"this request was voided: {voided}; nothing was approved")
+    request.refresh_from_db()
+    return request
+
+
+def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor: str) -> str:
+    """`approval_decide` in one ledger transaction. Returns the reason when it voided the request instead."""
     with ledger_transaction(request.tenant_id) as audit:
         request = ApprovalRequest.objects.select_for_update().select_related("action", "run").get(pk=request.pk)
+        if request.status == ApprovalStatus.VOIDED:
+            raise ApprovalVoided(f"this request was voided: {request.outcome_reason}; nothing to decide")
         if request.status != ApprovalStatus.PENDING:
             raise StateConflict(f"this request is already {request.status}; nothing to decide")
         if request.expires_at <= timezone.now():
             raise StateConflict("this request has expired; the run has gone on without it")
+        bound = (Tool.objects.filter(pk=request.tool_id or request.action.tool_id)
+                 .values("name", "version", "is_current").get())
+        if not bound["is_current"]:
+            # A policy change that got here first without voiding the request (it races this decision, or the
+            # request predates versioned approvals): what was asked for is no longer what would run.
+            current = Tool.objects.filter(tenant_id=request.tenant_id, name=bound["name"], is_current=True).values_list(
+                "version", flat=True).first()
+            why = void_reason(bound["name"], bound["version"], current)
+            approval_void(request=request, reason=why, actor="system:approvals")
+            return why
         if is_requester(request, user):
             raise PermissionDenied("you asked for this action (or it acts on your behalf); someone else must decide")
         if request.args_hash != request.action.args_hash:
@@ -144,8 +202,7 @@ def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: st
                 ApprovalRequest.objects.filter(pk=request.pk).update(status=ApprovalStatus.APPROVED, decided_at=timezone.now())
                 action_approve(action=Action.objects.select_related("tool").get(pk=request.action_id),
                                args_hash=request.args_hash, actor=actor)
-    request.refresh_from_db()
-    return request
+    return ""
 
 
 def approvals_expire(*, now=None) -> int:

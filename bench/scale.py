@@ -82,7 +82,7 @@ class Bulk:
                 "compensation": {"strategy": "twin", "tool": "bulk.undo", "args": {"id": "$result.id"}}})
         from ledger.models import Agent, Tool
 
-        self.tools = list(Tool.objects.filter(tenant=self.tenant, name__startswith="bulk.step").order_by("name")
+        self.tools = list(Tool.objects.filter(tenant=self.tenant, name__startswith="bulk.step", is_current=True).order_by("name")
                           .values_list("pk", flat=True))
         self.agent = Agent.objects.filter(tenant=self.tenant, name="bulk").first() or \
             agent_create(tenant=self.tenant, name="bulk")[0]

@@ -6,17 +6,19 @@ through a form: an edit here would also break the audit chain's fingerprints. To
 agents' guardrails: a staff user given the model permissions still only reads them here; tenant admins
 change them through the API, pipelines with a deploy key.
 """
+from django import forms
 from django.contrib import admin, messages
-from django.forms.models import model_to_dict
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
-from ledger.audit import ledger_transaction
-from ledger.canonical import digest
+from ledger.api.tools import policy_of
+from ledger.errors import ValidationFailed
 from ledger.models import (
-    Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant, Tool,
+    POLICY_FIELDS, Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant,
+    TenantPolicyVersion, Tool,
 )
 from ledger.services.tenancy import agent_revoke, deploy_key_revoke, membership_set, tenant_create
+from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
 
@@ -72,15 +74,26 @@ class TenantAdmin(SuperuserWritesAdmin):
         return False  # a tenant's audit chain must outlive its rows (AuditEvent protects it anyway)
 
     def save_model(self, request, obj, form, change):
+        defaults = {name: getattr(obj, name) for name in DEFAULT_FIELDS}
         if change:
-            super().save_model(request, obj, form, change)
+            Tenant.objects.filter(pk=obj.pk).update(name=obj.name)
+            # The defaults are policy: a change is a new version, audited (see the console's policy page).
+            tenant_defaults_set(tenant=Tenant.objects.get(pk=obj.pk), values=defaults, actor=actor_of(request),
+                                via="admin")
             return
         # A new tenant needs its audit chain head and its first event: the service makes both.
         created = tenant_create(slug=obj.slug, name=obj.name, actor=actor_of(request))
-        Tenant.objects.filter(pk=created.pk).update(approval_threshold=obj.approval_threshold,
-                                                    approval_ttl_seconds=obj.approval_ttl_seconds)
+        tenant_defaults_set(tenant=created, values=defaults, actor=actor_of(request), via="admin")
         obj.pk, obj.created_at = created.pk, created.created_at
         obj._state.adding = False
+
+
+@admin.register(TenantPolicyVersion)
+class TenantPolicyVersionAdmin(ReadOnlyAdmin):
+    note = "Each change of a tenant's defaults is a version; they are written through the tenant, never here."
+    list_display = ("tenant", "version", "approval_threshold", "approval_ttl_seconds", "actor", "created_at")
+    list_filter = ("tenant",)
+    list_select_related = ("tenant",)
 
 
 @admin.register(Agent)
@@ -179,15 +192,39 @@ class MembershipAdmin(SuperuserWritesAdmin):
         obj._state.adding = False
 
 
+class ToolVersionForm(forms.ModelForm):
+    """Validates an edit as the API validates a policy (`parse_tool`), naming the setting at fault."""
+
+    class Meta:
+        model = Tool
+        fields = "__all__"
+
+    def clean(self):
+        cleaned = super().clean()
+        tenant = cleaned.get("tenant") or (self.instance.tenant if self.instance.tenant_id else None)
+        if tenant is None or self.errors:
+            return cleaned
+        draft = Tool(**{name: value for name, value in cleaned.items() if name in POLICY_FIELDS})
+        try:
+            tool_policy_check(tenant=tenant, name=cleaned.get("name") or self.instance.name, spec=policy_of(draft))
+        except ValidationFailed as error:
+            raise forms.ValidationError(error.detail) from None
+        return cleaned
+
+
 @admin.register(Tool)
 class ToolAdmin(SuperuserWritesAdmin):
-    """Tool policy is editable here by superusers only; each save is recorded in the tenant's audit chain."""
+    """Tool policy versions, written by superusers only. Saving the current version writes the next one (through
+    `tool_upsert`, so it is validated, audited and voids approvals that waited under it); earlier versions can only
+    be read."""
 
-    list_display = ("name", "tenant", "action_class", "saga_role", "risk", "approval", "executor", "updated_at")
-    list_filter = ("tenant", "action_class", "saga_role", "risk", "approval", "executor")
+    form = ToolVersionForm
+    list_display = ("name", "version", "is_current", "tenant", "action_class", "saga_role", "risk", "approval",
+                    "executor", "actor", "created_at")
+    list_filter = ("is_current", "tenant", "action_class", "saga_role", "risk", "approval", "executor")
     search_fields = ("name", "description", "endpoint")
     list_select_related = ("tenant",)
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("version", "is_current", "actor", "created_at")
     fieldsets = (
         (None, {"fields": ("tenant", "name", "description")}),
         ("Policy", {"fields": ("action_class", "saga_role", "risk", "approval", "approvals_required")}),
@@ -195,15 +232,26 @@ class ToolAdmin(SuperuserWritesAdmin):
                                   "honours_idempotency_key", "key_fields")}),
         ("Target, snapshots and verification", {"fields": ("target_type", "target_from", "snapshot", "verify", "lookup")}),
         ("Arguments and compensation", {"fields": ("args_schema", "compensation")}),
-        ("History", {"fields": ("created_at", "updated_at")}),
+        ("Version", {"fields": ("version", "is_current", "actor", "created_at")}),
     )
 
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None:
+            return (*self.readonly_fields, "tenant", "name")
+        return self.readonly_fields
+
+    def has_change_permission(self, request, obj=None):
+        return super().has_change_permission(request, obj) and (obj is None or obj.is_current)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a version is history: actions and approvals point at it
+
     def save_model(self, request, obj, form, change):
-        with ledger_transaction(obj.tenant_id) as audit:
-            super().save_model(request, obj, form, change)
-            policy = {k: v for k, v in model_to_dict(obj).items() if k not in ("id", "tenant")}
-            audit.record("tool.updated" if change else "tool.registered", actor=actor_of(request), tool=obj.name,
-                         policy=digest(policy), via="admin")
+        tool, _ = tool_upsert(tenant=obj.tenant, name=obj.name, spec=policy_of(obj), actor=actor_of(request),
+                              via="admin")
+        # The admin redirects to (and logs) the version written, not the one the form was opened on.
+        obj.pk, obj.version, obj.is_current = tool.pk, tool.version, tool.is_current
+        obj._state.adding = False
 
 
 def console_url(url_name: str, pk: int) -> str:

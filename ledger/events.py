@@ -10,6 +10,7 @@ Events and their keyword payloads:
 - run_needs_attention(run, reason, detail, action)   a human must decide; open a recovery item
 - run_attention_cleared(run, resolution, actor)      the run left needs_attention
 - compensation_failed(action, forward)       a compensation gave up (alert and continue)
+- policy_changed(retired, current, actor)    a tool's policy got a new version; `retired` is the one it replaced
 - run_finished(run)                          completed, compensated or closed
 - sweep(now)                                 the periodic sweep, for time-based work of other apps
 """
@@ -18,7 +19,7 @@ from typing import Callable
 
 KNOWN = {
     "approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
-    "compensation_failed", "run_finished", "sweep",
+    "compensation_failed", "run_finished", "sweep", "policy_changed",
 }
 _subscribers: dict[str, list[Callable]] = defaultdict(list)
 

@@ -127,11 +127,36 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} as {self.role}"
 
 
+class ToolQuerySet(models.QuerySet):
+    def update(self, **values):
+        """Only the `is_current` flag of a version ever changes: its policy is what its actions ran with."""
+        frozen = set(values) - Tool.MUTABLE_FIELDS
+        if frozen:
+            raise ImmutableVersion(f"a tool version's policy cannot be changed ({', '.join(sorted(frozen))}); "
+                                   "write a new version instead")
+        return super().update(**values)
+
+
+class ImmutableVersion(Exception):
+    """A write that would change a recorded policy version in place."""
+
+
 class Tool(models.Model):
-    """A registered tool and its policy (see README, "Policy files")."""
+    """One immutable version of a registered tool's policy (see README, "Policy files").
+
+    Each change of a tool's policy inserts a new row with the next `version` and flips the previous one's
+    `is_current` off: an action points at the row it was proposed under, so it runs (and is approved,
+    retried and compensated) with that version's executor, limits and compensation, whatever changes later.
+    Lookups by name take the current version.
+    """
+
+    MUTABLE_FIELDS = {"is_current", "updated_at"}
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tools")
     name = models.CharField(max_length=120)
+    version = models.PositiveIntegerField(default=1)
+    is_current = models.BooleanField(default=True)
+    actor = models.CharField(max_length=160, blank=True, help_text="Who wrote this version.")
     description = models.TextField(blank=True)
     args_schema = models.JSONField(default=dict, blank=True)
     action_class = models.CharField(max_length=32, choices=ActionClass.choices, default=ActionClass.INTERNAL_UPDATE)
@@ -155,12 +180,52 @@ class Tool(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = ToolQuerySet.as_manager()
+
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="tool_name_unique_per_tenant")]
-        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name", "version"], name="tool_version_unique"),
+            models.UniqueConstraint(fields=["tenant", "name"], condition=Q(is_current=True),
+                                    name="one_current_tool_version"),
+        ]
+        ordering = ["name", "-version"]
 
     def __str__(self):
-        return self.name
+        return self.name if self.version == 1 else f"{self.name} v{self.version}"
+
+    def save(self, *args, **kwargs):
+        # A recorded version is never rewritten (see ToolQuerySet.update); a new version is a new row.
+        if not self._state.adding:
+            raise ImmutableVersion(f"{self.name} version {self.version} is recorded; write a new version instead")
+        super().save(*args, **kwargs)
+
+
+POLICY_FIELDS = tuple(
+    f.name for f in Tool._meta.concrete_fields
+    if f.name not in ("id", "tenant", "name", "version", "is_current", "actor", "created_at", "updated_at")
+)
+
+
+class TenantPolicyVersion(models.Model):
+    """One immutable version of a tenant's defaults: written on every change, never edited.
+
+    Version numbers start at 1 with the first change; before it the tenant has the defaults it was created
+    with (version 0 in an action's `defaults_version`).
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="policy_versions")
+    version = models.PositiveIntegerField()
+    approval_threshold = models.CharField(max_length=16, choices=Risk.choices)
+    approval_ttl_seconds = models.PositiveIntegerField()
+    actor = models.CharField(max_length=160)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "version"], name="tenant_policy_version_unique")]
+        ordering = ["tenant_id", "-version"]
+
+    def __str__(self):
+        return f"{self.tenant} defaults v{self.version}"
 
 
 class RunStatus(models.TextChoices):
@@ -256,6 +321,8 @@ class Action(models.Model):
     key_source = models.CharField(max_length=16, default="derived")
     status = models.CharField(max_length=24, choices=ActionStatus.choices, default=ActionStatus.PLANNED)
     approvals_required = models.PositiveSmallIntegerField(default=0)
+    defaults_version = models.PositiveIntegerField(
+        default=0, help_text="The tenant's defaults version it was proposed under (0: as the tenant was created).")
     attempts = models.PositiveSmallIntegerField(default=0)
     max_attempts = models.PositiveSmallIntegerField(default=3)
     next_attempt_at = models.DateTimeField(null=True, blank=True)

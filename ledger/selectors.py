@@ -6,13 +6,18 @@ runs (another agent's run in the same tenant is a 404 too), None is for people, 
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from ledger import sql
 from ledger.errors import NotFound
-from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus, Checkpoint, Executor, Run, Tool
+from ledger.models import (
+    ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Checkpoint, Executor, Run, Tenant, TenantPolicyVersion,
+    Tool,
+)
 
 ACTION_RELATED = ("tool", "run")
 
@@ -99,11 +104,99 @@ def compensations_pending_report(*, tenant_ids: list[int], agent_id: int | None,
 
 
 def tool_list(*, tenant_id: int) -> QuerySet[Tool]:
-    return Tool.objects.filter(tenant_id=tenant_id)
+    """The current version of each of the tenant's tools."""
+    return Tool.objects.filter(tenant_id=tenant_id, is_current=True)
 
 
 def tool_get(*, tenant_id: int, name: str) -> Tool:
-    tool = Tool.objects.filter(tenant_id=tenant_id, name=name).first()
+    """The current version of the tool named `name`."""
+    tool = Tool.objects.filter(tenant_id=tenant_id, name=name, is_current=True).first()
     if tool is None:
         raise NotFound(f"there is no tool {name!r}")
     return tool
+
+
+# --- policy versions ---------------------------------------------------------------------------------
+
+@dataclass
+class FieldChange:
+    field: str
+    before: object
+    after: object
+
+    @property
+    def before_text(self) -> str:
+        return json.dumps(self.before, indent=2, sort_keys=True, ensure_ascii=False)
+
+    @property
+    def after_text(self) -> str:
+        return json.dumps(self.after, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+@dataclass
+class PolicyVersion:
+    """One version of a tool's policy or of the tenant's defaults, with what changed since the version before."""
+
+    subject: str
+    version: int
+    actor: str
+    created_at: datetime
+    is_current: bool
+    changes: list[FieldChange] = field(default_factory=list)
+    first: bool = False
+    tool_id: int | None = None
+
+
+def policy_of_version(tool: Tool) -> dict:
+    """The policy fields of one version, as stored: what its digest covers and what a diff compares."""
+    return {name: getattr(tool, name) for name in POLICY_FIELDS}
+
+
+def policy_changes(before: dict | None, after: dict) -> list[FieldChange]:
+    """The fields whose value differs (every field of a first version, against nothing)."""
+    if before is None:
+        return [FieldChange(name, None, value) for name, value in after.items()]
+    return [FieldChange(name, before.get(name), value) for name, value in after.items() if before.get(name) != value]
+
+
+def tool_versions(*, tenant_id: int, name: str = "") -> QuerySet[Tool]:
+    """Every version of the tenant's tools (or of one), newest first."""
+    versions = Tool.objects.filter(tenant_id=tenant_id)
+    if name:
+        versions = versions.filter(name=name)
+    return versions.order_by("-created_at", "-id")
+
+
+def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
+    """`versions` (a page of them) each against the version before it, read in one more query."""
+    wanted = Q(pk__in=[])
+    for tool in versions:
+        if tool.version > 1:
+            wanted |= Q(name=tool.name, version=tool.version - 1)
+    tenant_ids = {tool.tenant_id for tool in versions}
+    earlier = ({(t.name, t.version): t for t in Tool.objects.filter(wanted, tenant_id__in=tenant_ids)}
+               if versions else {})
+    shown = []
+    for tool in versions:
+        previous = earlier.get((tool.name, tool.version - 1))
+        shown.append(PolicyVersion(
+            subject=tool.name, version=tool.version, actor=tool.actor, created_at=tool.created_at,
+            is_current=tool.is_current, first=tool.version == 1, tool_id=tool.pk,
+            changes=policy_changes(policy_of_version(previous) if previous is not None else None,
+                                   policy_of_version(tool))))
+    return shown
+
+
+def tenant_policy_versions(*, tenant_id: int) -> list[PolicyVersion]:
+    """The tenant's defaults versions, newest first; the first against the defaults a tenant is created with."""
+    fields = ("approval_threshold", "approval_ttl_seconds")
+    created_with = {name: Tenant._meta.get_field(name).get_default() for name in fields}
+    versions = list(TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("version"))
+    shown, before = [], created_with
+    for index, row in enumerate(versions):
+        values = {name: getattr(row, name) for name in fields}
+        shown.append(PolicyVersion(subject="tenant defaults", version=row.version, actor=row.actor,
+                                   created_at=row.created_at, is_current=index == len(versions) - 1,
+                                   changes=policy_changes(before, values)))
+        before = values
+    return shown[::-1]

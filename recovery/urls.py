@@ -14,4 +14,5 @@ urlpatterns = [
     path("runs/<int:pk>/trail/email/", views.trail_email, name="trail_email"),
     path("trail/<str:token>/", views.trail_share, name="trail_share"),
     path("metrics/", views.metrics, name="metrics"),
+    path("policy/", views.policy, name="policy"),
 ]

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from ledger import selectors as ledger_selectors
 from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Run, RunStatus
 from recovery import selectors, services
@@ -282,4 +283,35 @@ def metrics(request):
         "unwind_p50": seconds(data["unwind_latency"]["p50"]), "unwind_p95": seconds(data["unwind_latency"]["p95"]),
         "approval_p50": seconds(data["approval_latency"]["p50"]),
         "approval_p95": seconds(data["approval_latency"]["p95"]),
+    })
+
+
+# --- policy versions --------------------------------------------------------------------------------
+
+POLICY_PAGE_SIZE = 30
+
+
+@login_required
+def policy(request):
+    """A tenant's policy history: every version of its defaults and of each tool, with what each one changed.
+
+    Anyone with a role in the tenant may read it; policy is written through the API, `load_tools` or the admin.
+    """
+    access = selectors.access_for(request.user)
+    if not access.roles:
+        return _forbidden(request, "You have no role in any tenant, so there is no policy to show you.")
+    by_slug = {tenant.slug: tenant for tenant in access.tenants.values()}
+    slug = request.GET.get("tenant") or next(iter(by_slug))
+    tenant = by_slug.get(slug)
+    if tenant is None:
+        raise Http404("No such tenant")
+    tool_name = request.GET.get("tool", "")[:120]
+    page = Paginator(ledger_selectors.tool_versions(tenant_id=tenant.pk, name=tool_name),
+                     POLICY_PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "recovery/policy.html", {
+        "tenant": tenant, "tenants": sorted(by_slug), "tool_name": tool_name, "page": page,
+        "tool_versions": ledger_selectors.tool_version_diffs(list(page.object_list)),
+        "tool_names": ledger_selectors.tool_list(tenant_id=tenant.pk).values_list("name", flat=True),
+        "defaults_versions": ledger_selectors.tenant_policy_versions(tenant_id=tenant.pk),
+        "role": access.roles[tenant.pk],
     })

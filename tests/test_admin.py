@@ -4,7 +4,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from ledger.audit import verify_chain
-from ledger.models import Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant, Tool
+from ledger.models import (
+    Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant, TenantPolicyVersion, Tool,
+)
 from recovery.models import RecoveryItem
 from tests.test_console_scenarios import drift_run, onboarding_compensated, open_item
 
@@ -96,7 +98,7 @@ def test_agents_can_be_revoked_through_the_service(admin_world):
     assert AuditEvent.objects.filter(kind="agent.revoked", actor="user:root").exists()
 
 
-def test_tool_policy_is_editable_and_audited(admin_world):
+def test_tool_policy_edit_writes_a_new_version_and_is_audited(admin_world):
     tool = Tool.objects.get(tenant=admin_world.acme, name="crm.update_ticket")
     page = admin_world.client.get(url(Tool, "change", tool.pk))
     form = page.context["adminform"].form
@@ -107,10 +109,43 @@ def test_tool_policy_is_editable_and_audited(admin_world):
     data["risk"] = "high"
     response = admin_world.client.post(url(Tool, "change", tool.pk), data)
     assert response.status_code == 302, response.context["adminform"].form.errors
+    current = Tool.objects.get(tenant=admin_world.acme, name="crm.update_ticket", is_current=True)
+    assert (current.version, current.risk, current.actor) == (2, "high", "user:root")
     tool.refresh_from_db()
-    assert tool.risk == "high"
-    assert AuditEvent.objects.filter(kind="tool.updated", actor="user:root", data__tool="crm.update_ticket").exists()
+    assert (tool.version, tool.risk, tool.is_current) == (1, "medium", False)  # the first version is history
+    assert AuditEvent.objects.filter(kind="tool.updated", actor="user:root", data__tool="crm.update_ticket",
+                                     data__version=2, data__changed=["risk"]).exists()
     assert verify_chain(admin_world.acme.pk).ok
+    # An earlier version can be read, not edited.
+    assert admin_world.client.get(url(Tool, "change", tool.pk)).context["has_change_permission"] is False
+    data["risk"] = "low"
+    assert admin_world.client.post(url(Tool, "change", tool.pk), data).status_code == 403
+    assert Tool.objects.filter(tenant=admin_world.acme, name="crm.update_ticket").count() == 2
+
+
+def test_tool_admin_validates_like_the_api(admin_world):
+    tool = Tool.objects.get(tenant=admin_world.acme, name="crm.update_ticket")
+    form = admin_world.client.get(url(Tool, "change", tool.pk)).context["adminform"].form
+    data = {name: ("" if form[name].value() is None else form[name].value()) for name in form.fields}
+    data["endpoint"] = "ftp://example.invalid/x"
+    data["executor"] = "http"
+    response = admin_world.client.post(url(Tool, "change", tool.pk), data)
+    assert response.status_code == 200
+    assert "endpoint" in str(response.context["adminform"].form.non_field_errors())
+    assert Tool.objects.filter(tenant=admin_world.acme, name="crm.update_ticket").count() == 1
+
+
+def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
+    tenant = admin_world.acme
+    response = admin_world.client.post(url(Tenant, "change", tenant.pk), {
+        "name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 600})
+    assert response.status_code == 302
+    tenant.refresh_from_db()
+    assert (tenant.approval_threshold, tenant.approval_ttl_seconds) == ("critical", 600)
+    version = TenantPolicyVersion.objects.get(tenant=tenant)
+    assert (version.version, version.approval_threshold, version.actor) == (1, "critical", "user:root")
+    assert AuditEvent.objects.filter(tenant=tenant, kind="tenant.defaults", actor="user:root", data__version=1).exists()
+    assert verify_chain(tenant.pk).ok
 
 
 def test_tenant_added_in_admin_gets_its_audit_chain(admin_world):

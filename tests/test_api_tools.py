@@ -36,7 +36,10 @@ def test_put_registers_then_updates_and_get_round_trips(api_db):
     updated = api_db.person("ada").put("/api/v1/tools/crm.escalate", {**policy, "risk": "high"}, format="json")
     assert updated.status_code == 200 and updated.json()["policy"]["risk"] == "high"
     assert updated.json()["policy"] == {**policy, "risk": "high"}
-    assert Tool.objects.get(tenant=api_db.world.acme, name="crm.escalate").risk == "high"
+    assert updated.json()["version"] == 2
+    assert Tool.objects.get(tenant=api_db.world.acme, name="crm.escalate", is_current=True).risk == "high"
+    # The first version is kept as it was: actions proposed under it still point at it.
+    assert Tool.objects.get(tenant=api_db.world.acme, name="crm.escalate", version=1).risk == "medium"
     assert not Tool.objects.filter(tenant=api_db.world.globex, name="crm.escalate").exists()
 
 

@@ -165,3 +165,39 @@ def test_approver_approves_a_pending_charge_from_the_inbox(tools, live_server, p
     assert request.status == "approved"
     assert charge.status == "succeeded", (charge.status, charge.error_message)
     assert request.decisions.get().user == tools.alice
+
+
+def test_approver_sees_a_request_voided_by_a_policy_change_and_its_diff(tools, live_server, page):
+    from approvals.models import ApprovalRequest
+    from ledger.services.tools import tool_upsert
+    from tests.helpers import act, open_run
+
+    run = open_run(tools, goal="Buy the annual plan")
+    charge = act(run, "payments.charge", {"customer": "cus_78", "amount_cents": 9900, "currency": "EUR"})
+    request = ApprovalRequest.objects.get(action=charge)
+    log_in(page, live_server.url, "alice", f"/approvals/{request.pk}/")
+    sync_api.expect(page.get_by_role("button", name="Approve")).to_be_visible()
+    page.shots.take("request")
+
+    # While the page is open, an admin points the charge somewhere else: a new policy version.
+    spec = {"description": "Charge a card.", "executor": "http", "endpoint": "/sandbox/payments/charge-elsewhere",
+            "saga_role": "pivot", "risk": "high", "action_class": "external_irreversible"}
+    tool_upsert(tenant=tools.acme, name="payments.charge", spec=spec, actor="user:adam")
+
+    page.get_by_role("button", name="Approve").click()
+    decision = page.locator("#decision")
+    sync_api.expect(decision).to_contain_text("This request was voided")
+    sync_api.expect(decision).to_contain_text("the policy of payments.charge changed from version 1 to 2")
+    sync_api.expect(decision.get_by_role("button", name="Approve")).to_have_count(0)
+    page.shots.take("voided")
+    charge.refresh_from_db()
+    assert charge.status == "rejected"
+
+    page.get_by_role("link", name="policy version 1").click()
+    page.wait_for_url("**/console/policy/**")
+    newest = page.locator('article[data-subject="payments.charge"][data-version="2"]')
+    sync_api.expect(newest).to_contain_text("by user:adam")
+    sync_api.expect(newest.locator("tr", has_text="endpoint")).to_contain_text("/sandbox/payments/charge-elsewhere")
+    sync_api.expect(newest.locator("tr", has_text="endpoint")).to_contain_text("sandbox.callables:payments_charge")
+    page.shots.take("policy-history")
+    sync_api.expect(page.get_by_role("navigation").get_by_role("link", name="Policy")).to_be_visible()

@@ -94,6 +94,7 @@ class ToolPolicy(serializers.Serializer):
 
 class ToolOut(serializers.Serializer):
     name = serializers.CharField()
+    version = serializers.IntegerField(help_text="The current version of the tool's policy; each change makes a new one.")
     policy = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()

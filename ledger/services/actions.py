@@ -75,7 +75,8 @@ def check_key(key: str) -> str:
 
 
 def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str) -> Proposal:
-    if existing.run_id != run.pk or existing.tool_id != tool.pk or existing.args_hash != args_hash:
+    # By name: a replay after a policy change is the same logical call, answered with what the first one got.
+    if existing.run_id != run.pk or existing.tool.name != tool.name or existing.args_hash != args_hash:
         raise IdempotencyMismatch(
             f"key {existing.idempotency_key!r} was first used for {existing.tool.name} in run {existing.run_id} "
             f"with other arguments; use a new key for a different action",
@@ -97,7 +98,8 @@ def action_propose(
     caller runs it itself, now: its lease is then held, and no queued delivery can take it over. `queued` says the
     caller queues it for a worker: its lease then also covers the time in the queue (as after an approval).
     """
-    tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name) if isinstance(tool_name, str) else None
+    # The current version: the action is bound to it for good (its executor, limits, compensation, approval).
+    tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name, is_current=True) if isinstance(tool_name, str) else None
     if tool is None:
         raise UnknownTool(f"{tool_name!r} is not a registered tool of this tenant", field="tool")
     clean = validate_args(tool, args)
@@ -129,6 +131,18 @@ def action_propose(
         return replay(existing, run=run, tool=tool, args_hash=args_hash)
 
 
+def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
+    """The tool's compensation, bound to the current version of its twin: undoing the step later runs that
+    version (`execution.compensation_tool`), whatever the twin's policy has become by then."""
+    plan = dict(tool.compensation)
+    if isinstance(plan.get("tool"), str):
+        twin = tool if plan["tool"] == tool.name else sql.get(Tool, tenant=tenant_id, name=plan["tool"],
+                                                              is_current=True)
+        if twin is not None:
+            plan["tool_id"], plan["tool_version"] = twin.pk, twin.version
+    return plan
+
+
 def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str]]:
     """The earliest earlier step that `check_order` would refuse `tool` after, if any.
 
@@ -154,7 +168,7 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
     with ledger_transaction(run.tenant_id) as audit:
         # Lock the run and take the next step number in one statement (a refusal below rolls the number back),
         # reading the tenant's approval threshold as it stands now with it.
-        run, threshold = execution.take_seq(run.pk)
+        run, threshold, defaults_version = execution.take_seq(run.pk)
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
@@ -171,9 +185,9 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
             tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
             risk=tool.risk, args=args, args_hash=args_hash, target_type=tool.target_type, target_id=target_id,
             idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
-            approvals_required=required, attempts=0 if required else 1, max_attempts=tool.max_attempts,
-            lease_owner=owner, lease_expires_at=None if required else lease,
-            before=before, intent=intent, compensation_plan=dict(tool.compensation),
+            approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
+            max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
+            before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id),
         ))
         action.tool = tool
         audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source)

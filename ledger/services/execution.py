@@ -425,15 +425,19 @@ def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
 
 
 _TENANT_THRESHOLD = "(SELECT approval_threshold FROM ledger_tenant WHERE ledger_tenant.id = ledger_run.tenant_id)"
+_DEFAULTS_VERSION = ("(SELECT COALESCE(MAX(version), 0) FROM ledger_tenantpolicyversion"
+                     " WHERE ledger_tenantpolicyversion.tenant_id = ledger_run.tenant_id)")
 
 
-def take_seq(run_id: int) -> tuple[Run, str]:
+def take_seq(run_id: int) -> tuple[Run, str, int]:
     """Lock the run and take its next step number (the returned run's `next_seq - 1`), in one statement, reading
-    the tenant's approval threshold as it stands now with it. A rolled-back transaction gives the number back."""
-    run, (threshold,) = sql.increment(Run, run_id, "next_seq", also=(_TENANT_THRESHOLD,))
+    the tenant's approval threshold and the version of its defaults as they stand now with it. A rolled-back
+    transaction gives the number back."""
+    run, (threshold, defaults_version) = sql.increment(Run, run_id, "next_seq",
+                                                       also=(_TENANT_THRESHOLD, _DEFAULTS_VERSION))
     if run is None:
         raise Run.DoesNotExist(f"run {run_id} does not exist")
-    return run, threshold
+    return run, threshold, defaults_version
 
 
 def start_attempt(action: Action, owner: str, *, log: AuditLog | None = None) -> None:
@@ -654,11 +658,22 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
     return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
 
 
+def compensation_tool(run: Run, plan: dict) -> Tool | None:
+    """The version of the compensation's tool bound when the forward step was proposed (`tool_id` in its plan),
+    so an undo runs with the policy the step was taken under. A plan without one (recorded before tool versions,
+    or whose client-executed twin was not registered then) takes the current version of the named tool."""
+    if isinstance(plan.get("tool_id"), int):
+        return sql.get(Tool, pk=plan["tool_id"], tenant=run.tenant_id)
+    if isinstance(plan.get("tool"), str):
+        return sql.get(Tool, tenant=run.tenant_id, name=plan["tool"], is_current=True)
+    return None
+
+
 def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: str, log: AuditLog) -> Action | None:
     """Create the compensation action for `forward` (a call of the tool named `forward_tool`), with its args
     resolved just in time."""
     plan = forward.compensation_plan
-    tool = sql.get(Tool, tenant=run.tenant_id, name=plan.get("tool")) if isinstance(plan.get("tool"), str) else None
+    tool = compensation_tool(run, plan)
     try:
         if tool is None:
             raise mapping.MappingError(f"compensation tool {plan.get('tool')!r} is not registered")
@@ -670,7 +685,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
         events.emit("compensation_failed", action=None, forward=forward)
         return None
     args = canonical(args)
-    taken, threshold = take_seq(run.pk)
+    taken, threshold, defaults_version = take_seq(run.pk)
     run.next_seq = taken.next_seq
     seq = run.next_seq - 1
     required = approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
@@ -685,7 +700,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
         idempotency_key=f"{forward.idempotency_key}:undo" + (f":{earlier + 1}" if earlier else ""),
         key_source="compensation",
         status=A.AWAITING_APPROVAL if required else A.RUNNING, approvals_required=required,
-        attempts=0 if required else 1, max_attempts=tool.max_attempts,
+        defaults_version=defaults_version, attempts=0 if required else 1, max_attempts=tool.max_attempts,
         lease_owner=owner if claim_now else "",
         lease_expires_at=lease_until(tool.timeout_seconds) if not required else None,
         intent={"goal": f"undo step {forward.seq} ({forward_tool})", "strategy": plan.get("strategy")},

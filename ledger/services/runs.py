@@ -31,7 +31,7 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
     if not isinstance(plan, list) or not all(isinstance(step, str) for step in plan):
         raise ValidationFailed("plan must be a list of tool names", field="plan")
     if plan:
-        check_plan(plan, {t.name: t for t in Tool.objects.filter(tenant=tenant, name__in=plan)})
+        check_plan(plan, {t.name: t for t in Tool.objects.filter(tenant=tenant, name__in=plan, is_current=True)})
     if idempotency_key is not None:
         idempotency_key = check_key(idempotency_key)
         existing = Run.objects.filter(tenant=tenant, open_key=idempotency_key).first()

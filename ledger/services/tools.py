@@ -1,15 +1,30 @@
-"""Registering tools and loading policy files."""
+"""Registering tools, loading policy files and the tenant's defaults: every change is a new immutable version.
+
+A tool's policy is never edited in place. A write whose policy differs from the current version inserts the
+next version and retires the previous one (only its `is_current` flag changes), records it in the tenant's
+audit chain with a digest of the policy, and tells the rest of the system (`policy_changed`), so that an
+approval requested under the retired version is voided rather than released onto a policy nobody approved.
+A write identical to the current version changes nothing.
+"""
 from __future__ import annotations
 
-from ledger.audit import ledger_transaction
+from ledger import events
+from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import digest
-from ledger.errors import ValidationFailed
-from ledger.models import Executor, Tenant, Tool
+from ledger.errors import StateConflict, ValidationFailed
+from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
 from ledger.policy import parse_document, parse_tool
+from ledger.selectors import policy_of_version
+
+DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds")
+
+
+def policy_digest(fields: dict) -> str:
+    return digest({name: fields.get(name) for name in POLICY_FIELDS})
 
 
 def _check_compensation_tools(tenant: Tenant, tools: dict[str, dict], *, where: str) -> None:
-    known = set(Tool.objects.filter(tenant=tenant).values_list("name", flat=True)) | set(tools)
+    known = set(Tool.objects.filter(tenant=tenant, is_current=True).values_list("name", flat=True)) | set(tools)
     for name, fields in tools.items():
         plan = fields["compensation"]
         if plan.get("tool") and plan["tool"] not in known and fields["executor"] != Executor.CLIENT:
@@ -17,30 +32,89 @@ def _check_compensation_tools(tenant: Tenant, tools: dict[str, dict], *, where: 
             raise ValidationFailed(f"{field}: {plan['tool']!r} is not a registered tool (define it too)", field=field)
 
 
-def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str) -> tuple[Tool, bool]:
+def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit: AuditLog,
+                   via: str = "") -> tuple[Tool, bool]:
+    """Insert the next version of `name` unless `fields` equal the current one. Returns (current version, created).
+
+    Runs inside the tenant's ledger transaction, whose chain-head lock serialises every policy write (and every
+    approval decision) of the tenant, so two writers never both take the same next version.
+    """
+    current = Tool.objects.filter(tenant=tenant, name=name, is_current=True).first()
+    fingerprint = policy_digest(fields)
+    if current is not None and policy_digest(policy_of_version(current)) == fingerprint:
+        return current, False
+    version = 1
+    if current is not None:
+        # Retire it first: the partial unique constraint allows one current version per name at any instant.
+        if Tool.objects.filter(pk=current.pk, is_current=True).update(is_current=False) != 1:
+            raise StateConflict(f"{name} version {current.version} was replaced meanwhile; read it again")
+        version = current.version + 1
+    tool = Tool.objects.create(tenant=tenant, name=name, version=version, is_current=True, actor=actor[:160],
+                               **{key: fields[key] for key in POLICY_FIELDS if key in fields})
+    changed = [] if current is None else sorted(
+        key for key in POLICY_FIELDS if getattr(current, key) != getattr(tool, key))
+    extra = {"via": via} if via else {}
+    audit.record("tool.registered" if current is None else "tool.updated", actor=actor, tool=name, version=version,
+                 previous_version=current.version if current else None, policy=fingerprint, changed=changed, **extra)
+    if current is not None:
+        events.emit("policy_changed", retired=current, current=tool, actor=actor)
+    return tool, current is None
+
+
+def tool_policy_check(*, tenant: Tenant, name: str, spec: dict) -> dict:
+    """Validate one tool's policy for `tenant` (ValidationFailed names the setting) and return its field values."""
     fields = parse_tool(name, spec, where=f"tools.{name}")
     _check_compensation_tools(tenant, {name: fields}, where="tools")
+    return fields
+
+
+def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str, via: str = "") -> tuple[Tool, bool]:
+    """Register a tool or write the next version of its policy. Returns (its current version, newly registered)."""
+    fields = tool_policy_check(tenant=tenant, name=name, spec=spec)
     with ledger_transaction(tenant.pk) as audit:
-        tool, created = Tool.objects.update_or_create(tenant=tenant, name=name, defaults=fields)
-        audit.record("tool.registered" if created else "tool.updated", actor=actor, tool=name,
-                     policy=digest(fields))
-    return tool, created
+        return _write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit, via=via)
+
+
+def tenant_defaults_set(*, tenant: Tenant, values: dict, actor: str, via: str = "") -> TenantPolicyVersion | None:
+    """Write a new version of the tenant's defaults (approval threshold, approval TTL), or nothing when unchanged."""
+    with ledger_transaction(tenant.pk) as audit:
+        return _write_defaults(tenant=tenant, values=values, actor=actor, audit=audit, via=via)
+
+
+def _write_defaults(*, tenant: Tenant, values: dict, actor: str, audit: AuditLog,
+                    via: str = "") -> TenantPolicyVersion | None:
+    unknown = sorted(set(values) - set(DEFAULT_FIELDS))
+    if unknown:
+        raise ValidationFailed(f"defaults.{unknown[0]}: is not a tenant default", field=f"defaults.{unknown[0]}")
+    now = Tenant.objects.values(*DEFAULT_FIELDS).get(pk=tenant.pk)
+    merged = {**now, **values}
+    if merged == now:
+        return None
+    previous = TenantPolicyVersion.objects.filter(tenant=tenant).order_by("-version").first()
+    version = TenantPolicyVersion.objects.create(tenant=tenant, version=(previous.version if previous else 0) + 1,
+                                                 actor=actor[:160], **merged)
+    Tenant.objects.filter(pk=tenant.pk).update(**merged)
+    for key, value in merged.items():
+        setattr(tenant, key, value)
+    extra = {"via": via} if via else {}
+    audit.record("tenant.defaults", actor=actor, version=version.version, policy=digest(merged),
+                 changed=sorted(key for key in DEFAULT_FIELDS if merged[key] != now[key]), **merged, **extra)
+    return version
 
 
 def tools_load(*, tenant: Tenant, document: dict, actor: str) -> list[Tool]:
-    """Load a whole policy document atomically: every tool, or none with the first error."""
+    """Load a whole policy document atomically: every tool, or none with the first error.
+
+    Returns the current version of every tool in the document (a new one only where its policy changed).
+    """
     parsed = parse_document(document)
     where = "agentSafety.policies" if "agentSafety" in document else "tools"
     _check_compensation_tools(tenant, parsed.tools, where=where)
     loaded = []
     with ledger_transaction(tenant.pk) as audit:
         if parsed.defaults:
-            Tenant.objects.filter(pk=tenant.pk).update(**parsed.defaults)
-            for key, value in parsed.defaults.items():
-                setattr(tenant, key, value)
-            audit.record("tenant.defaults", actor=actor, **parsed.defaults)
+            _write_defaults(tenant=tenant, values=parsed.defaults, actor=actor, audit=audit)
         for name, fields in parsed.tools.items():
-            tool, created = Tool.objects.update_or_create(tenant=tenant, name=name, defaults=fields)
-            audit.record("tool.registered" if created else "tool.updated", actor=actor, tool=name, policy=digest(fields))
+            tool, _ = _write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit)
             loaded.append(tool)
     return loaded
