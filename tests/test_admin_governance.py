@@ -38,7 +38,7 @@ def tool_form(tool: Tool, **changes) -> dict:
 
 def test_a_staff_user_with_every_permission_cannot_change_tools_or_tenant_defaults(tools):
     client = staff("stella")
-    charge = Tool.objects.get(tenant=tools.acme, name="payments.charge")
+    charge = Tool.objects.get(tenant=tools.acme, name="payments.charge", is_current=True)
     before = model_to_dict(charge)
     url = f"/admin/ledger/tool/{charge.pk}/change/"
     assert client.get(url).status_code == 200  # reads it
@@ -46,6 +46,7 @@ def test_a_staff_user_with_every_permission_cannot_change_tools_or_tenant_defaul
     assert client.post(url, tool_form(charge, approval="auto")).status_code == 403
     assert client.get("/admin/ledger/tool/add/").status_code == 403
     assert model_to_dict(Tool.objects.get(pk=charge.pk)) == before
+    assert Tool.objects.filter(tenant=tools.acme, name="payments.charge").count() == 1  # no new version either
     tenant_url = f"/admin/ledger/tenant/{tools.acme.pk}/change/"
     refused = client.post(tenant_url, {"name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 99})
     assert refused.status_code == 403
@@ -62,10 +63,13 @@ def test_a_staff_user_with_every_permission_cannot_change_tools_or_tenant_defaul
 
 def test_a_superuser_changes_tool_policy_and_it_is_audited(tools):
     client = staff("root", superuser=True)
-    charge = Tool.objects.get(tenant=tools.acme, name="payments.charge")
+    charge = Tool.objects.get(tenant=tools.acme, name="payments.charge", is_current=True)
     saved = client.post(f"/admin/ledger/tool/{charge.pk}/change/", tool_form(charge, approval="manual"))
     assert saved.status_code == 302, saved.content[:2000]
-    assert Tool.objects.get(pk=charge.pk).approval == "manual"
+    # A change is a new version; the one the form was opened on stays as it was.
+    current = Tool.objects.get(tenant=tools.acme, name="payments.charge", is_current=True)
+    assert (current.approval, current.version) == ("manual", charge.version + 1)
+    assert Tool.objects.get(pk=charge.pk).approval == charge.approval
     assert AuditEvent.objects.filter(tenant=tools.acme, kind="tool.updated", actor="user:root").exists()
 
 

@@ -16,7 +16,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('approvals', '0001_initial'),
-        ('ledger', '0004_tool_versions'),
+        ('ledger', '0005_tool_versions'),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0003_run_recent_index'),
+        ('ledger', '0004_deploykey'),
     ]
 
     operations = [
