@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import requests
-from django.contrib.auth import get_user_model
+from django.db import connection
 
 from ledger.models import Action, Tool
-from ledger.services.tenancy import membership_set
 
 MARKER: dict[str, Path] = {}
 
@@ -90,13 +89,17 @@ def listeners():
 
 @pytest.fixture
 def admin(http_tools):
-    """Ada, a person with the admin role in acme, speaking HTTP Basic to the live server."""
-    user = get_user_model().objects.create_user("ada", "ada@example.com", "pw-ada")
-    membership_set(tenant=http_tools.acme, user=user, role="admin")
+    """Ada, the World's person with the admin role in acme, speaking HTTP Basic to the live server."""
     session = requests.Session()
     session.auth = ("ada", "pw-ada")
     session.base = http_tools.live_server.url
     return session
+
+
+def write_behind_the_services(statement: str, params: list) -> None:
+    """Someone with database access edits a recorded policy version (the ORM refuses to)."""
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
 
 
 def put_tool(admin, name: str, spec: dict) -> requests.Response:
@@ -169,7 +172,8 @@ def test_a_dotted_path_already_in_the_database_is_never_imported(admin, http_too
     created = put_tool(admin, "inproc", {"executor": {"kind": "python", "path": "sandbox.crm.update_ticket"},
                                          "args_schema": {"type": "object"}, "compensation": "none"})
     assert created.status_code == 201, created.text
-    Tool.objects.filter(name="inproc").update(endpoint="tests.test_trust_code_and_urls:write_marker")
+    write_behind_the_services("UPDATE ledger_tool SET endpoint = %s WHERE name = %s",
+                              ["tests.test_trust_code_and_urls:write_marker", "inproc"])
     action = failed_action(propose(http_tools, "inproc", {"cmd": "id"}))
     assert "is not a registered Python tool" in action.error_message
     assert not MARKER["path"].exists()
@@ -259,7 +263,7 @@ def test_a_remote_ref_in_args_schema_is_refused_and_never_fetched(admin, http_to
 
     # A schema written around the API (a row from before this rule) is evaluated without fetching either.
     assert put_tool(admin, "schema", TICKET).status_code == 201
-    Tool.objects.filter(name="schema").update(args_schema=schema)
+    write_behind_the_services("UPDATE ledger_tool SET args_schema = %s WHERE name = %s", [json.dumps(schema), "schema"])
     proposed = propose(http_tools, "schema", {"x": 1})
     assert proposed.status_code == 400 and proposed.json()["field"] == "args_schema", proposed.text
     assert listener.connections == []
