@@ -23,6 +23,7 @@ def bench_env(**extra) -> dict:
     """The environment of every process the benchmark starts: the bench database, quiet engine settings."""
     env = dict(os.environ, DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="config.settings",
                PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0")
+    env.setdefault("UNWIND_INSECURE_DEV_KEY", "1")  # a throwaway bench database: the public development key
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
