@@ -47,12 +47,26 @@ def browser():
 
 @pytest.fixture
 def page(browser, request):
+    """A page whose Content-Security-Policy violations fail the test: every page must work under the policy."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     page.shots = Shots(page, request.node.name)
+    page.csp_violations = []
+    watch_csp(page)
     yield page
+    violations = list(page.csp_violations)
     context.close()
+    assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
+
+
+def watch_csp(page) -> None:
+    """Chromium reports each blocked script, style or eval as a console error naming the policy."""
+    def on_console(message):
+        if message.type == "error" and "Content Security Policy" in message.text:
+            page.csp_violations.append(f"{page.url}: {message.text}")
+
+    page.on("console", on_console)
 
 
 class Shots:
@@ -131,6 +145,8 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
     anonymous = page.context.browser.new_context()
     try:
         outsider = anonymous.new_page()
+        outsider.csp_violations = page.csp_violations
+        watch_csp(outsider)
         outsider.goto(share_url)
         sync_api.expect(outsider.locator("h1")).to_have_text("What happened to your request")
         sync_api.expect(outsider.locator(".statements")).to_contain_text("oscar reviewed the run")
@@ -165,3 +181,25 @@ def test_approver_approves_a_pending_charge_from_the_inbox(tools, live_server, p
     assert request.status == "approved"
     assert charge.status == "succeeded", (charge.status, charge.error_message)
     assert request.decisions.get().user == tools.alice
+
+
+def test_the_api_docs_render_their_operations_under_the_content_security_policy(live_server, page):
+    page.goto(f"{live_server.url}/api/docs/")
+    operations = page.locator(".opblock")
+    sync_api.expect(operations.first).to_be_visible()
+    assert operations.count() >= 20, operations.count()
+    sync_api.expect(page.locator(".opblock-summary-path").filter(has_text="/api/v1/runs").first).to_be_visible()
+    operations.filter(has_text="/api/v1/runs").first.locator(".opblock-summary").click()  # expands (scripted)
+    sync_api.expect(page.locator(".opblock.is-open")).to_have_count(1)
+    page.shots.take("api-docs")
+
+
+def test_a_page_that_breaks_the_policy_is_caught(live_server, page):
+    """The watch itself: an inline script, which the policy blocks, shows up as a violation."""
+    page.goto(f"{live_server.url}/accounts/login/")
+    page.evaluate("""() => { const s = document.createElement('script'); s.textContent = 'window.ran = 1';
+                             document.body.appendChild(s); }""")
+    assert page.evaluate("() => window.ran") is None
+    page.wait_for_timeout(200)
+    assert any("Content Security Policy" in violation for violation in page.csp_violations)
+    page.csp_violations.clear()
