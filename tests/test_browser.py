@@ -203,3 +203,26 @@ def test_a_page_that_breaks_the_policy_is_caught(live_server, page):
     page.wait_for_timeout(200)
     assert any("Content Security Policy" in violation for violation in page.csp_violations)
     page.csp_violations.clear()
+
+
+def test_the_queue_refreshes_itself_but_not_while_rows_are_ticked(tools, live_server, page):
+    """The 30 s refresh pauses while rows are ticked for a bulk action (console.js, not an eval'd filter)."""
+    from tests.test_console_scenarios import drift_run, open_item
+
+    item = open_item(drift_run(tools))
+    page.clock.install()
+    log_in(page, live_server.url, "oscar", "/console/recovery/")
+    polls = []
+    page.on("request", lambda request: polls.append(request.url)
+            if request.headers.get("hx-request") and "/console/recovery/" in request.url else None)
+
+    with page.expect_request(lambda request: bool(request.headers.get("hx-request"))):
+        page.clock.run_for("00:31")
+    page.wait_for_load_state("networkidle")
+    assert len(polls) == 1, polls
+
+    page.locator(f'tr[data-item="{item.pk}"] input[name=items]').check()
+    page.clock.run_for("01:05")
+    page.wait_for_timeout(500)
+    assert len(polls) == 1, polls  # ticked: no refresh that would clear the tick
+    sync_api.expect(page.locator(f'tr[data-item="{item.pk}"] input[name=items]')).to_be_checked()
