@@ -5,6 +5,8 @@ refused too — on the login form (a page that says so) and on the API's HTTP Ba
 problem, never a 500) — until the cool-off ends or an admin deletes the attempt in the admin.
 """
 import re
+import time
+from datetime import timedelta
 
 import pytest
 import requests
@@ -116,3 +118,14 @@ def test_a_success_before_the_limit_resets_the_count(live_server, world):
             log_in(base, "alice", f"typo-{round_}-{attempt}")
         session, response = log_in(base, "alice", "pw-alice")
         assert response.status_code == 302, f"round {round_}: {response.status_code}"
+
+
+def test_the_lockout_ends_after_the_cool_off(live_server, world, settings):
+    settings.AXES_COOLOFF_TIME = timedelta(seconds=2)
+    base = live_server.url
+    for attempt in range(settings.AXES_FAILURE_LIMIT):
+        requests.get(base + APPROVALS_API, auth=("alice", f"guess-{attempt}"), timeout=10)
+    locked = requests.get(base + APPROVALS_API, auth=("alice", "pw-alice"), timeout=10)
+    assert locked.status_code == 429 and locked.headers["Retry-After"] == "2"
+    time.sleep(2.5)
+    assert requests.get(base + APPROVALS_API, auth=("alice", "pw-alice"), timeout=10).status_code == 200
