@@ -1,11 +1,9 @@
 """Unwind settings: one file, every value read from the environment (see README, "Settings")."""
+from datetime import timedelta
 from pathlib import Path
 
-from django.core.exceptions import ImproperlyConfigured
-
-from datetime import timedelta
-
 from csp.constants import NONCE, NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import (
     database_from_url, env_bool, env_choice, env_float, env_int, env_list, env_proxy_ssl_header, env_str,
