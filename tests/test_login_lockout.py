@@ -129,3 +129,14 @@ def test_the_lockout_ends_after_the_cool_off(live_server, world, settings):
     assert locked.status_code == 429 and locked.headers["Retry-After"] == "2"
     time.sleep(2.5)
     assert requests.get(base + APPROVALS_API, auth=("alice", "pw-alice"), timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("username", ["a" * 300, "ali\x00ce"], ids=["too-long", "nul"])
+def test_an_impossible_basic_username_is_a_401_never_a_500(live_server, world, username):
+    """No user can have such a name, and the database must not be asked to look it up or store it."""
+    from axes.models import AccessAttempt
+
+    response = requests.get(live_server.url + APPROVALS_API, auth=(username, "pw-alice"), timeout=10)
+    assert response.status_code == 401, response.text
+    assert response.json()["code"] == "authentication_failed"
+    assert not AccessAttempt.objects.exclude(username="alice").exists()

@@ -11,6 +11,7 @@ reads the flag where axes left it and answers 429 `locked_out` instead of a plai
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from drf_spectacular.authentication import BasicScheme
@@ -38,8 +39,21 @@ class LockedOut(exceptions.Throttled):
         super().__init__(wait=cool_off_seconds(), detail=lockout_sentence(), code="locked_out")
 
 
+def impossible_username(userid: str) -> bool:
+    """A username no account can have (too long, or holding NUL): refused before the database sees it.
+
+    Otherwise PostgreSQL would be asked to look it up and axes to record it, and both refuse NUL bytes and
+    axes' username column is 255 long: a 500 for what is only a wrong login.
+    """
+    User = get_user_model()
+    longest = User._meta.get_field(User.USERNAME_FIELD).max_length or 150
+    return len(userid) > longest or "\x00" in userid
+
+
 class LockoutAwareBasicAuthentication(authentication.BasicAuthentication):
     def authenticate_credentials(self, userid, password, request=None):
+        if impossible_username(userid):
+            raise exceptions.AuthenticationFailed("Invalid username/password.")
         try:
             return super().authenticate_credentials(userid, password, request)
         except exceptions.AuthenticationFailed:
