@@ -7,6 +7,10 @@ TEST_STAMP := $(VENV)/.installed-test-$(shell cat pyproject.toml | sha1sum | cut
 BENCH_STAMP := $(VENV)/.installed-bench-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
+# The development targets run on Unwind's public development key, asked for by name; production sets SECRET_KEY
+# (README, "Running it for real") and never these targets' UNWIND_INSECURE_DEV_KEY.
+demo demo-check test run worker migrate chaos bench schema: export UNWIND_INSECURE_DEV_KEY ?= 1
+
 .PHONY: demo demo-check test test-pg migrate run worker chaos bench schema clean help
 
 help:

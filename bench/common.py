@@ -24,6 +24,7 @@ def bench_env(**extra) -> dict:
     env = dict(os.environ, DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="config.settings",
                PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0",
                UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools")
+    env.setdefault("UNWIND_INSECURE_DEV_KEY", "1")  # a throwaway bench database: the public development key
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -31,6 +31,9 @@ def configure(*, database_url: str, broker: str, redis_url: str, queue: str) -> 
     else:
         os.environ.pop("UNWIND_REDIS_URL", None)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    # Throwaway chaos databases: the public development key, asked for by name; the web servers and workers
+    # started later inherit it with the rest of this environment.
+    os.environ.setdefault("UNWIND_INSECURE_DEV_KEY", "1")
     sys.path.insert(0, str(ROOT))
     import django
 

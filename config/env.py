@@ -4,6 +4,7 @@ Each reader fails at start with a sentence that names the variable and says what
 misconfigured deployment never boots half-right.
 """
 import os
+import re
 from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -59,6 +60,35 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+
+
+def env_proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """A header the TLS-terminating proxy sets (`X-Forwarded-Proto`) as Django's SECURE_PROXY_SSL_HEADER.
+
+    Empty means no proxy: Django then trusts only the connection itself. `Header` or `Header: value`
+    (the value that marks an HTTPS request, `https` unless given).
+    """
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    header, _, value = raw.partition(":")
+    header, value = header.strip(), value.strip() or "https"
+    if not _HEADER_NAME.match(header):
+        raise ImproperlyConfigured(f"{name} must be a header name such as X-Forwarded-Proto, not {raw!r}.")
+    return "HTTP_" + header.upper().replace("-", "_"), value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip()
+    if value not in choices:
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, not {raw!r}.")
+    return value
 
 
 # On PostgreSQL, parameters are bound by the server and a statement is prepared after its 5th use: the

@@ -1,18 +1,35 @@
 """Unwind settings: one file, every value read from the environment (see README, "Settings")."""
+from datetime import timedelta
 from pathlib import Path
 
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from config.env import (
+    database_from_url, env_bool, env_choice, env_float, env_int, env_list, env_proxy_ssl_header, env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = env_bool("DEBUG", False)
+
+# --- production safety: the secret key (issue 13) ---------------------------------------------------------
+# The development key is public (it is in this file), and everything signed with it can be forged by anyone:
+# sessions, password-reset tokens, the default tool-signing key. It is used only when asked for by name
+# (`UNWIND_INSECURE_DEV_KEY=1`: `make demo`, `make test`, the chaos and bench harnesses) or under DEBUG; any
+# other start without SECRET_KEY stops here. Its "django-insecure-" prefix makes `check --deploy` flag it.
+DEVELOPMENT_SECRET_KEY = "django-insecure-unwind-development-key-public-never-use-in-production-0123456789"
 SECRET_KEY = env_str("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and not env_bool("UNWIND_INSECURE_DEV_KEY", True):
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
-    SECRET_KEY = "unwind-dev-only-secret-key-change-me-in-production-0123456789"
+UNWIND_INSECURE_DEV_KEY = env_bool("UNWIND_INSECURE_DEV_KEY", False)
+if not SECRET_KEY or SECRET_KEY == DEVELOPMENT_SECRET_KEY:
+    if not (DEBUG or UNWIND_INSECURE_DEV_KEY):
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set to a long random value when DEBUG is off (generate one with "
+            "`python -c \"import secrets; print(secrets.token_urlsafe(50))\"`); for a local demo or the tests "
+            "only, UNWIND_INSECURE_DEV_KEY=1 uses the public development key instead."
+        )
+    SECRET_KEY = DEVELOPMENT_SECRET_KEY
+# --- end: the secret key -----------------------------------------------------------------------------------
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -46,6 +63,74 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
+# --- production safety: logins, HTTPS, Content-Security-Policy (issue 13) -----------------------------------
+# django-csp writes the Content-Security-Policy header; django-axes counts failed logins (the login form, the
+# admin and HTTP Basic on the API alike) and refuses a locked-out username+address until the cool-off ends or
+# an admin deletes the attempt (Admin → Axes → Access attempts). AxesMiddleware stays last: it turns the
+# lockout a backend flagged into the lockout page.
+INSTALLED_APPS += ["axes", "csp"]
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware")
+MIDDLEWARE.append("axes.middleware.AxesMiddleware")
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+UNWIND_LOGIN_FAILURE_LIMIT = env_int("UNWIND_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+UNWIND_LOGIN_COOLOFF_MINUTES = env_int("UNWIND_LOGIN_COOLOFF_MINUTES", 15, minimum=1)
+AXES_FAILURE_LIMIT = UNWIND_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=UNWIND_LOGIN_COOLOFF_MINUTES)
+# Keyed on the pair, so a guesser from one address cannot lock a person out everywhere, and a person who
+# mistypes is not locked out by someone else's guessing. The address is the connection's (REMOTE_ADDR).
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Attempts made while locked out do not extend the lockout: the cool-off ends when it says it does.
+AXES_RESET_COOL_OFF_ON_FAILURE_DURING_LOCKOUT = False
+AXES_LOCKOUT_CALLABLE = "ledger.api.lockout.lockout_response"
+AXES_VERBOSE = False
+
+# HTTPS. UNWIND_HTTPS=1 says "Unwind is served over HTTPS": secure cookies, redirect plain HTTP to HTTPS, and
+# HSTS for a year (subdomains, preload); each setting can still be given on its own. Behind a proxy that ends
+# TLS, UNWIND_PROXY_SSL_HEADER names the header it sets (X-Forwarded-Proto) — only if the proxy always
+# overwrites it, since a client could send it too.
+UNWIND_HTTPS = env_bool("UNWIND_HTTPS", False)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", UNWIND_HTTPS)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", UNWIND_HTTPS)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", UNWIND_HTTPS)
+# A load balancer's health probe often speaks plain HTTP to the backend.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 31_536_000 if UNWIND_HTTPS else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", UNWIND_HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", UNWIND_HTTPS)
+SECURE_PROXY_SSL_HEADER = env_proxy_ssl_header("UNWIND_PROXY_SSL_HEADER")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = env_choice("SECURE_REFERRER_POLICY", "same-origin", (
+    "no-referrer", "no-referrer-when-downgrade", "origin", "origin-when-cross-origin", "same-origin",
+    "strict-origin", "strict-origin-when-cross-origin",
+))
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+
+# Content-Security-Policy: scripts and styles only from Unwind's own static files (the Swagger UI's
+# initialisation is the one inline script, allowed by a per-response nonce), nothing framed, forms post only
+# back here. htmx is told not to inject its indicator <style> (templates/base.html); the console's CSS
+# carries those rules instead.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
+# --- end: logins, HTTPS, Content-Security-Policy -----------------------------------------------------------
+
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
@@ -72,9 +157,15 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --- production safety: passwords (issue 13): all four of Django's checks, for every form that sets one ---------
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("UNWIND_PASSWORD_MIN_LENGTH", 12, minimum=8)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# --- end: passwords ----------------------------------------------------------------------------------------
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "login"
@@ -181,7 +272,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "ledger.api.auth.AgentKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.BasicAuthentication",
+        "ledger.api.lockout.LockoutAwareBasicAuthentication",  # HTTP Basic, locked out like the login form
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_THROTTLE_CLASSES": ["ledger.api.auth.AgentKeyThrottle"],

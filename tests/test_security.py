@@ -223,7 +223,8 @@ def test_verify_audit_refuses_an_unknown_tenant(history):
 def test_the_command_exits_non_zero_on_a_broken_chain(transactional_db, tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "a@x.io", "name": "A"})
-    env = {"DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    env = {"DATABASE_URL": database_url(), "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT),
+           "UNWIND_INSECURE_DEV_KEY": "1"}
     intact = subprocess.run([sys.executable, "manage.py", "verify_audit"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert intact.returncode == 0 and intact.stdout.startswith("ok: "), intact.stderr
     Action.objects.filter(run=run).update(status="failed")

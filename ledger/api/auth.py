@@ -20,6 +20,7 @@ from django.core.validators import slug_re
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions, throttling
 
+from ledger.api.lockout import LockoutAwareBasicAuthentication
 from ledger.errors import NotFound, PermissionDenied, ValidationFailed
 from ledger.models import ROLE_ORDER, Agent, DeployKey, Membership, Tenant
 from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate, deploy_key_authenticate
@@ -131,7 +132,7 @@ GOVERNANCE_AUTHENTICATION = [DeployKeyAuthentication, AgentKeyAuthentication, au
                              authentication.BasicAuthentication]
 
 # People's endpoints ask for HTTP Basic first, so a 401 there challenges with Basic (curl -u, browsers).
-PERSON_FIRST = [authentication.BasicAuthentication, authentication.SessionAuthentication, AgentKeyAuthentication]
+PERSON_FIRST = [LockoutAwareBasicAuthentication, authentication.SessionAuthentication, AgentKeyAuthentication]
 
 
 # --- the caller and its tenants ------------------------------------------------------------------------

@@ -142,7 +142,7 @@ STATUS_CODES = {
     404: "not_found",
     413: "payload_too_large",
     415: "unsupported_media_type",
-    429: "throttled",
+    429: "throttled, locked_out (HTTP Basic after too many failed logins)",
 }
 
 

@@ -26,3 +26,9 @@ document.addEventListener("htmx:beforeSwap", function (event) {
     event.detail.isError = false;
   }
 });
+// The queue refreshes itself every 30 s, but not while rows are ticked for a bulk action (a refresh would
+// clear the ticks). This lives here, not in an hx-trigger filter: the Content-Security-Policy forbids eval.
+document.addEventListener("htmx:beforeRequest", function (event) {
+  var selector = event.detail.elt.getAttribute("data-poll-unless-checked");
+  if (selector && document.querySelector(selector)) event.preventDefault();
+});
