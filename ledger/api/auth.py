@@ -129,7 +129,7 @@ class DeployKeyScheme(OpenApiAuthenticationExtension):
 
 # The tool and policy endpoints: a deploy key first (it is refused by every other view), then the usual callers.
 GOVERNANCE_AUTHENTICATION = [DeployKeyAuthentication, AgentKeyAuthentication, authentication.SessionAuthentication,
-                             authentication.BasicAuthentication]
+                             LockoutAwareBasicAuthentication]
 
 # People's endpoints ask for HTTP Basic first, so a 401 there challenges with Basic (curl -u, browsers).
 PERSON_FIRST = [LockoutAwareBasicAuthentication, authentication.SessionAuthentication, AgentKeyAuthentication]
