@@ -145,7 +145,7 @@ class ToolAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             policy = {k: v for k, v in model_to_dict(obj).items() if k not in ("id", "tenant")}
             audit.record("tool.updated" if change else "tool.registered", actor=actor_of(request), tool=obj.name,
-                         policy=digest(policy), via="admin")
+                         policy=digest(policy), via="admin", rows=[obj])
 
 
 def console_url(url_name: str, pk: int) -> str:

@@ -3,3 +3,9 @@ from django.apps import AppConfig
 
 class LedgerConfig(AppConfig):
     name = "ledger"
+
+    def ready(self):
+        from ledger import audit_export, events
+
+        # Signed chain heads are exported by the worker's sweep, off the request path.
+        events.subscribe("sweep", audit_export.on_sweep)

@@ -23,7 +23,7 @@ def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str) -> tuple[T
     with ledger_transaction(tenant.pk) as audit:
         tool, created = Tool.objects.update_or_create(tenant=tenant, name=name, defaults=fields)
         audit.record("tool.registered" if created else "tool.updated", actor=actor, tool=name,
-                     policy=digest(fields))
+                     policy=digest(fields), rows=[tool])
     return tool, created
 
 
@@ -41,6 +41,7 @@ def tools_load(*, tenant: Tenant, document: dict, actor: str) -> list[Tool]:
             audit.record("tenant.defaults", actor=actor, **parsed.defaults)
         for name, fields in parsed.tools.items():
             tool, created = Tool.objects.update_or_create(tenant=tenant, name=name, defaults=fields)
-            audit.record("tool.registered" if created else "tool.updated", actor=actor, tool=name, policy=digest(fields))
+            audit.record("tool.registered" if created else "tool.updated", actor=actor, tool=name, policy=digest(fields),
+                         rows=[tool])
             loaded.append(tool)
     return loaded
