@@ -195,14 +195,15 @@ def heads_checkpoint(*, tenants=None) -> tuple[list[dict], list[str]]:
     return written, problems
 
 
-_last_periodic = {"at": 0.0}
+_last_periodic: dict[str, float | None] = {"at": None}  # this process's last periodic checkpoint (monotonic)
 
 
 def on_sweep(*, now) -> None:
     """The worker's sweep: sign the heads every UNWIND_AUDIT_CHECKPOINT_SECONDS, when signing is configured."""
     if not (settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE):
         return
-    if time.monotonic() - _last_periodic["at"] < settings.UNWIND_AUDIT_CHECKPOINT_SECONDS:
+    last = _last_periodic["at"]
+    if last is not None and time.monotonic() - last < settings.UNWIND_AUDIT_CHECKPOINT_SECONDS:
         return
     _last_periodic["at"] = time.monotonic()
     try:
