@@ -5,7 +5,7 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit_export, events
+        from ledger import audit, events
 
         # Signed chain heads are exported by the worker's sweep, off the request path.
-        events.subscribe("sweep", audit_export.on_sweep)
+        events.subscribe("sweep", audit.checkpoint_on_sweep)

@@ -252,6 +252,15 @@ def recording(tenant_id: int):
         yield log
 
 
+def checkpoint_on_sweep(*, now) -> None:
+    """The worker's sweep signs and exports the heads (ledger/audit_export.py) when signing is configured; the
+    signing code (and `cryptography`) is loaded only then, so no process starts slower for it."""
+    if settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE:
+        from ledger import audit_export
+
+        audit_export.on_sweep(now=now)
+
+
 @dataclass
 class ChainReport:
     ok: bool

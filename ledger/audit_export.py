@@ -199,9 +199,7 @@ _last_periodic: dict[str, float | None] = {"at": None}  # this process's last pe
 
 
 def on_sweep(*, now) -> None:
-    """The worker's sweep: sign the heads every UNWIND_AUDIT_CHECKPOINT_SECONDS, when signing is configured."""
-    if not (settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE):
-        return
+    """The worker's sweep (through `audit.checkpoint_on_sweep`): sign the heads every UNWIND_AUDIT_CHECKPOINT_SECONDS."""
     last = _last_periodic["at"]
     if last is not None and time.monotonic() - last < settings.UNWIND_AUDIT_CHECKPOINT_SECONDS:
         return

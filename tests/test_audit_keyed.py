@@ -69,8 +69,10 @@ def broken(world, check: str) -> str:
 # --- the attack: rewrite an event and recompute the whole chain without the key ---------------------------------
 
 def plain_sha256(prev, event, data):
+    """The event's body exactly as Unwind hashes it (the code is public), under plain SHA-256: no key needed."""
     body = dumps({"tenant": event.tenant_id, "seq": event.seq, "kind": event.kind, "actor": event.actor,
-                  "run": event.run_ref, "action": event.action_ref, "data": data, "at": event.created_at.isoformat()})
+                  "run": event.run_ref, "action": event.action_ref, "data": data, "at": event.created_at.isoformat(),
+                  "key": event.key_id})
     return hashlib.sha256((prev + body).encode()).hexdigest()
 
 
