@@ -18,3 +18,22 @@ class ApprovalsConfig(AppConfig):
         from ledger.api import links
 
         links.register_approval_lookup(approvals_of_actions)
+
+        # The audit chain fingerprints every request and decision (ledger/audit.py): edited or forged in the
+        # database behind the services' back, they fail `verify_audit`.
+        from approvals.models import ApprovalDecision, ApprovalRequest
+        from ledger.audit import register_fingerprinted
+
+        register_fingerprinted(ApprovalRequest, fields=APPROVAL_REQUEST_FIELDS, kinds=(
+            "approval.requested", "approval.approve", "approval.reject", "approval.expired", "approval.withdrawn"))
+        register_fingerprinted(ApprovalDecision, fields=APPROVAL_DECISION_FIELDS,
+                               kinds=("approval.approve", "approval.reject"), tenant_lookup="request__tenant_id")
+
+
+# What an approver is shown and what was decided: the preview and the hash it binds to, who asked, the quorum,
+# the outcome; and each person's decision with its reason.
+APPROVAL_REQUEST_FIELDS = (
+    "run_id", "action_id", "is_compensation", "args_hash", "preview", "risk", "requested_by", "required", "status",
+    "expires_at", "decided_at", "outcome_reason",
+)
+APPROVAL_DECISION_FIELDS = ("request_id", "user_id", "decision", "reason", "created_at")

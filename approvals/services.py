@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus
-from ledger.audit import ledger_transaction
+from ledger.audit import ledger_transaction, recording
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
 from ledger.services.actions import action_approve, action_reject
@@ -95,6 +95,8 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
         required=max(1, action.approvals_required),
         expires_at=timezone.now() + timedelta(seconds=tenant.approval_ttl_seconds),
     )
+    with recording(action.tenant_id) as audit:
+        audit.record("approval.requested", actor=requested_by, request=request.pk, for_action=action.pk, rows=[request])
     url = reverse("approvals:detail", args=[request.pk])
     notify(tenant_id=action.tenant_id, kind="approval_requested", recipients=approvers_emails(action.tenant_id),
            subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)", template="approvals/email/approval_requested",
@@ -102,8 +104,15 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
 
 
 def on_approval_withdrawn(*, action: Action, reason: str) -> None:
-    ApprovalRequest.objects.filter(action=action, status=ApprovalStatus.PENDING).update(
-        status=ApprovalStatus.WITHDRAWN, decided_at=timezone.now(), outcome_reason=reason[:2000])
+    now = timezone.now()
+    with recording(action.tenant_id) as audit:
+        for request in ApprovalRequest.objects.filter(action=action, status=ApprovalStatus.PENDING):
+            if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
+                    status=ApprovalStatus.WITHDRAWN, decided_at=now, outcome_reason=reason[:2000]) != 1:
+                continue
+            request.status, request.decided_at, request.outcome_reason = ApprovalStatus.WITHDRAWN, now, reason[:2000]
+            audit.record("approval.withdrawn", actor="system:engine", request=request.pk, for_action=action.pk,
+                         rows=[request])
 
 
 def void_reason(tool_name: str, bound: int, current: int | None) -> str:
@@ -119,9 +128,10 @@ def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
         if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
                 status=ApprovalStatus.VOIDED, decided_at=timezone.now(), outcome_reason=reason[:4000]) != 1:
             return False
+        request.refresh_from_db()
         action = Action.objects.select_related("tool").get(pk=request.action_id)
         audit.record("approval.voided", actor=actor, action=action, request=request.pk, tool=action.tool.name,
-                     version=action.tool.version, reason=reason[:1000])
+                     version=action.tool.version, reason=reason[:1000], rows=[request])
         if action.status == ActionStatus.AWAITING_APPROVAL:
             action_reject(action=action, reason=f"approval voided: {reason}", actor=actor)
     return True
@@ -185,23 +195,27 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
             raise StateConflict("the action's arguments changed since this request was made; it no longer applies")
         try:
             with transaction.atomic():
-                ApprovalDecision.objects.create(request=request, user=user, reason=reason[:4000],
-                                                decision=Decision.APPROVE if approve else Decision.REJECT)
+                decision = ApprovalDecision.objects.create(
+                    request=request, user=user, reason=reason[:4000], decision=Decision.APPROVE if approve else Decision.REJECT)
         except IntegrityError:
             raise StateConflict("you have already decided on this request") from None
+        now = timezone.now()
+        decided = not approve or request.decisions.filter(
+            decision=Decision.APPROVE).values("user").distinct().count() >= request.required
+        if decided:
+            # In the same transaction: if the action moved on meanwhile, the decision rolls back too.
+            status = ApprovalStatus.APPROVED if approve else ApprovalStatus.REJECTED
+            outcome = "" if approve else reason[:4000]
+            ApprovalRequest.objects.filter(pk=request.pk).update(status=status, decided_at=now, outcome_reason=outcome)
+            request.status, request.decided_at, request.outcome_reason = status, now, outcome
+        # The request and the decision are fingerprinted as they now stand, so neither can be edited unseen.
         audit.record("approval.approve" if approve else "approval.reject", actor=actor, run=request.run,
-                     action=request.action, request=request.pk, reason=reason[:1000])
+                     action=request.action, request=request.pk, reason=reason[:1000], rows=[request, decision])
         if not approve:
-            ApprovalRequest.objects.filter(pk=request.pk).update(
-                status=ApprovalStatus.REJECTED, decided_at=timezone.now(), outcome_reason=reason[:4000])
             action_reject(action=request.action, reason=reason, actor=actor)
-        else:
-            approvals = request.decisions.filter(decision=Decision.APPROVE).values("user").distinct().count()
-            if approvals >= request.required:
-                # In the same transaction: if the action moved on meanwhile, the decision rolls back too.
-                ApprovalRequest.objects.filter(pk=request.pk).update(status=ApprovalStatus.APPROVED, decided_at=timezone.now())
-                action_approve(action=Action.objects.select_related("tool").get(pk=request.action_id),
-                               args_hash=request.args_hash, actor=actor)
+        elif decided:
+            action_approve(action=Action.objects.select_related("tool").get(pk=request.action_id),
+                           args_hash=request.args_hash, actor=actor)
     return ""
 
 
@@ -214,7 +228,10 @@ def approvals_expire(*, now=None) -> int:
             if ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
                     status=ApprovalStatus.EXPIRED, decided_at=now, outcome_reason="no decision before it expired") != 1:
                 continue
-            audit.record("approval.expired", actor="system:sweeper", action=request.action, request=request.pk)
+            request.status, request.decided_at = ApprovalStatus.EXPIRED, now
+            request.outcome_reason = "no decision before it expired"
+            audit.record("approval.expired", actor="system:sweeper", action=request.action, request=request.pk,
+                         rows=[request])
             action = Action.objects.select_related("tool").get(pk=request.action_id)
             if action.status == ActionStatus.AWAITING_APPROVAL:
                 action_reject(action=action, reason=f"no decision within {request.tenant.approval_ttl_seconds}s: expired",

@@ -5,6 +5,7 @@ from pathlib import Path
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from config.audit_keys import load_audit_keys
 from config.env import (
     database_from_url, env_bool, env_choice, env_float, env_int, env_list, env_proxy_ssl_header, env_str,
 )
@@ -235,6 +236,24 @@ UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, 
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # The sandbox world under /sandbox/ (unauthenticated, with reset and fault injection): turn it off in production.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", True)
+
+# --- Audit chain: tamper evidence against someone with database access (issue 13) -----------------------
+# The chain is an HMAC keyed outside the database (config/audit_keys.py: UNWIND_AUDIT_KEY or _FILE, older keys
+# in UNWIND_AUDIT_OLD_KEYS / UNWIND_AUDIT_OLD_KEY_FILES). Without one, DEBUG or UNWIND_INSECURE_DEV_KEY=1 derives a
+# development key from SECRET_KEY; with DEBUG off and neither, the process refuses to start.
+UNWIND_AUDIT_KEY_ID, UNWIND_AUDIT_KEYS = load_audit_keys(
+    secret_key=SECRET_KEY, allow_dev_key=DEBUG or UNWIND_INSECURE_DEV_KEY)
+# Each tenant's chain head is signed (Ed25519, `manage.py audit_keygen`) into one append-only JSON-lines file per
+# tenant in UNWIND_AUDIT_EXPORT_DIR, by `manage.py audit_checkpoint` and by the worker's sweep every
+# UNWIND_AUDIT_CHECKPOINT_SECONDS; `verify_audit` checks the chain against the newest signed head.
+UNWIND_AUDIT_SIGNING_KEY_FILE = env_str("UNWIND_AUDIT_SIGNING_KEY_FILE", "")
+UNWIND_AUDIT_PUBLIC_KEY_FILE = env_str("UNWIND_AUDIT_PUBLIC_KEY_FILE", "")
+UNWIND_AUDIT_EXPORT_DIR = env_str("UNWIND_AUDIT_EXPORT_DIR", "")
+UNWIND_AUDIT_CHECKPOINT_SECONDS = env_float("UNWIND_AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1)
+if UNWIND_AUDIT_EXPORT_DIR and not (UNWIND_AUDIT_SIGNING_KEY_FILE or UNWIND_AUDIT_PUBLIC_KEY_FILE):
+    raise ImproperlyConfigured("UNWIND_AUDIT_EXPORT_DIR needs UNWIND_AUDIT_SIGNING_KEY_FILE (to sign heads) or "
+                               "UNWIND_AUDIT_PUBLIC_KEY_FILE (to verify them).")
+# --- end of the audit chain block -------------------------------------------------------------------------
 
 # Worker (django-q2). ORM broker by default: no extra server. Set UNWIND_REDIS_URL to use Redis.
 UNWIND_WORKERS = env_int("UNWIND_WORKERS", 2, minimum=1)

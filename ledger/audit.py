@@ -1,49 +1,148 @@
-"""The hash-chained audit log and the transaction every ledger write happens in.
+"""The keyed, hash-chained audit log and the transaction every ledger write happens in.
 
 Every write to a tenant's ledger runs in `ledger_transaction(tenant_id)`: it locks the tenant's
 chain head first (one lock order for every writer, so writers of one tenant never deadlock), lets
 the services record events, and appends them to the chain just before commit. A rolled-back change
 leaves no event; a committed one always has its event.
 
-Each event that concerns a run or an action carries a fingerprint of that row as it stood after the
-change, so `verify_chain` also notices a ledger row edited or deleted behind the services' back.
+Each event's hash is an HMAC-SHA256 over the previous hash and the event, under a key that is not in
+the database (settings UNWIND_AUDIT_KEYS; the event records the id of the key it was made with), so
+someone who can write to the database can neither edit an event nor recompute the chain after deleting
+one. Each tenant's head is also signed and exported outside the database (ledger/audit_export.py), so
+cutting the chain short below an exported head is detected too.
+
+Each event that concerns a row a person or a recovery decision reads carries a fingerprint of that row
+as it stood after the change (runs, actions, tool policy here; approval decisions and recovery items
+through `register_fingerprinted`, which those apps call at ready()), so `verify_chain` also notices a
+row edited or deleted behind the services' back.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from django.db import connection, transaction
+from django.conf import settings
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from ledger import sql
 from ledger.canonical import digest, dumps
-from ledger.models import Action, AuditEvent, AuditHead, Run
+from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
 
 GENESIS = "0" * 64
 _local = threading.local()
 
 
+# --- fingerprints --------------------------------------------------------------------------------
+
+# Every field a person reads on the run page, the approval preview or the correction trail, or that a recovery
+# decision depends on (what was done, to what, with what outcome, and how it would be undone).
+ACTION_FIELDS = (
+    "run_id", "tool_id", "kind", "compensates_id", "status", "args", "args_hash", "target_type", "target_id",
+    "idempotency_key", "result", "error_class", "error_message", "before", "after", "verification", "intent",
+    "compensation_plan",
+)
+RUN_FIELDS = ("tenant_id", "agent_id", "on_behalf_of", "goal", "intent", "plan", "status", "pivot_committed")
+# A tool's whole policy: everything that decides how its calls are checked, run, verified and undone. Fields a
+# Tool gains are added here (tests/test_audit_keyed.py fails on a Tool field that is in neither list).
+TOOL_POLICY_FIELDS = (
+    "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
+    "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
+    "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
+)
+# `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
+# it instead: the current version of every tool is its newest.
+TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
+
+
+def _plain(value):
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
+    return digest(label, obj.pk, *[_plain(getattr(obj, name)) for name in fields])
+
+
 def action_fingerprint(action: Action) -> str:
-    return digest(
-        "action", action.pk, action.run_id, action.tool_id, action.kind, action.status,
-        action.args_hash, action.idempotency_key, action.result,
-    )
+    return _fingerprint("action", action, ACTION_FIELDS)
 
 
 def run_fingerprint(run: Run) -> str:
-    return digest("run", run.pk, run.tenant_id, run.status, run.pivot_committed)
+    return _fingerprint("run", run, RUN_FIELDS)
 
 
-def event_hash(prev_hash: str, *, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
+@dataclass(frozen=True)
+class Fingerprinted:
+    """A model whose rows the chain fingerprints: each event of one of `kinds` carries the fingerprint of the row
+    it concerns (passed as `rows=` to `AuditLog.record`), and `verify_chain` compares every row of the tenant with
+    the last fingerprint recorded for it."""
+
+    model: type[models.Model]
+    fields: tuple[str, ...]
+    kinds: frozenset[str]
+    tenant_lookup: str
+
+    @property
+    def label(self) -> str:
+        return self.model._meta.label_lower
+
+
+_fingerprinted: dict[str, Fingerprinted] = {}
+
+
+def register_fingerprinted(model: type[models.Model], *, fields: tuple[str, ...], kinds: tuple[str, ...],
+                           tenant_lookup: str = "tenant_id") -> None:
+    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them)."""
+    spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup)
+    _fingerprinted[spec.label] = spec
+
+
+def fingerprinted_models() -> list[Fingerprinted]:
+    return list(_fingerprinted.values())
+
+
+def row_fingerprint(obj: models.Model) -> str:
+    spec = _fingerprinted.get(obj._meta.label_lower)
+    if spec is None:
+        raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
+    return _fingerprint(spec.label, obj, spec.fields)
+
+
+def tool_fingerprint(tool: Tool) -> str:
+    return row_fingerprint(tool)
+
+
+register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"))
+register_fingerprinted(TenantPolicyVersion, fields=("version", "approval_threshold", "approval_ttl_seconds", "actor"),
+                       kinds=("tenant.defaults",))
+
+# The keys of an event's data that hold fingerprints: only `verify_chain` reads them, pages leave them out.
+FINGERPRINT_KEYS = ("action_state", "run_state", "rows")
+
+
+# --- the chain -----------------------------------------------------------------------------------
+
+def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data,
+               created_at) -> str:
     body = dumps({
         "tenant": tenant_id, "seq": seq, "kind": kind, "actor": actor, "run": run_ref,
-        "action": action_ref, "data": data, "at": created_at.isoformat(),
+        "action": action_ref, "data": data, "at": created_at.isoformat(), "key": key_id,
     })
-    return hashlib.sha256((prev_hash + body).encode()).hexdigest()
+    return hmac.new(key, (prev_hash + body).encode(), hashlib.sha256).hexdigest()
+
+
+def event_is_authentic(event: AuditEvent, keys: dict[str, bytes] | None = None) -> bool:
+    """Whether the event's HMAC matches under the key it names (its links and rows are `verify_chain`'s business)."""
+    key = (settings.UNWIND_AUDIT_KEYS if keys is None else keys).get(event.key_id)
+    return key is not None and hmac.compare_digest(event.hash, event_hash(
+        key, event.prev_hash, key_id=event.key_id, tenant_id=event.tenant_id, seq=event.seq, kind=event.kind,
+        actor=event.actor, run_ref=event.run_ref, action_ref=event.action_ref, data=event.data,
+        created_at=event.created_at))
 
 
 @dataclass
@@ -58,7 +157,10 @@ class AuditLog:
         audit append, just before commit: on PostgreSQL it rides in the append's single statement."""
         self.writes.append(statement)
 
-    def record(self, kind: str, *, actor: str, run: Run | None = None, action: Action | None = None, **data) -> None:
+    def record(self, kind: str, *, actor: str, run: Run | None = None, action: Action | None = None,
+               rows: tuple[models.Model, ...] | list[models.Model] = (), **data) -> None:
+        """Append an event at commit. `rows` are rows of fingerprinted models (see `register_fingerprinted`) the
+        event concerns, each fingerprinted as it stands now."""
         if action is not None:
             data["action_state"] = action_fingerprint(action)
             run_ref = action.run_id
@@ -66,6 +168,8 @@ class AuditLog:
             run_ref = run.pk if run is not None else None
         if run is not None:
             data["run_state"] = run_fingerprint(run)
+        if rows:
+            data["rows"] = {f"{row._meta.label_lower}:{row.pk}": row_fingerprint(row) for row in rows}
         self.pending.append((kind, actor, run_ref, action.pk if action is not None else None, data))
 
     def flush(self) -> None:
@@ -80,14 +184,16 @@ class AuditLog:
         seq, prev = self.head.seq, self.head.hash
         now = timezone.now()
         at = connection.ops.adapt_datetimefield_value(now)
+        key_id = settings.UNWIND_AUDIT_KEY_ID
+        key = settings.UNWIND_AUDIT_KEYS[key_id]
         rows = []
         for kind, actor, run_ref, action_ref, data in self.pending:
             seq += 1
             text = dumps(data)
             data = json.loads(text)  # what is hashed is exactly what the database returns
-            h = event_hash(prev, tenant_id=self.tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
-                           action_ref=action_ref, data=data, created_at=now)
-            rows.append((self.tenant_id, seq, kind, actor, run_ref, action_ref, text, at, prev, h))
+            h = event_hash(key, prev, key_id=key_id, tenant_id=self.tenant_id, seq=seq, kind=kind, actor=actor,
+                           run_ref=run_ref, action_ref=action_ref, data=data, created_at=now)
+            rows.append((self.tenant_id, seq, kind, actor, run_ref, action_ref, text, at, prev, h, key_id))
             prev = h
         append = (f"{_APPEND} {', '.join([_EVENT_ROW] * len(rows))}", [value for row in rows for value in row])
         move = (_MOVE_HEAD, [seq, prev, self.tenant_id])
@@ -104,8 +210,8 @@ class AuditLog:
 
 
 _APPEND = ("INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, "
-           "prev_hash, hash) VALUES")
-_EVENT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+           "prev_hash, hash, key_id) VALUES")
+_EVENT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _MOVE_HEAD = "UPDATE ledger_audithead SET seq = %s, hash = %s WHERE tenant_id = %s"
 
 
@@ -138,62 +244,158 @@ def ledger_transaction(tenant_id: int):
             stack.pop()
 
 
+@contextmanager
+def recording(tenant_id: int):
+    """The tenant's open AuditLog when a ledger transaction is already under way (an engine event handler records
+    into the engine's transaction without a savepoint of its own); otherwise a new `ledger_transaction`."""
+    for outer in reversed(getattr(_local, "stack", None) or []):
+        if outer.tenant_id == tenant_id:
+            yield outer
+            return
+    with ledger_transaction(tenant_id) as log:
+        yield log
+
+
+def checkpoint_on_sweep(*, now) -> None:
+    """The worker's sweep signs and exports the heads (ledger/audit_export.py) when signing is configured; the
+    signing code (and `cryptography`) is loaded only then, so no process starts slower for it."""
+    if settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE:
+        from ledger import audit_export
+
+        audit_export.on_sweep(now=now)
+
+
 @dataclass
 class ChainReport:
     ok: bool
     events: int
     problem: str = ""
+    check: str = ""  # which check failed: sequence, link, key, hmac, head, fingerprint, export-signature, export-head
+    exported_head: int | None = None  # the seq of the signed head checked against, when there is one
 
 
-def verify_chain(tenant_id: int) -> ChainReport:
-    """Walk a tenant's chain: links, hashes, sequence gaps, the head, and the ledger rows' fingerprints."""
+class _Broken(Exception):
+    def __init__(self, check: str, problem: str):
+        super().__init__(problem)
+        self.check, self.problem = check, problem
+
+
+def verify_chain(tenant_id: int, *, keys: dict[str, bytes] | None = None) -> ChainReport:
+    """Walk a tenant's chain: sequence, links, each event's HMAC under the key it names, the head, the newest signed
+    head exported outside the database (when UNWIND_AUDIT_EXPORT_DIR is set), and the fingerprints of the rows."""
+    keys = settings.UNWIND_AUDIT_KEYS if keys is None else keys
+    state = {"events": 0, "exported": None}
+    try:
+        _verify(tenant_id, keys, state)
+    except _Broken as broken:
+        return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])
+    return ChainReport(True, state["events"], exported_head=state["exported"])
+
+
+def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
+    exported = None
+    if settings.UNWIND_AUDIT_EXPORT_DIR:
+        from ledger import audit_export  # cryptography is loaded only where heads are signed or checked
+
+        try:
+            exported = audit_export.latest_head(tenant_id)
+        except audit_export.ExportInvalid as exc:
+            raise _Broken("export-signature", str(exc)) from None
+        state["exported"] = exported["seq"] if exported else None
     prev = GENESIS
     expected_seq = 0
     last_action: dict[int, tuple[str, int]] = {}
     last_run: dict[int, tuple[str, int]] = {}
-    count = 0
+    last_row: dict[str, dict[str, tuple[str, int]]] = {spec.label: {} for spec in _fingerprinted.values()}
+    carried_by = {kind: spec for spec in _fingerprinted.values() for kind in spec.kinds}
     events = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
     for event in events.iterator(chunk_size=2000):
-        count += 1
+        state["events"] += 1
         expected_seq += 1
         if event.seq != expected_seq:
-            return ChainReport(False, count, f"event #{expected_seq} is missing (next is #{event.seq}): deleted")
+            raise _Broken("sequence", f"event #{expected_seq} is missing (next is #{event.seq}): deleted")
         if event.prev_hash != prev:
-            return ChainReport(False, count, f"event #{event.seq} does not link to #{event.seq - 1}")
-        recomputed = event_hash(prev, tenant_id=tenant_id, seq=event.seq, kind=event.kind, actor=event.actor,
-                                run_ref=event.run_ref, action_ref=event.action_ref, data=event.data,
-                                created_at=event.created_at)
-        if recomputed != event.hash:
-            return ChainReport(False, count, f"event #{event.seq} ({event.kind}) was edited: its hash does not match")
-        if event.action_ref is not None and "action_state" in event.data:
-            last_action[event.action_ref] = (event.data["action_state"], event.seq)
-        if event.run_ref is not None and "run_state" in event.data:
-            last_run[event.run_ref] = (event.data["run_state"], event.seq)
+            raise _Broken("link", f"event #{event.seq} does not link to #{event.seq - 1}")
+        key = keys.get(event.key_id)
+        if key is None:
+            raise _Broken("key", f"event #{event.seq} was made with audit key id {event.key_id or '(none)'!r}, which is "
+                                 "not configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
+        recomputed = event_hash(key, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq, kind=event.kind,
+                                actor=event.actor, run_ref=event.run_ref, action_ref=event.action_ref,
+                                data=event.data, created_at=event.created_at)
+        if not hmac.compare_digest(recomputed, event.hash):
+            raise _Broken("hmac", f"event #{event.seq} ({event.kind}) was edited: its HMAC under key "
+                                  f"{event.key_id} does not match (rewritten without the audit key)")
+        data = event.data if isinstance(event.data, dict) else {}
+        if event.action_ref is not None and "action_state" in data:
+            last_action[event.action_ref] = (data["action_state"], event.seq)
+        if event.run_ref is not None and "run_state" in data:
+            last_run[event.run_ref] = (data["run_state"], event.seq)
+        carried = data.get("rows") or {}
+        spec = carried_by.get(event.kind)
+        if spec is not None and not any(ref.startswith(spec.label + ":") for ref in carried):
+            raise _Broken("fingerprint", f"event #{event.seq} ({event.kind}) carries no fingerprint of its {spec.label} row")
+        for ref, fingerprint in carried.items():
+            label, _, pk = ref.rpartition(":")
+            if label in last_row:
+                last_row[label][pk] = (fingerprint, event.seq)
+        if exported is not None and event.seq == exported["seq"] and event.hash != exported["hash"]:
+            raise _Broken("export-head", f"event #{event.seq} is not the signed head exported at {exported['at']}: "
+                                         "the chain was rewritten from there on")
         prev = event.hash
+    if exported is not None and expected_seq < exported["seq"]:
+        raise _Broken("export-head", f"the chain ends at #{expected_seq}, below the signed head #{exported['seq']} "
+                                     f"exported at {exported['at']}: events were removed")
     head = AuditHead.objects.filter(pk=tenant_id).first()
     if head is not None and (head.seq != expected_seq or head.hash != prev):
-        return ChainReport(False, count, f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
-    actions = Action.objects.filter(tenant_id=tenant_id).only(
-        "id", "run_id", "tool_id", "kind", "status", "args_hash", "idempotency_key", "result")
+        raise _Broken("head", f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
+    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS, action_fingerprint,
+                last_action, every_row_recorded=True)
+    _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
+                every_row_recorded=False)
+    for spec in _fingerprinted.values():
+        recorded = {int(pk): value for pk, value in last_row[spec.label].items()}
+        rows = spec.model._default_manager.filter(**{spec.tenant_lookup: tenant_id})
+        _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
+    _check_policy_in_force(tenant_id)
+
+
+def _check_policy_in_force(tenant_id: int) -> None:
+    """The policy the engine uses is the newest recorded version: an insider cannot bring back an old tool version
+    (flipping `is_current`) or change the tenant's defaults beside their versions."""
+    newest: dict[str, int] = {}
+    current: dict[str, int] = {}
+    for name, version, is_current in Tool.objects.filter(tenant_id=tenant_id).values_list(
+            "name", "version", "is_current").iterator(chunk_size=2000):
+        newest[name] = max(version, newest.get(name, 0))
+        if is_current:
+            if name in current:
+                raise _Broken("policy", f"{name} has two current versions ({current[name]} and {version})")
+            current[name] = version
+    for name, version in sorted(newest.items()):
+        if current.get(name) != version:
+            raise _Broken("policy", f"{name} runs version {current.get(name)} but its newest recorded version is "
+                                    f"{version}: changed behind the services' back")
+    latest = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("-version").first()
+    if latest is not None:
+        live = Tenant.objects.filter(pk=tenant_id).values_list("approval_threshold", "approval_ttl_seconds").first()
+        if live != (latest.approval_threshold, latest.approval_ttl_seconds):
+            raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
+                                    "changed behind the services' back")
+
+
+def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool) -> None:
     seen = set()
-    for action in actions.iterator(chunk_size=2000):
-        seen.add(action.pk)
-        recorded = last_action.get(action.pk)
-        if recorded is None:
-            return ChainReport(False, count, f"action {action.pk} has no audit event: written behind the services' back")
-        if recorded[0] != action_fingerprint(action):
-            return ChainReport(False, count, f"action {action.pk} differs from its state at event #{recorded[1]}: edited behind the services' back")
-    missing = set(last_action) - seen
+    for row in rows.only(*fields).order_by("pk").iterator(chunk_size=2000):
+        seen.add(row.pk)
+        last = recorded.get(row.pk)
+        if last is None:
+            if every_row_recorded:
+                raise _Broken("fingerprint", f"{label} {row.pk} has no audit event: written behind the services' back")
+            continue
+        if last[0] != fingerprint(row):
+            raise _Broken("fingerprint", f"{label} {row.pk} differs from its state at event #{last[1]}: "
+                                         "edited behind the services' back")
+    missing = set(recorded) - seen
     if missing:
-        return ChainReport(False, count, f"action {min(missing)} is in the audit chain but not in the ledger: deleted")
-    runs = Run.objects.filter(tenant_id=tenant_id).only("id", "tenant_id", "status", "pivot_committed")
-    run_ids = set()
-    for run in runs.iterator(chunk_size=2000):
-        run_ids.add(run.pk)
-        recorded = last_run.get(run.pk)
-        if recorded is not None and recorded[0] != run_fingerprint(run):
-            return ChainReport(False, count, f"run {run.pk} differs from its state at event #{recorded[1]}: edited behind the services' back")
-    gone = set(last_run) - run_ids
-    if gone:
-        return ChainReport(False, count, f"run {min(gone)} is in the audit chain but not in the ledger: deleted")
-    return ChainReport(True, count)
+        raise _Broken("fingerprint", f"{label} {min(missing)} is in the audit chain but not in the ledger: deleted")

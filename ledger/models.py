@@ -402,7 +402,7 @@ class Checkpoint(models.Model):
 
 
 class AuditEvent(models.Model):
-    """Append-only, hash-chained record of every transition and decision, one chain per tenant.
+    """Append-only, keyed hash-chained record of every transition and decision, one chain per tenant.
 
     It refers to ledger rows by id, not by foreign key, so deleting a ledger row leaves its history
     (and the gap is what `verify_audit` reports).
@@ -417,7 +417,10 @@ class AuditEvent(models.Model):
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)  # HMAC-SHA256 under the audit key named by key_id
+    # The id of the audit key the hash was made with (config/audit_keys.py): old keys verify old events after a
+    # rotation. Empty on events made before the chain was keyed; verify_audit reports those.
+    key_id = models.CharField(max_length=16, default="", blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "seq"], name="audit_seq_unique_per_tenant")]

@@ -10,3 +10,17 @@ class RecoveryConfig(AppConfig):
 
         events.subscribe("run_needs_attention", services.on_run_needs_attention)
         events.subscribe("run_attention_cleared", services.on_run_attention_cleared)
+
+        # The audit chain fingerprints every recovery item as opened and as resolved (ledger/audit.py): a
+        # resolution edited in the database behind the services' back fails `verify_audit`.
+        from ledger.audit import register_fingerprinted
+        from recovery.models import RecoveryItem
+
+        register_fingerprinted(RecoveryItem, fields=RECOVERY_ITEM_FIELDS, kinds=services.RECOVERY_EVENTS)
+
+
+# What the operator is told (why, how risky, what to do) and what they decided, by whom, when and why.
+RECOVERY_ITEM_FIELDS = (
+    "run_id", "action_id", "reason", "risk", "tool_name", "detail", "suggestion", "status", "resolution",
+    "resolved_by", "resolved_at", "resolution_note",
+)

@@ -14,6 +14,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
+from ledger.audit import FINGERPRINT_KEYS
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
@@ -209,7 +210,7 @@ def snapshot_diff(before, after) -> list[dict]:
 
 def audit_summary(event: AuditEvent) -> dict:
     """An event's data without the row fingerprints, which only `verify_audit` reads."""
-    return {k: v for k, v in (event.data or {}).items() if k not in ("action_state", "run_state")}
+    return {k: v for k, v in (event.data or {}).items() if k not in FINGERPRINT_KEYS}
 
 
 def run_timeline(run: Run) -> dict:

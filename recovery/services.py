@@ -5,6 +5,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.services import notify, require_role
+from ledger.audit import recording
 from ledger.errors import StateConflict
 from ledger.models import RISK_ORDER, Action, ActionKind, ActionStatus, Membership, Risk, Role, Run
 from ledger.services.runs import run_close, run_compensate, run_resume
@@ -24,6 +25,10 @@ SUGGESTIONS = {
 }
 
 
+# The audit events that carry a recovery item's fingerprint (see recovery/apps.py).
+RECOVERY_EVENTS = ("recovery.opened", "recovery.updated", "recovery.resolved", "recovery.noted")
+
+
 def item_risk(run: Run) -> str:
     risks = list(run.actions.filter(kind=ActionKind.FORWARD).exclude(
         status__in=[ActionStatus.SKIPPED, ActionStatus.REJECTED, ActionStatus.EXPIRED, ActionStatus.COMPENSATED])
@@ -32,14 +37,18 @@ def item_risk(run: Run) -> str:
 
 
 def on_run_needs_attention(*, run: Run, reason: str, detail: str, action: Action | None) -> None:
-    if RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exists():
-        RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).update(reason=reason, detail=detail,
-                                                                           action=action)
-        return
-    item = RecoveryItem.objects.create(
-        tenant_id=run.tenant_id, run=run, action=action, reason=reason, risk=item_risk(run),
-        tool_name=action.tool.name if action is not None else "", detail=detail,
-        suggestion=SUGGESTIONS.get(reason, "Resume, compensate or close it."))
+    with recording(run.tenant_id) as audit:
+        item = RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).first()
+        if item is not None:
+            RecoveryItem.objects.filter(pk=item.pk).update(reason=reason, detail=detail, action=action)
+            item.reason, item.detail, item.action = reason, detail, action
+            audit.record("recovery.updated", actor="system:engine", item=item.pk, reason=reason, rows=[item])
+            return
+        item = RecoveryItem.objects.create(
+            tenant_id=run.tenant_id, run=run, action=action, reason=reason, risk=item_risk(run),
+            tool_name=action.tool.name if action is not None else "", detail=detail,
+            suggestion=SUGGESTIONS.get(reason, "Resume, compensate or close it."))
+        audit.record("recovery.opened", actor="system:engine", item=item.pk, reason=reason, rows=[item])
     operators = sorted(set(Membership.objects.filter(tenant_id=run.tenant_id, role__in=[Role.OPERATOR, Role.ADMIN])
                            .exclude(user__email="").values_list("user__email", flat=True)))
     notify(tenant_id=run.tenant_id, kind="run_needs_attention", recipients=operators,
@@ -48,8 +57,14 @@ def on_run_needs_attention(*, run: Run, reason: str, detail: str, action: Action
 
 
 def on_run_attention_cleared(*, run: Run, resolution: str, actor: str) -> None:
-    RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).update(
-        status=ItemStatus.RESOLVED, resolution=resolution, resolved_by=actor, resolved_at=timezone.now())
+    now = timezone.now()
+    with recording(run.tenant_id) as audit:
+        for item in RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN):
+            if RecoveryItem.objects.filter(pk=item.pk, status=ItemStatus.OPEN).update(
+                    status=ItemStatus.RESOLVED, resolution=resolution, resolved_by=actor, resolved_at=now) != 1:
+                continue
+            item.status, item.resolution, item.resolved_by, item.resolved_at = ItemStatus.RESOLVED, resolution, actor, now
+            audit.record("recovery.resolved", actor=actor, item=item.pk, resolution=resolution, rows=[item])
 
 
 def _open_item(item: RecoveryItem, user, *, role: str = Role.OPERATOR) -> RecoveryItem:
@@ -80,6 +95,10 @@ def recovery_close(*, item: RecoveryItem, user, reason: str) -> RecoveryItem:
 
 def _after(item: RecoveryItem, reason: str) -> RecoveryItem:
     if reason:
-        RecoveryItem.objects.filter(pk=item.pk).filter(~Q(resolution_note=reason)).update(resolution_note=reason[:4000])
+        with recording(item.tenant_id) as audit:
+            if RecoveryItem.objects.filter(pk=item.pk).filter(~Q(resolution_note=reason[:4000])).update(
+                    resolution_note=reason[:4000]) == 1:
+                item.refresh_from_db()
+                audit.record("recovery.noted", actor=item.resolved_by or "system:engine", item=item.pk, rows=[item])
     item.refresh_from_db()
     return item

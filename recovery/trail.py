@@ -13,7 +13,7 @@ from django.core.validators import validate_email
 from django.urls import reverse
 
 from approvals.services import notify, require_role
-from ledger.audit import event_hash, ledger_transaction
+from ledger.audit import event_is_authentic, ledger_transaction
 from ledger.errors import ValidationFailed
 from ledger.models import (
     ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,
@@ -322,9 +322,7 @@ def _headline(run, forward, not_undone: int) -> str:
 
 
 def _audit(run, events) -> dict:
-    verified = all(event_hash(e.prev_hash, tenant_id=e.tenant_id, seq=e.seq, kind=e.kind, actor=e.actor,
-                              run_ref=e.run_ref, action_ref=e.action_ref, data=e.data, created_at=e.created_at) == e.hash
-                   for e in events)
+    verified = all(event_is_authentic(e) for e in events)
     span = f", events #{events[0].seq} to #{events[-1].seq}" if events else ""
     return {
         "events": len(events),

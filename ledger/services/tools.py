@@ -55,7 +55,8 @@ def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit
         key for key in POLICY_FIELDS if getattr(current, key) != getattr(tool, key))
     extra = {"via": via} if via else {}
     audit.record("tool.registered" if current is None else "tool.updated", actor=actor, tool=name, version=version,
-                 previous_version=current.version if current else None, policy=fingerprint, changed=changed, **extra)
+                 previous_version=current.version if current else None, policy=fingerprint, changed=changed,
+                 rows=[tool], **extra)
     if current is not None:
         events.emit("policy_changed", retired=current, current=tool, actor=actor)
     return tool, current is None
@@ -98,7 +99,8 @@ def _write_defaults(*, tenant: Tenant, values: dict, actor: str, audit: AuditLog
         setattr(tenant, key, value)
     extra = {"via": via} if via else {}
     audit.record("tenant.defaults", actor=actor, version=version.version, policy=digest(merged),
-                 changed=sorted(key for key in DEFAULT_FIELDS if merged[key] != now[key]), **merged, **extra)
+                 changed=sorted(key for key in DEFAULT_FIELDS if merged[key] != now[key]), rows=[version], **merged,
+                 **extra)
     return version
 
 

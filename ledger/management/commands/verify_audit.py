@@ -1,3 +1,5 @@
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.audit import verify_chain
@@ -5,7 +7,8 @@ from ledger.models import Tenant
 
 
 class Command(BaseCommand):
-    help = "Verify every tenant's hash-chained audit log and the ledger rows it fingerprints."
+    help = ("Verify every tenant's audit chain: links, each event's HMAC under the audit key it names, the head, "
+            "the newest signed head exported to UNWIND_AUDIT_EXPORT_DIR, and the ledger rows it fingerprints.")
 
     def add_arguments(self, parser):
         parser.add_argument("--tenant", help="only this tenant slug")
@@ -16,10 +19,18 @@ class Command(BaseCommand):
             tenants = tenants.filter(slug=tenant)
             if not tenants.exists():
                 raise CommandError(f"tenant {tenant!r} does not exist")
-        total = 0
+        total, against_exported = 0, 0
         for t in tenants:
-            report = verify_chain(t.pk)
+            try:
+                report = verify_chain(t.pk)
+            except ImproperlyConfigured as exc:
+                raise CommandError(str(exc)) from None
             total += report.events
             if not report.ok:
-                raise CommandError(f"tenant {t.slug}: broken at {report.problem}")
-        self.stdout.write(f"ok: {total} events verified across {tenants.count()} tenant(s)")
+                raise CommandError(f"tenant {t.slug}: broken at {report.problem} [check: {report.check}]")
+            against_exported += report.exported_head is not None
+        if settings.UNWIND_AUDIT_EXPORT_DIR:
+            heads = f"; {against_exported} against their signed exported head"
+        else:
+            heads = "; no signed heads checked (UNWIND_AUDIT_EXPORT_DIR is not set)"
+        self.stdout.write(f"ok: {total} events verified across {tenants.count()} tenant(s){heads}")
