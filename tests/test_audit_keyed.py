@@ -25,7 +25,9 @@ from ledger.audit import (
     ledger_transaction, verify_chain,
 )
 from ledger.canonical import dumps
-from ledger.models import Action, AuditEvent, AuditHead, Run, Tool
+from ledger.api.tools import policy_of
+from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, Tool
+from ledger.services.tools import tenant_defaults_set, tool_upsert
 from ledger.services.sweep import sweep
 from recovery.models import RecoveryItem
 from recovery.services import recovery_close
@@ -154,7 +156,8 @@ FIELDS = [
     *[(Action, f) for f in ("args", "intent", "before", "after", "target_type", "target_id", "verification",
                             "compensation_plan", "result", "error_class", "error_message", "status", "args_hash")],
     *[(Run, f) for f in ("goal", "on_behalf_of", "intent", "status", "plan", "pivot_committed")],
-    *[(Tool, f.name) for f in Tool._meta.concrete_fields if f.name not in ("id", "tenant", "created_at", "updated_at")],
+    *[(Tool, f.name) for f in Tool._meta.concrete_fields
+      if f.name not in ("id", "tenant", "created_at", "updated_at", "is_current")],
     *[(ApprovalRequest, f) for f in ("status", "outcome_reason", "decided_at", "preview", "args_hash", "required",
                                      "requested_by", "risk", "expires_at")],
     *[(ApprovalDecision, f) for f in ("decision", "reason", "created_at")],
@@ -168,9 +171,26 @@ def test_a_field_edited_behind_the_services_back_is_detected_and_its_row_named(h
     row = row_of(model, history)
     field = model._meta.get_field(name)
     value = forged(field, getattr(row, field.attname))
-    model._default_manager.filter(pk=row.pk).update(**{field.attname: value})
+    # A plain queryset: someone with database access, not the models' own guards (tool versions refuse edits).
+    models.QuerySet(model=model).filter(pk=row.pk).update(**{field.attname: value})
     label = {Action: "action", Run: "run"}.get(model, model._meta.label_lower)
     assert f"{label} {row.pk} differs" in broken(history, "fingerprint")
+
+
+def test_an_old_tool_version_brought_back_behind_the_services_back_is_detected(history):
+    tool_upsert(tenant=history.acme, name="payments.charge",
+                spec={**policy_of(Tool.objects.get(tenant=history.acme, name="payments.charge")), "risk": "critical"},
+                actor="user:ada")
+    versions = models.QuerySet(model=Tool).filter(tenant=history.acme, name="payments.charge")
+    versions.update(is_current=False)
+    versions.filter(version=1).update(is_current=True)
+    assert "payments.charge runs version 1 but its newest recorded version is 2" in broken(history, "policy")
+
+
+def test_tenant_defaults_changed_beside_their_versions_are_detected(history):
+    tenant_defaults_set(tenant=history.acme, values={"approval_threshold": "medium"}, actor="user:ada")
+    Tenant.objects.filter(pk=history.acme.pk).update(approval_threshold="critical")
+    assert "the tenant's defaults differ from their version 1" in broken(history, "policy")
 
 
 def test_the_recovery_resolution_and_the_approval_decision_are_among_the_fingerprinted_fields():
@@ -392,7 +412,7 @@ def test_verify_audit_exits_zero_on_a_clean_chain_and_non_zero_naming_the_check(
     act(run, "licenses.provision", {"user_id": "usr_1"})
     dev = settings.UNWIND_AUDIT_KEYS[DEV_KEY_ID].decode()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "DATABASE_URL": database_url(),
-           "UNWIND_AUDIT_KEY": KEY_B.decode(), "UNWIND_AUDIT_OLD_KEYS": f"{KEY_A.decode()},{dev}"}
+           "UNWIND_INSECURE_DEV_KEY": "1", "UNWIND_AUDIT_KEY": KEY_B.decode(), "UNWIND_AUDIT_OLD_KEYS": f"{KEY_A.decode()},{dev}"}
 
     def verify(**extra):
         return subprocess.run([sys.executable, "manage.py", "verify_audit"], cwd=ROOT, env={**env, **extra},

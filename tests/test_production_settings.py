@@ -56,7 +56,8 @@ def test_the_public_development_key_given_as_secret_key_is_refused_too():
 def test_the_development_key_is_used_only_when_asked_for_by_name():
     asked = manage("check", env={"DEBUG": "0", "UNWIND_INSECURE_DEV_KEY": "1"})
     assert asked.returncode == 0, asked.stderr
-    real = manage("check", env={"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50)})
+    real = manage("check", env={"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(50),
+                                "UNWIND_AUDIT_KEY": secrets.token_hex(32)})
     assert real.returncode == 0, real.stderr
 
 
