@@ -6,3 +6,4 @@ turned off in their own environment.
 import os
 
 os.environ.setdefault("UNWIND_TASKS_SYNC", "1")
+os.environ.setdefault("UNWIND_SANDBOX", "1")
