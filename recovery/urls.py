@@ -12,6 +12,8 @@ urlpatterns = [
     path("runs/", views.runs, name="runs"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/trail/email/", views.trail_email, name="trail_email"),
+    path("runs/<int:pk>/trail/links/", views.trail_link_new, name="trail_link_new"),
+    path("runs/<int:pk>/trail/links/<int:link_id>/revoke/", views.trail_link_revoke_view, name="trail_link_revoke"),
     path("trail/<str:token>/", views.trail_share, name="trail_share"),
     path("metrics/", views.metrics, name="metrics"),
 ]
