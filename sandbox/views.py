@@ -4,6 +4,7 @@ requests a browser session makes).
 Views only translate HTTP; who may call what, and in which tenant's world, is decided by `sandbox.access`
 before any handler runs; tools go through `sandbox.tools.call_tool`, reads through `sandbox.selectors`.
 """
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -24,14 +25,8 @@ PROBLEM_JSON = "application/problem+json"
 # Who may call a handler, as the function that finds the tenant it acts in (or refuses).
 TOOL = access.tool_caller_tenant
 READER = access.reader_tenant
-
-
-def VIEWER(request: HttpRequest) -> Tenant:
-    return access.person_tenant(request, role=Role.VIEWER)
-
-
-def OPERATOR(request: HttpRequest) -> Tenant:
-    return access.person_tenant(request, role=Role.OPERATOR)
+VIEWER = functools.partial(access.person_tenant, role=Role.VIEWER)
+OPERATOR = functools.partial(access.person_tenant, role=Role.OPERATOR)
 
 
 def _error(error: SandboxError) -> JsonResponse:
