@@ -37,10 +37,10 @@ migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
 demo: $(STAMP)
-	$(BIN)/python manage.py demo --serve --port $(PORT)
+	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --serve --port $(PORT)
 
 demo-check: $(STAMP)
-	$(BIN)/python manage.py demo --check --port $(PORT)
+	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --check --port $(PORT)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import requests
 
+from chaos.world import sandbox_tool
 from unwind_client import Unwind
 from unwind_client.errors import (
     ApprovalPending,
@@ -76,9 +77,8 @@ def create_ticket(base_url: str, n: int) -> None:
     """The CRM ticket a crm saga escalates: part of the world, created before the run (not through Unwind)."""
     for attempt in range(20):
         try:
-            response = requests.post(f"{base_url}/sandbox/crm/tickets", json={
-                "id": ticket_id(n), "subject": f"Customer issue {n}", "priority": "normal", "updated_by": "crm"},
-                timeout=10)
+            response = sandbox_tool(base_url, "crm/tickets", {
+                "id": ticket_id(n), "subject": f"Customer issue {n}", "priority": "normal", "updated_by": "crm"})
         except requests.RequestException:
             time.sleep(0.2 * (attempt + 1))
             continue

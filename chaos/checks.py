@@ -140,7 +140,7 @@ class Checker:
                 return "missing"
             return look(answer[id_field])
         if name == "crm.update_ticket":
-            ticket = Ticket.objects.filter(pk=action.args.get("ticket_id")).first()
+            ticket = Ticket.objects.filter(tenant_id=action.tenant_id, number=action.args.get("ticket_id")).first()
             if ticket is None:
                 return "missing"
             before = action.before or {}

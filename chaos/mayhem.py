@@ -1,6 +1,7 @@
 """What goes wrong during the load: tool faults in the sandbox, and kills, drops and duplicate deliveries.
 
-Two threads: `ToolFaults` posts failure rules to the sandbox (POST /sandbox/faults); `Havoc` SIGKILLs
+Two threads: `ToolFaults` posts failure rules to the chaos tenant's sandbox (POST /sandbox/faults, as its
+operator); `Havoc` SIGKILLs
 worker trees and web processes, drops database connections and delivers queued work twice. Both stop
 when told; `calm()` then clears every rule so the drain runs without faults.
 """
@@ -17,7 +18,7 @@ from django.db.models import F
 from django_q.tasks import async_task
 
 from chaos.processes import WebServer, WorkerPool
-from chaos.world import FORWARD_TOOLS
+from chaos.world import FORWARD_TOOLS, GATED, TENANT, sandbox_control
 from ledger.executors import ToolError
 from ledger.models import Attempt, ActionStatus, Run, RunStatus
 
@@ -72,18 +73,18 @@ class ToolFaults(threading.Thread):
         while not self.stop_event.wait(self.rng.uniform(*self.every)):
             kind = self.rng.choices(list(TOOL_FAULTS), weights=list(TOOL_FAULTS.values()))[0]
             try:
-                requests.post(f"{self.base_url}/sandbox/faults", json=tool_fault(kind, self.rng),
-                              timeout=10).raise_for_status()
+                sandbox_control("POST", self.base_url, "faults", json=tool_fault(kind, self.rng)).raise_for_status()
                 self.posted[kind] += 1
             except requests.RequestException:
                 pass  # the web process that would have taken it was killed: no rule, nothing to count
 
 
 def calm(base_url: str) -> None:
-    """Clear every fault rule (retrying through a restarting server)."""
+    """Clear every fault rule of both tenants (retrying through a restarting server)."""
     for attempt in range(30):
         try:
-            requests.post(f"{base_url}/sandbox/faults/clear", timeout=10).raise_for_status()
+            for tenant in (TENANT, GATED):
+                sandbox_control("POST", base_url, "faults/clear", tenant=tenant).raise_for_status()
             return
         except requests.RequestException:
             time.sleep(0.5)

@@ -128,10 +128,8 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
     from chaos.processes import WebServer, WorkerPool, free_port
     from chaos.scenarios import Scenarios
     from chaos.world import PASSWORD, cast_create
-    from sandbox.services import sandbox_reset
 
     call_command("migrate", verbosity=0)
-    sandbox_reset()
     cast = cast_create()
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
@@ -140,7 +138,8 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
 
     settings.UNWIND_TOOL_BASE_URL = base_url
     env = dict(os.environ, DATABASE_URL=database_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_BASE_URL=base_url,
-               UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.5", UNWIND_WORKERS="2", UNWIND_LEASE_SECONDS="10",
+               UNWIND_SANDBOX="1", UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.5", UNWIND_WORKERS="2",
+               UNWIND_LEASE_SECONDS="10",
                UNWIND_INLINE_WAIT="2", UNWIND_THROTTLE_RATE="1000000/min", UNWIND_QUEUE_NAME=queue,
                EMAIL_BACKEND="django.core.mail.backends.dummy.EmailBackend", LOG_LEVEL="WARNING",
                PYTHONPATH=str(ROOT), DJANGO_SETTINGS_MODULE="config.settings")

@@ -15,7 +15,7 @@ from django_q.tasks import async_task, fetch
 
 from chaos.agents import Recorder
 from chaos.processes import WebServer, WorkerPool
-from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast
+from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast, sandbox_control
 from ledger.models import Action, Run
 from ledger.services.actions import action_propose
 from sandbox.models import Message, ToolCall
@@ -45,7 +45,8 @@ def run_status(run_id: int) -> str:
 
 
 def fault(base_url: str, rule: dict) -> None:
-    requests.post(f"{base_url}/sandbox/faults", json=rule, timeout=10).raise_for_status()
+    """A fault in the chaos tenant's sandbox, where the scenarios' runs act."""
+    sandbox_control("POST", base_url, "faults", json=rule).raise_for_status()
 
 
 class Scenarios:

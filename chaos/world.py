@@ -4,9 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import requests
 import yaml
 from django.contrib.auth import get_user_model
 
+from ledger import signing
 from ledger.models import Tenant
 from ledger.services.tenancy import agent_create, membership_set, tenant_create
 from ledger.services.tools import tools_load
@@ -15,6 +17,7 @@ POLICY = Path(__file__).resolve().parent.parent / "sandbox" / "policy.yaml"
 TENANT = "chaos"
 GATED = "chaos-gated"
 PASSWORD = "chaos-pw-not-secret"
+OPERATOR = "olga"
 GATED_TTL_SECONDS = 4
 
 # Forward tools the sagas call, and the tools that compensate them (the sandbox's policy file).
@@ -62,10 +65,32 @@ def cast_create(*, tool_timeout: float | None = None) -> Cast:
     _, key = agent_create(tenant=tenant, name="chaos-agent")
     _, gated_key = agent_create(tenant=gated, name="chaos-gated-agent")
     User = get_user_model()
-    operator = User.objects.create_user("olga", "olga@chaos.invalid", PASSWORD)
+    operator = User.objects.create_user(OPERATOR, "olga@chaos.invalid", PASSWORD)
     approver = User.objects.create_user("abe", "abe@chaos.invalid", PASSWORD)
     membership_set(tenant=tenant, user=operator, role="operator")
     membership_set(tenant=gated, user=operator, role="operator")
     membership_set(tenant=gated, user=approver, role="approver")
     membership_set(tenant=tenant, user=approver, role="approver")  # refunds of charges that landed after a cancel
-    return Cast(tenant=tenant, gated=gated, key=key, gated_key=gated_key, operator="olga", approver="abe")
+    from sandbox.services import sandbox_reset
+
+    for world in (tenant, gated):
+        sandbox_reset(tenant=world)  # each tenant's sandbox world starts empty, with its seed tickets
+    return Cast(tenant=tenant, gated=gated, key=key, gated_key=gated_key, operator=OPERATOR, approver="abe")
+
+
+def sandbox_control(method: str, base_url: str, path: str, *, tenant: str = TENANT, timeout: float = 10,
+                    **kwargs) -> requests.Response:
+    """A request to the sandbox's controls (faults, state) as the operator, in the named tenant's world."""
+    return requests.request(method, f"{base_url}/sandbox/{path}", params={"tenant": tenant},
+                            auth=(OPERATOR, PASSWORD), timeout=timeout, **kwargs)
+
+
+def sandbox_tool(base_url: str, path: str, payload: dict, *, tenant: str = TENANT,
+                 timeout: float = 10) -> requests.Response:
+    """A sandbox tool called directly (another system changing the world), signed for the tenant as Unwind signs."""
+    import json
+
+    body = json.dumps(payload).encode()
+    url = f"{base_url}/sandbox/{path}"
+    headers = {"Content-Type": "application/json", **signing.sign(tenant=tenant, method="POST", url=url, body=body)}
+    return requests.post(url, data=body, headers=headers, timeout=timeout)

@@ -234,8 +234,8 @@ UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
 UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
-# The sandbox world under /sandbox/ (unauthenticated, with reset and fault injection): turn it off in production.
-UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", True)
+# The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
+UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 
 # --- Audit chain: tamper evidence against someone with database access (issue 13) -----------------------
 # The chain is an HMAC keyed outside the database (config/audit_keys.py: UNWIND_AUDIT_KEY or _FILE, older keys

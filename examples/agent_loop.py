@@ -21,9 +21,12 @@ Set up a server with the sandbox tools, an agent key and two approvers, then run
   .venv/bin/python manage.py load_tools sandbox/policy.yaml --tenant demo
   KEY=$(.venv/bin/python manage.py create_agent demo booker)
   .venv/bin/python manage.py shell -c "from examples.agent_loop import seed_people; seed_people('demo')"
-  .venv/bin/python manage.py runserver 8000 &
+  UNWIND_SANDBOX=1 .venv/bin/python manage.py runserver 8000 &
   .venv/bin/python examples/agent_loop.py --url http://127.0.0.1:8000 --key "$KEY" \\
-      --approver alice:pw-alice --rejecter ben:pw-ben
+      --approver alice:pw-alice --rejecter ben:pw-ben --operator oscar:pw-oscar
+
+The email outage of the unwind task is a fault injected into the tenant's sandbox world, which only an
+operator of the tenant may do: --operator names one (seed_people creates oscar).
 
 Without --approver/--rejecter the loop prints each approval's URL and waits for a person to decide there.
 """
@@ -114,6 +117,7 @@ class People:
     base_url: str
     approver: tuple[str, str] | None = None
     rejecter: tuple[str, str] | None = None
+    operator: tuple[str, str] | None = None  # injects the sandbox outages
     say: Callable[[str], None] = print
     decided: list = field(default_factory=list)
 
@@ -133,7 +137,7 @@ def run_task(unwind: Unwind, task: Task, people: People, say: Callable[[str], No
     say(f"\n[{task.name}] {task.goal}")
     model = ScriptedModel(task)
     intent = {"goal": task.goal, "confidence": 0.9, "model": "scripted"}
-    with outage(people.base_url, task.outage):
+    with outage(people.base_url, task.outage, people.operator):
         try:
             with unwind.run(goal=task.goal, on_behalf_of=task.on_behalf_of, plan=task.plan) as run:
                 while (call := model.next_call()) is not None:
@@ -164,32 +168,38 @@ def run_task(unwind: Unwind, task: Task, people: People, say: Callable[[str], No
 class outage:
     """The sandbox's email (or any) service is down for the duration of a task: every call answers 503."""
 
-    def __init__(self, base_url: str, tool: str):
-        self.base_url, self.tool = base_url, tool
+    def __init__(self, base_url: str, tool: str, operator: tuple[str, str] | None):
+        self.base_url, self.tool, self.operator = base_url, tool, operator
 
     def __enter__(self):
         if self.tool:
-            requests.post(f"{self.base_url}/sandbox/faults", json={"tool": self.tool, "mode": "status", "status": 503,
-                                                                   "times": 0}, timeout=10).raise_for_status()
+            if self.operator is None:
+                raise SystemExit(f"an outage of {self.tool} is injected into the sandbox by an operator: "
+                                 "pass --operator username:password")
+            requests.post(f"{self.base_url}/sandbox/faults", auth=self.operator, timeout=10,
+                          json={"tool": self.tool, "mode": "status", "status": 503, "times": 0}).raise_for_status()
 
     def __exit__(self, *exc):
         if self.tool:
-            requests.post(f"{self.base_url}/sandbox/faults/clear", json={"tool": self.tool}, timeout=10)
+            requests.post(f"{self.base_url}/sandbox/faults/clear", json={"tool": self.tool}, auth=self.operator,
+                          timeout=10)
         return False
 
 
 def seed_people(tenant_slug: str) -> None:
-    """Create the approvers alice and ben (passwords pw-alice, pw-ben) in a tenant. Run inside `manage.py shell`."""
+    """Create the approvers alice and ben and the operator oscar (passwords pw-<name>) in a tenant.
+
+    Run inside `manage.py shell`."""
     from django.contrib.auth import get_user_model
 
     from ledger.models import Tenant
     from ledger.services.tenancy import membership_set
 
     tenant = Tenant.objects.get(slug=tenant_slug)
-    for name in ("alice", "ben"):
+    for name, role in (("alice", "approver"), ("ben", "approver"), ("oscar", "operator")):
         user = get_user_model().objects.filter(username=name).first() or get_user_model().objects.create_user(
             name, f"{name}@example.com", f"pw-{name}")
-        membership_set(tenant=tenant, user=user, role="approver")
+        membership_set(tenant=tenant, user=user, role=role)
 
 
 def credentials(text: str | None) -> tuple[str, str] | None:
@@ -205,11 +215,13 @@ def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> i
     parser.add_argument("--key", required=True, help="the agent's API key (manage.py create_agent prints it)")
     parser.add_argument("--approver", help="username:password of the person who approves")
     parser.add_argument("--rejecter", help="username:password of the person who rejects")
+    parser.add_argument("--operator", help="username:password of an operator, who injects the sandbox outages")
     parser.add_argument("--task", choices=[task.name for task in TASKS], action="append",
                         help="run only this task (repeatable)")
     options = parser.parse_args(argv)
     unwind = Unwind(options.url, options.key)
-    people = People(options.url.rstrip("/"), credentials(options.approver), credentials(options.rejecter), say=say)
+    people = People(options.url.rstrip("/"), credentials(options.approver), credentials(options.rejecter),
+                    credentials(options.operator), say=say)
     outcomes = [run_task(unwind, task, people, say) for task in TASKS if not options.task or task.name in options.task]
     say("")
     for outcome in outcomes:

@@ -55,3 +55,29 @@ class RecoveryItem(models.Model):
 
     def __str__(self):
         return f"recovery item {self.pk}: run {self.run_id} {self.reason} ({self.status})"
+
+
+class TrailShareLink(models.Model):
+    """A link that lets someone without an account read one run's correction trail, until it expires or is revoked.
+
+    The token is random (`secrets.token_urlsafe(32)`) and only its SHA-256 is stored: the database cannot
+    give a link back, and the URL is shown once, to the operator who made it (or emailed to the person the
+    run acted for). Nothing in a token names the run, so no link can be derived from a run id.
+    """
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey("ledger.Run", on_delete=models.CASCADE, related_name="trail_share_links")
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_by = models.CharField(max_length=160)
+    sent_to = models.CharField(max_length=254, blank=True, help_text="The address the link was emailed to, if any.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.CharField(max_length=160, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "-created_at"], name="trail_links_of_run")]
+
+    def __str__(self):
+        return f"trail share link {self.pk} of run {self.run_id}"

@@ -6,21 +6,28 @@ whose behalf the agent acted. `correction_trail(run)` is also what the API serve
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
+import re
+import secrets
+
 from django.conf import settings
-from django.core import signing
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.urls import reverse
+from django.utils import timezone
 
 from approvals.services import notify, require_role
 from ledger.audit import event_is_authentic, ledger_transaction
-from ledger.errors import ValidationFailed
+from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
     ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,
 )
+from recovery.models import TrailShareLink
 
-TRAIL_SIGNING_SALT = "unwind.recovery.correction-trail"
 DEFAULT_SHARE_MAX_AGE = 7 * 24 * 3600
+# What secrets.token_urlsafe(32) gives (43 characters); anything else cannot be a link and is not looked up.
+SHARE_TOKEN = re.compile(r"^[A-Za-z0-9_-]{43}$")
 SUMMARY_ARGS = 3
 SUMMARY_VALUE_LENGTH = 60
 
@@ -108,25 +115,79 @@ def share_max_age() -> int:
     return int(getattr(settings, "UNWIND_TRAIL_LINK_MAX_AGE", DEFAULT_SHARE_MAX_AGE))
 
 
-def trail_share_token(run: Run) -> str:
-    """A signed, timestamped token naming the run; whoever holds it can read the trail until it expires."""
-    return signing.TimestampSigner(salt=TRAIL_SIGNING_SALT).sign(str(run.pk))
+# --- share links --------------------------------------------------------------------------------------
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
-def trail_run_id(token: str, *, max_age: int | None = None) -> int:
-    """The run a share token names. Raises signing.SignatureExpired or signing.BadSignature."""
-    max_age = share_max_age() if max_age is None else max_age
-    value = signing.TimestampSigner(salt=TRAIL_SIGNING_SALT).unsign(token, max_age=max_age)
-    if not value.isdigit():
-        raise signing.BadSignature("the token does not name a run")
-    return int(value)
+def trail_share_url(token: str) -> str:
+    return reverse("recovery:trail_share", args=[token])
+
+
+def trail_link_create(*, run: Run, user, sent_to: str = "") -> tuple[TrailShareLink, str]:
+    """A new share link to the run's trail (operators only, audited). Returns the link and its token.
+
+    The token is returned once and never stored: only its SHA-256 is. It expires after
+    UNWIND_TRAIL_LINK_MAX_AGE seconds, or earlier when an operator revokes it.
+    """
+    require_role(user, run.tenant_id, Role.OPERATOR)
+    token = secrets.token_urlsafe(32)
+    actor = f"user:{user.get_username()}"
+    with ledger_transaction(run.tenant_id) as audit:
+        link = TrailShareLink.objects.create(
+            tenant_id=run.tenant_id, run=run, token_hash=_token_hash(token), created_by=actor, sent_to=sent_to,
+            expires_at=timezone.now() + datetime.timedelta(seconds=share_max_age()),
+        )
+        audit.record("trail.link_created", actor=actor, run=run, link=link.pk, expires_at=link.expires_at.isoformat(),
+                     sent_to=sent_to)
+    return link, token
+
+
+def trail_link_revoke(*, run: Run, link_id: int, user) -> TrailShareLink:
+    """Revoke one of the run's share links (operators only, audited): from now on it answers 404.
+
+    Revoking a link that is already revoked or expired changes nothing and records nothing.
+    """
+    require_role(user, run.tenant_id, Role.OPERATOR)
+    link = TrailShareLink.objects.filter(run=run, pk=link_id).first()
+    if link is None:
+        raise NotFound(f"run {run.pk} has no share link {link_id}")
+    actor = f"user:{user.get_username()}"
+    now = timezone.now()
+    with ledger_transaction(run.tenant_id) as audit:
+        revoked = TrailShareLink.objects.filter(pk=link.pk, revoked_at__isnull=True, expires_at__gt=now).update(
+            revoked_at=now, revoked_by=actor)
+        if revoked == 1:
+            audit.record("trail.link_revoked", actor=actor, run=run, link=link.pk)
+    link.refresh_from_db()
+    return link
+
+
+def trail_links_active(run: Run) -> list[TrailShareLink]:
+    """The run's links that still open the trail, newest first."""
+    return list(TrailShareLink.objects.filter(run=run, revoked_at__isnull=True, expires_at__gt=timezone.now())
+                .order_by("-created_at", "-pk"))
+
+
+def trail_link_open(token: str) -> Run | None:
+    """The run a share token opens, or None when no live link has it (unknown, expired or revoked alike)."""
+    if not isinstance(token, str) or not SHARE_TOKEN.match(token):
+        return None
+    now = timezone.now()
+    link = (TrailShareLink.objects.select_related("run__tenant")
+            .filter(token_hash=_token_hash(token), revoked_at__isnull=True, expires_at__gt=now).first())
+    if link is None:
+        return None
+    TrailShareLink.objects.filter(pk=link.pk).update(last_used_at=now)
+    return link.run
 
 
 def trail_send(*, run: Run, user) -> str:
-    """Email the trail's share link to the person the run acted for (an operator's decision, audited).
+    """Email a new share link to the trail to the person the run acted for (an operator's decision, audited).
 
-    The email is an outbox row written in the same transaction as the audit event; a worker sends it.
-    Returns the address it goes to.
+    The email is an outbox row written in the same transaction as the link and the audit events; a worker
+    sends it. Returns the address it goes to.
     """
     require_role(user, run.tenant_id, Role.OPERATOR)
     recipient = (run.on_behalf_of or "").strip()
@@ -136,8 +197,9 @@ def trail_send(*, run: Run, user) -> str:
         raise ValidationFailed(f"run {run.pk} acts on behalf of {recipient or 'nobody'!r}, which is not an email "
                                "address; copy the share link instead", field="on_behalf_of") from None
     trail = correction_trail(run)
-    url = reverse("recovery:trail_share", args=[trail_share_token(run)])
     with ledger_transaction(run.tenant_id) as audit:
+        _, token = trail_link_create(run=run, user=user, sent_to=recipient)
+        url = trail_share_url(token)
         notify(tenant_id=run.tenant_id, kind="correction_trail", recipients=[recipient],
                subject=f"What happened to your request (reference {run.pk})", template="recovery/email/correction_trail",
                context={"run": run, "trail": trail, "url": url, "days": share_max_age() // 86400})

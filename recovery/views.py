@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core import signing
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import redirect, render
@@ -16,13 +15,16 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from ledger import selectors as ledger_selectors
-from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Run, RunStatus
 from recovery import selectors, services
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
-from recovery.trail import correction_trail, share_max_age, trail_run_id, trail_send, trail_share_token
+from recovery.trail import (
+    correction_trail, share_max_age, trail_link_create, trail_link_open, trail_link_revoke, trail_links_active,
+    trail_send, trail_share_url,
+)
 
 QUEUE_PAGE_SIZE = 25
 RUNS_PAGE_SIZE = 30
@@ -218,12 +220,52 @@ def run_detail(request, pk: int):
     run = selectors.run_get(access=access, pk=pk)
     if run is None:
         raise Http404("No such run")
-    share_url = request.build_absolute_uri(reverse("recovery:trail_share", args=[trail_share_token(run)]))
+    return _run_page(request, access, run)
+
+
+def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
+    can_share = access.can_operate(run.tenant_id)
     return render(request, "recovery/run.html", {
         "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
-        "share_url": share_url, "share_days": share_max_age() / 86400,
-        "can_send": access.can_operate(run.tenant_id) and "@" in run.on_behalf_of,
+        "share_days": share_max_age() / 86400, "share_links": trail_links_active(run), "can_share": can_share,
+        "new_link_url": new_link_url, "can_send": can_share and "@" in run.on_behalf_of,
     })
+
+
+@login_required
+@require_POST
+def trail_link_new(request, pk: int):
+    """Make a share link to the run's trail and show its URL, this once (only its hash is kept)."""
+    access = selectors.access_for(request.user)
+    run = selectors.run_get(access=access, pk=pk)
+    if run is None:
+        raise Http404("No such run")
+    try:
+        _, token = trail_link_create(run=run, user=request.user)
+    except PermissionDenied:
+        return _forbidden(request, f"Sharing the correction trail needs the operator role in {run.tenant.slug}; "
+                                   f"you are {access.roles.get(run.tenant_id)}.")
+    # Rendered, not redirected: the URL exists nowhere else, and must not travel through a cookie or a log.
+    return _run_page(request, access, run, new_link_url=request.build_absolute_uri(trail_share_url(token)))
+
+
+@login_required
+@require_POST
+def trail_link_revoke_view(request, pk: int, link_id: int):
+    """Revoke a share link: whoever holds it gets the not-found page from now on."""
+    access = selectors.access_for(request.user)
+    run = selectors.run_get(access=access, pk=pk)
+    if run is None:
+        raise Http404("No such run")
+    try:
+        trail_link_revoke(run=run, link_id=link_id, user=request.user)
+    except PermissionDenied:
+        return _forbidden(request, f"Revoking a share link needs the operator role in {run.tenant.slug}; "
+                                   f"you are {access.roles.get(run.tenant_id)}.")
+    except NotFound:
+        raise Http404("No such share link") from None
+    messages.success(request, "The share link is revoked: it no longer opens the trail.")
+    return redirect(reverse("recovery:run", args=[run.pk]) + "#trail")
 
 
 @login_required
@@ -247,16 +289,14 @@ def trail_email(request, pk: int):
 
 
 def trail_share(request, token: str):
-    """The correction trail for someone without an account, behind a signed link that expires."""
-    try:
-        run_id = trail_run_id(token)
-    except signing.SignatureExpired:
-        return _trail_missing(request, "This link has expired. Ask the person who shared it for a new one.")
-    except signing.BadSignature:
-        return _trail_missing(request, "This link is not valid: it may have been copied incompletely or altered.")
-    run = Run.objects.select_related("tenant").filter(pk=run_id).first()
+    """The correction trail for someone without an account, behind a random link that expires and can be revoked."""
+    run = trail_link_open(token)
     if run is None:
-        return _trail_missing(request, "The run this link points to no longer exists.")
+        # One answer for an unknown, expired or revoked link: the page must not help anyone guess.
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+        response["X-Robots-Tag"] = "noindex"
+        return response
     response = render(request, "recovery/trail_share.html", {"run": run, "trail": correction_trail(run)})
     response["X-Robots-Tag"] = "noindex"
     response["Referrer-Policy"] = "no-referrer"

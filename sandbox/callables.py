@@ -7,7 +7,12 @@ an injected fault raises `ToolError`, transient exactly when the HTTP status wou
 messages sent with a key, for reading back whether a send happened.
 
 Tool arguments name their target (`ticket_id`, `charge_id`, ...); `target` is accepted for the
-executor contract and not needed beyond that.
+executor contract and not needed beyond that. `tenant` (the slug Unwind's executor passes) chooses the
+tenant's world; a call without one, or for a tenant that does not exist, is refused.
+
+They stay registered whatever `UNWIND_SANDBOX` says, so that a policy naming them loads and reads the
+same everywhere; while the sandbox is off every call refuses with a sentence saying so (a permanent
+ToolError), and nothing is recorded.
 
 They are registered in Unwind's Python registry (`ledger.registry`): a policy names the tool
 "sandbox.crm.update_ticket" and the reader "sandbox.read_ticket", never a module path.
@@ -15,7 +20,10 @@ They are registered in Unwind's Python registry (`ledger.registry`): a policy na
 from collections.abc import Callable
 
 from ledger import registry
+from django.conf import settings
+
 from ledger.executors import ToolError
+from ledger.models import Tenant
 from sandbox import selectors
 from sandbox.models import ToolName
 from sandbox.tools import call_tool
@@ -25,9 +33,22 @@ def _is_transient(status: int) -> bool:
     return status in (408, 425, 429) or status >= 500
 
 
+def _world(key: str, tenant: str | None) -> Tenant:
+    """The tenant whose world a call acts in; refuses (permanently) when the sandbox is off or no tenant is given."""
+    if not settings.UNWIND_SANDBOX:
+        raise ToolError(f"{key}: the sandbox is off (UNWIND_SANDBOX); its tools cannot be called", transient=False)
+    found = Tenant.objects.filter(slug=tenant).first() if isinstance(tenant, str) and tenant else None
+    if found is None:
+        raise ToolError(f"{key} must be called for a tenant: the executor passes tenant=<slug>, "
+                        f"not {tenant!r}", transient=False)
+    return found
+
+
 def _tool_callable(name: ToolName) -> Callable[..., dict]:
+    key = f"sandbox.{name}"
+
     def call(args: dict, *, idempotency_key: str, target: str | None = None, tenant: str | None = None) -> dict:
-        response = call_tool(name, args, idempotency_key=idempotency_key)
+        response = call_tool(name, args, tenant=_world(key, tenant), idempotency_key=idempotency_key)
         if response.ok:
             return response.body
         raise ToolError(
@@ -39,7 +60,7 @@ def _tool_callable(name: ToolName) -> Callable[..., dict]:
 
     call.__name__ = call.__qualname__ = name.replace(".", "_")
     call.__doc__ = f"Call the sandbox tool {name} in-process."
-    return registry.tool(f"sandbox.{name}")(call)
+    return registry.tool(key)(call)
 
 
 hr_create_user = _tool_callable(ToolName.HR_CREATE_USER)
@@ -59,41 +80,49 @@ crm_update_ticket = _tool_callable(ToolName.CRM_UPDATE_TICKET)
 
 @registry.reader("sandbox.read_user")
 def read_user(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("users", target)
+    world = _world("sandbox.read_user", tenant)
+    return selectors.record_get("users", target, tenant=world)
 
 
 @registry.reader("sandbox.read_license")
 def read_license(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("licenses", target)
+    world = _world("sandbox.read_license", tenant)
+    return selectors.record_get("licenses", target, tenant=world)
 
 
 @registry.reader("sandbox.read_message")
 def read_message(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("messages", target)
+    world = _world("sandbox.read_message", tenant)
+    return selectors.record_get("messages", target, tenant=world)
 
 
 @registry.reader("sandbox.messages_with_key")
 def messages_with_key(target: str, *, tenant: str | None = None) -> dict:
     """Did a send with this Idempotency-Key happen? The same document as
     GET /sandbox/email/messages?idempotency_key=<key>: {"results": [message, ...]}."""
-    return {"results": selectors.message_list(idempotency_key=target)}
+    world = _world("sandbox.messages_with_key", tenant)
+    return {"results": selectors.message_list(tenant=world, idempotency_key=target)}
 
 
 @registry.reader("sandbox.read_charge")
 def read_charge(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("charges", target)
+    world = _world("sandbox.read_charge", tenant)
+    return selectors.record_get("charges", target, tenant=world)
 
 
 @registry.reader("sandbox.read_flight")
 def read_flight(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("flights", target)
+    world = _world("sandbox.read_flight", tenant)
+    return selectors.record_get("flights", target, tenant=world)
 
 
 @registry.reader("sandbox.read_hotel")
 def read_hotel(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("hotels", target)
+    world = _world("sandbox.read_hotel", tenant)
+    return selectors.record_get("hotels", target, tenant=world)
 
 
 @registry.reader("sandbox.read_ticket")
 def read_ticket(target: str, *, tenant: str | None = None) -> dict | None:
-    return selectors.record_get("tickets", target)
+    world = _world("sandbox.read_ticket", tenant)
+    return selectors.record_get("tickets", target, tenant=world)

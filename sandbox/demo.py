@@ -2,6 +2,10 @@
 
 Each scenario returns a list of Checks: what was expected, what the ledger and the sandbox world
 say, and whether they agree. `manage.py demo --check` exits non-zero when any check disagrees.
+
+The demo reads and steers the demo tenant's sandbox world as its operator (HTTP Basic), and plays the
+other systems that change the world behind the agent's back with tool calls signed for the tenant, as
+Unwind signs its own.
 """
 from __future__ import annotations
 
@@ -9,8 +13,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import json
+
 import requests
 
+from ledger import signing
 from unwind_client import ApprovalPending, Refused, Unwind, Unwound
 
 
@@ -31,11 +38,25 @@ class Context:
     base_url: str
     client: Unwind
     approve: Callable[[int, bool, str], None]  # (action_id, approve?, reason) as a person would
+    tenant: str  # the demo tenant's slug: the sandbox world the scenarios act in
+    operator: tuple[str, str]  # (username, password) of the tenant's operator, for the sandbox's controls
     checks: list[Check] = field(default_factory=list)
     runs: dict[str, int] = field(default_factory=dict)
 
-    def sandbox(self, method: str, path: str, **json) -> dict:
-        response = requests.request(method, f"{self.base_url}/sandbox/{path}", json=json or None, timeout=10)
+    def sandbox(self, method: str, path: str, **payload) -> dict:
+        """Read or steer the tenant's sandbox world as its operator."""
+        response = requests.request(method, f"{self.base_url}/sandbox/{path}", json=payload or None,
+                                    auth=self.operator, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def tool(self, path: str, **payload) -> dict:
+        """Call a sandbox tool directly, as another system would, signed for the tenant."""
+        url = f"{self.base_url}/sandbox/{path}"
+        body = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json",
+                   **signing.sign(tenant=self.tenant, method="POST", url=url, body=body)}
+        response = requests.post(url, data=body, headers=headers, timeout=10)
         response.raise_for_status()
         return response.json()
 
@@ -151,8 +172,7 @@ def crm(ctx: Context) -> None:
     run = ctx.client.run(goal="Escalate the login bug", on_behalf_of="support@company.com")
     ctx.runs[s] = run.id
     run.act("crm.update_ticket", {"ticket_id": "T-182", "priority": "high"})
-    ctx.sandbox("POST", "crm/tickets/update", ticket_id="T-182", status="pending", note="customer replied",
-                updated_by="dana")
+    ctx.tool("crm/tickets/update", ticket_id="T-182", status="pending", note="customer replied", updated_by="dana")
     run.cancel(reason="the agent should not have escalated")
     ctx.expect(s, "drift: run ends", "needs_attention", ctx.run_status(run.id))
     ticket = ctx.sandbox("GET", "crm/tickets/T-182")

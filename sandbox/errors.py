@@ -36,3 +36,13 @@ class Conflict(SandboxError):
 class IdempotencyKeyReused(SandboxError):
     status = 422
     code = "idempotency_key_reused"
+
+
+class NotAuthenticated(SandboxError):
+    status = 401
+    code = "not_authenticated"
+
+
+class Forbidden(SandboxError):
+    status = 403
+    code = "permission_denied"

@@ -1,7 +1,7 @@
 """Failure injection: rules that make a tool fail, hang or slow down, consumed exactly once per use.
 
-Rules live in the database so every web process sees the same ones. Only the POST tools consult them;
-the readers never fail on purpose.
+Rules live in the database so every web process sees the same ones. Each rule belongs to a tenant and
+affects only that tenant's calls. Only the POST tools consult them; the readers never fail on purpose.
 """
 import time
 from typing import Any
@@ -9,6 +9,7 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F, Q
 
+from ledger.models import Tenant
 from sandbox.arguments import Arguments
 from sandbox.errors import InvalidArgument, SandboxError
 from sandbox.models import Fault, FaultMode, ToolName
@@ -25,8 +26,8 @@ _MODE_FIELDS = {
 _DEFAULT_STATUS = {FaultMode.STATUS: 503, FaultMode.ERROR_AFTER_EFFECT: 500}
 
 
-def fault_add(raw: Any) -> Fault:
-    """Validate a rule as sent by a client and store it.
+def fault_add(raw: Any, *, tenant: Tenant) -> Fault:
+    """Validate a rule as sent by a client and store it for the tenant's calls.
 
     {"tool": "payments.charge", "mode": "status", "status": 503, "retry_after": 2, "times": 1, "nth": null}
     `times` defaults to 1; null or 0 means every call. `nth` lets nth - 1 calls pass first.
@@ -47,12 +48,13 @@ def fault_add(raw: Any) -> Fault:
     else:
         fields["ms"] = args.integer("ms", minimum=0, maximum=int(MAX_HOLD_SECONDS * 1000))
     return Fault.objects.create(
+        tenant=tenant,
         tool=tool, mode=mode, times=times, nth=args.integer("nth", default=None, minimum=1), **fields
     )
 
 
-def faults_clear(*, tool: str | None = None) -> int:
-    rules = Fault.objects.all()
+def faults_clear(*, tenant: Tenant, tool: str | None = None) -> int:
+    rules = Fault.objects.filter(tenant=tenant)
     if tool is not None:
         if tool not in ToolName.values:
             raise InvalidArgument(f"tool must be one of {', '.join(ToolName.values)}, not {tool!r}")
@@ -61,14 +63,15 @@ def faults_clear(*, tool: str | None = None) -> int:
     return cleared
 
 
-def fault_claim(*, tool: str) -> Fault | None:
-    """Return the rule that affects this call of `tool`, having consumed one use of it; None if no rule does.
+def fault_claim(*, tenant: Tenant, tool: str) -> Fault | None:
+    """Return the tenant's rule that affects this call of `tool`, having consumed one use of it; None if none does.
 
     Positional rules (with `nth`) count every call of their tool and take precedence once due; then the
     oldest rule wins. Each use is taken with a compare-and-set on `hits`, so two concurrent calls can
     never both consume the last use of a rule.
     """
-    live = Fault.objects.filter(tool=tool).filter(Q(times__isnull=True) | Q(hits__lt=F("times"))).order_by("id")
+    live = (Fault.objects.filter(tenant=tenant, tool=tool)
+            .filter(Q(times__isnull=True) | Q(hits__lt=F("times"))).order_by("id"))
     if not live.exists():  # the common case needs no transaction
         return None
     with transaction.atomic():

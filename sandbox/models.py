@@ -2,11 +2,19 @@
 
 Every write goes through `sandbox.services` (domain effects) or `sandbox.tools` (the tool gateway that
 adds idempotency, fault injection and the call log), never through these models directly.
+
+Every row belongs to a tenant: each tenant has its own world, its own fault rules, keys and call log,
+and nothing one tenant does (or injects) is seen by another. Generated record ids (`usr_…`, `ch_…`) are
+random and unique across tenants; ticket numbers are chosen by the client, so they are unique per tenant.
 """
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+
+def _tenant_field():
+    return models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
 
 
 class ToolName(models.TextChoices):
@@ -28,6 +36,7 @@ class ToolName(models.TextChoices):
 class DirectoryUser(models.Model):
     """A person in the HR directory."""
 
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     email = models.EmailField()
     name = models.CharField(max_length=200)
@@ -44,6 +53,7 @@ class LicenseStatus(models.TextChoices):
 
 
 class License(models.Model):
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     # Not a foreign key: a directory user can be deleted while their license lives on, as in real
     # systems, and that leftover is exactly what an unwind has to clean up.
@@ -65,6 +75,7 @@ class License(models.Model):
 class Message(models.Model):
     """An email the outbox sent. The relay does not deduplicate; it only remembers the key it was given."""
 
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     to = models.EmailField(db_index=True)
     subject = models.CharField(max_length=300)
@@ -82,6 +93,7 @@ class ChargeStatus(models.TextChoices):
 
 
 class Charge(models.Model):
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     customer = models.CharField(max_length=200)
     amount_cents = models.BigIntegerField()
@@ -106,6 +118,7 @@ class FlightStatus(models.TextChoices):
 
 
 class FlightBooking(models.Model):
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     passenger = models.CharField(max_length=200)
     flight = models.CharField(max_length=20)
@@ -129,6 +142,7 @@ class HotelStatus(models.TextChoices):
 
 
 class HotelReservation(models.Model):
+    tenant = _tenant_field()
     id = models.CharField(primary_key=True, max_length=32)
     guest = models.CharField(max_length=200)
     hotel = models.CharField(max_length=200)
@@ -161,7 +175,10 @@ class TicketStatus(models.TextChoices):
 
 
 class Ticket(models.Model):
-    id = models.CharField(primary_key=True, max_length=32)
+    """A CRM ticket. Its number ("T-182") is what clients call its id; it is unique within a tenant."""
+
+    tenant = _tenant_field()
+    number = models.CharField(max_length=32)
     subject = models.CharField(max_length=300)
     priority = models.CharField(max_length=16, choices=TicketPriority.choices, default=TicketPriority.NORMAL)
     status = models.CharField(max_length=16, choices=TicketStatus.choices, default=TicketStatus.OPEN)
@@ -177,10 +194,11 @@ class Ticket(models.Model):
                 condition=Q(priority__in=TicketPriority.values), name="sandbox_ticket_priority_valid"
             ),
             models.CheckConstraint(condition=Q(status__in=TicketStatus.values), name="sandbox_ticket_status_valid"),
+            models.UniqueConstraint(fields=["tenant", "number"], name="sandbox_ticket_number_unique_per_tenant"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.id} {self.subject} ({self.priority}, {self.status}, v{self.version})"
+        return f"{self.number} {self.subject} ({self.priority}, {self.status}, v{self.version})"
 
 
 class IdempotencyRecord(models.Model):
@@ -190,6 +208,7 @@ class IdempotencyRecord(models.Model):
     concurrent calls with the same key wins, and the loser replays the winner's answer.
     """
 
+    tenant = _tenant_field()
     tool = models.CharField(max_length=64, choices=ToolName.choices)
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the canonical, validated arguments.")
@@ -198,7 +217,9 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["tool", "key"], name="sandbox_idempotency_tool_key_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool", "key"], name="sandbox_idempotency_tool_key_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.tool} {self.key}"
@@ -219,6 +240,7 @@ class Fault(models.Model):
     the nth on. `hits` counts the calls it affected; a rule with hits == times is spent.
     """
 
+    tenant = _tenant_field()
     tool = models.CharField(max_length=64, choices=ToolName.choices, db_index=True)
     mode = models.CharField(max_length=32, choices=FaultMode.choices)
     status = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -250,6 +272,7 @@ class Fault(models.Model):
 class ToolCall(models.Model):
     """One call of a sandbox tool, whatever its outcome: the evidence of what happened, and how often."""
 
+    tenant = _tenant_field()
     tool = models.CharField(max_length=64, choices=ToolName.choices, db_index=True)
     idempotency_key = models.CharField(max_length=255, blank=True, db_index=True)
     args = models.JSONField(null=True, blank=True, encoder=DjangoJSONEncoder)

@@ -92,7 +92,7 @@ def hotel_json(reservation: HotelReservation) -> dict:
 
 def ticket_json(ticket: Ticket) -> dict:
     return {
-        "id": ticket.id,
+        "id": ticket.number,
         "subject": ticket.subject,
         "priority": ticket.priority,
         "status": ticket.status,

@@ -1,7 +1,9 @@
 """The tool gateway: one place where a sandbox tool call is validated, faulted, deduplicated and logged.
 
 Both the HTTP views and the in-process callables go through `call_tool`, so a tool behaves the same
-whichever way Unwind reaches it. A call runs in this order:
+whichever way Unwind reaches it. Every call is made in one tenant's world (the HTTP views learn it from
+Unwind's signature, the callables from the executor): its faults, keys, records and log row are that
+tenant's. A call runs in this order:
 
 0. refuse what cannot even be recorded (an overlong key, NUL characters, NaN, deep nesting);
 1. claim a fault rule (if any) and sleep for its delay; `status` and `timeout` rules answer now, with
@@ -24,6 +26,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 
+from ledger.models import Tenant
 from sandbox import services
 from sandbox.arguments import Arguments, check_json_document
 from sandbox.errors import IdempotencyKeyReused, InvalidArgument, SandboxError
@@ -54,7 +57,7 @@ class ToolResponse:
 class Tool:
     name: str
     parse: Callable[[Any], dict[str, Any]]
-    apply: Callable[[dict[str, Any], str], tuple[int, dict]]
+    apply: Callable[[dict[str, Any], str, Tenant], tuple[int, dict]]
     honours_idempotency_key: bool = True
 
 
@@ -163,60 +166,60 @@ def _parse_update_ticket(raw: Any) -> dict:
 # What each tool does, and the answer it gives.
 
 
-def _create_user(args: dict, key: str) -> tuple[int, dict]:
-    return 201, user_json(services.hr_create_user(**args))
+def _create_user(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, user_json(services.hr_create_user(tenant=tenant, **args))
 
 
-def _delete_user(args: dict, key: str) -> tuple[int, dict]:
-    return 200, {"deleted": services.hr_delete_user(**args), "id": args["user_id"]}
+def _delete_user(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 200, {"deleted": services.hr_delete_user(tenant=tenant, **args), "id": args["user_id"]}
 
 
-def _provision(args: dict, key: str) -> tuple[int, dict]:
-    return 201, license_json(services.licenses_provision(**args))
+def _provision(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, license_json(services.licenses_provision(tenant=tenant, **args))
 
 
-def _revoke(args: dict, key: str) -> tuple[int, dict]:
-    license, revoked = services.licenses_revoke(**args)
+def _revoke(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    license, revoked = services.licenses_revoke(tenant=tenant, **args)
     return 200, {"revoked": revoked, **license_json(license)}
 
 
-def _send_email(args: dict, key: str) -> tuple[int, dict]:
-    return 201, message_json(services.email_send(**args, idempotency_key=key))
+def _send_email(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, message_json(services.email_send(tenant=tenant, **args, idempotency_key=key))
 
 
-def _charge(args: dict, key: str) -> tuple[int, dict]:
-    return 201, charge_json(services.payments_charge(**args))
+def _charge(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, charge_json(services.payments_charge(tenant=tenant, **args))
 
 
-def _refund(args: dict, key: str) -> tuple[int, dict]:
-    charge, refunded = services.payments_refund(**args)
+def _refund(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    charge, refunded = services.payments_refund(tenant=tenant, **args)
     return 200, {"refunded": refunded, **charge_json(charge)}
 
 
-def _book_flight(args: dict, key: str) -> tuple[int, dict]:
-    return 201, flight_json(services.travel_book_flight(**args))
+def _book_flight(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, flight_json(services.travel_book_flight(tenant=tenant, **args))
 
 
-def _cancel_flight(args: dict, key: str) -> tuple[int, dict]:
-    booking, cancelled = services.travel_cancel_flight(**args)
+def _cancel_flight(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    booking, cancelled = services.travel_cancel_flight(tenant=tenant, **args)
     return 200, {"cancelled": cancelled, **flight_json(booking)}
 
 
-def _reserve_hotel(args: dict, key: str) -> tuple[int, dict]:
-    return 201, hotel_json(services.travel_reserve_hotel(**args))
+def _reserve_hotel(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, hotel_json(services.travel_reserve_hotel(tenant=tenant, **args))
 
 
-def _cancel_hotel(args: dict, key: str) -> tuple[int, dict]:
-    reservation, cancelled = services.travel_cancel_hotel(**args)
+def _cancel_hotel(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    reservation, cancelled = services.travel_cancel_hotel(tenant=tenant, **args)
     return 200, {"cancelled": cancelled, **hotel_json(reservation)}
 
 
-def _create_ticket(args: dict, key: str) -> tuple[int, dict]:
-    return 201, ticket_json(services.crm_create_ticket(**args))
+def _create_ticket(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 201, ticket_json(services.crm_create_ticket(tenant=tenant, **args))
 
 
-def _update_ticket(args: dict, key: str) -> tuple[int, dict]:
-    return 200, ticket_json(services.crm_update_ticket(**args))
+def _update_ticket(args: dict, key: str, tenant: Tenant) -> tuple[int, dict]:
+    return 200, ticket_json(services.crm_update_ticket(tenant=tenant, **args))
 
 
 TOOLS: dict[str, Tool] = {
@@ -243,20 +246,22 @@ class _KeyTaken(Exception):
     """A concurrent call stored its answer under the same key first."""
 
 
-def call_tool(name: str, raw_args: Any, *, idempotency_key: str | None) -> ToolResponse:
-    """Run one call of the tool `name` and return its answer; every call leaves a row in the call log."""
+def call_tool(name: str, raw_args: Any, *, tenant: Tenant, idempotency_key: str | None) -> ToolResponse:
+    """Run one call of the tool `name` in the tenant's world and return its answer; every call leaves a row in
+    the tenant's call log."""
     tool = TOOLS[name]
     key = (idempotency_key or "").strip()
     try:
         _check_envelope(raw_args, key)
     except InvalidArgument as error:
         # What was sent cannot be stored as it is: the log keeps the refusal without it.
-        ToolCall.objects.create(tool=name, status=error.status)
+        ToolCall.objects.create(tenant=tenant, tool=name, status=error.status)
         return ToolResponse.from_error(error)
     fault = injected = None
 
     def log(status: int, *, effect_applied: bool = False, replayed: bool = False) -> None:
         ToolCall.objects.create(
+            tenant=tenant,
             tool=name,
             idempotency_key=key,
             args=raw_args,
@@ -267,14 +272,15 @@ def call_tool(name: str, raw_args: Any, *, idempotency_key: str | None) -> ToolR
         )
 
     try:
-        fault = fault_claim(tool=name)
+        fault = fault_claim(tenant=tenant, tool=name)
         if fault is not None:
             fault_hold(fault)
             injected = fault_error(fault)
             if injected is not None and fault.mode != FaultMode.ERROR_AFTER_EFFECT:
                 raise injected
         args = tool.parse(raw_args)
-        status, body = _run(tool, args, key, log=log, answer_status=injected.status if injected else None)
+        status, body = _run(tool, args, key, tenant=tenant, log=log,
+                            answer_status=injected.status if injected else None)
     except SandboxError as error:
         log(error.status)
         return ToolResponse.from_error(error)
@@ -289,7 +295,7 @@ def _check_envelope(raw_args: Any, key: str) -> None:
     check_json_document(raw_args)
 
 
-def _run(tool: Tool, args: dict, key: str, *, log: Callable[..., None], answer_status: int | None):
+def _run(tool: Tool, args: dict, key: str, *, tenant: Tenant, log: Callable[..., None], answer_status: int | None):
     """Replay the stored answer or apply the effect, and log the call, in one transaction."""
     fingerprint = _fingerprint(args) if key and tool.honours_idempotency_key else None
     # Each pass either returns or lost a race to a call that has committed its answer, which the
@@ -297,7 +303,7 @@ def _run(tool: Tool, args: dict, key: str, *, log: Callable[..., None], answer_s
     while True:
         try:
             with transaction.atomic():
-                record = _stored_answer(tool.name, key) if fingerprint else None
+                record = _stored_answer(tenant, tool.name, key) if fingerprint else None
                 if record is not None:
                     if record.fingerprint != fingerprint:
                         raise IdempotencyKeyReused(
@@ -305,23 +311,24 @@ def _run(tool: Tool, args: dict, key: str, *, log: Callable[..., None], answer_s
                         )
                     log(answer_status or record.status, replayed=True)
                     return record.status, record.response
-                status, body = tool.apply(args, key)
+                status, body = tool.apply(args, key, tenant)
                 if fingerprint:
-                    _store_answer(tool.name, key, fingerprint, status, body)
+                    _store_answer(tenant, tool.name, key, fingerprint, status, body)
                 log(answer_status or status, effect_applied=True)
                 return status, body
         except _KeyTaken:
             continue
 
 
-def _stored_answer(tool: str, key: str) -> IdempotencyRecord | None:
-    return IdempotencyRecord.objects.filter(tool=tool, key=key).first()
+def _stored_answer(tenant: Tenant, tool: str, key: str) -> IdempotencyRecord | None:
+    return IdempotencyRecord.objects.filter(tenant=tenant, tool=tool, key=key).first()
 
 
-def _store_answer(tool: str, key: str, fingerprint: str, status: int, body: dict) -> None:
+def _store_answer(tenant: Tenant, tool: str, key: str, fingerprint: str, status: int, body: dict) -> None:
     try:
         with transaction.atomic():
-            IdempotencyRecord.objects.create(tool=tool, key=key, fingerprint=fingerprint, status=status, response=body)
+            IdempotencyRecord.objects.create(tenant=tenant, tool=tool, key=key, fingerprint=fingerprint, status=status,
+                                             response=body)
     except IntegrityError:
         raise _KeyTaken from None
 

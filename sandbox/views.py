@@ -1,7 +1,10 @@
-"""HTTP form of the sandbox: JSON in, JSON out, machine clients only (hence csrf_exempt).
+"""HTTP form of the sandbox: JSON in, JSON out (hence csrf_exempt; `sandbox.access` checks CSRF itself for
+requests a browser session makes).
 
-Views only translate HTTP; tools go through `sandbox.tools.call_tool`, reads through `sandbox.selectors`.
+Views only translate HTTP; who may call what, and in which tenant's world, is decided by `sandbox.access`
+before any handler runs; tools go through `sandbox.tools.call_tool`, reads through `sandbox.selectors`.
 """
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -9,7 +12,8 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from sandbox import selectors, services
+from ledger.models import Role, Tenant
+from sandbox import access, selectors, services
 from sandbox.errors import InvalidArgument, NotFound, SandboxError
 from sandbox.faults import fault_add, faults_clear
 from sandbox.models import ToolName
@@ -18,18 +22,31 @@ from sandbox.tools import call_tool
 
 PROBLEM_JSON = "application/problem+json"
 
+# Who may call a handler, as the function that finds the tenant it acts in (or refuses).
+TOOL = access.tool_caller_tenant
+READER = access.reader_tenant
+VIEWER = functools.partial(access.person_tenant, role=Role.VIEWER)
+OPERATOR = functools.partial(access.person_tenant, role=Role.OPERATOR)
+
 
 def _error(error: SandboxError) -> JsonResponse:
     return JsonResponse(error.as_body(), status=error.status, headers=error.headers, content_type=PROBLEM_JSON)
 
 
-def _endpoint(**handlers: Callable[..., JsonResponse]):
-    """A view that dispatches on the HTTP method and answers refusals as JSON."""
+def _endpoint(**handlers: tuple[Callable[[HttpRequest], Tenant], Callable[..., JsonResponse]]):
+    """A view that dispatches on the HTTP method, finds the caller's tenant, and answers refusals as JSON.
+
+    Each handler is (who may call it, the handler); the handler gets the tenant as `tenant=`.
+    """
 
     @csrf_exempt
     def view(request: HttpRequest, **kwargs: Any) -> JsonResponse:
-        handler = handlers.get(request.method)
-        if handler is None:
+        try:
+            access.require_sandbox_on()
+        except SandboxError as error:
+            return _error(error)
+        allowed = handlers.get(request.method)
+        if allowed is None:
             error = SandboxError(
                 f"{request.method} is not allowed here; use {', '.join(handlers)}",
                 status=405,
@@ -37,9 +54,10 @@ def _endpoint(**handlers: Callable[..., JsonResponse]):
                 headers={"Allow": ", ".join(handlers)},
             )
             return _error(error)
+        who, handler = allowed
         try:
             _refuse_nul(request, kwargs)
-            return handler(request, **kwargs)
+            return handler(request, tenant=who(request), **kwargs)
         except SandboxError as error:
             return _error(error)
 
@@ -65,8 +83,9 @@ def _json_body(request: HttpRequest) -> Any:
 def _tool(name: str) -> Callable[[HttpRequest], JsonResponse]:
     """POST a tool's arguments as JSON, optionally with an Idempotency-Key header."""
 
-    def post(request: HttpRequest) -> JsonResponse:
-        response = call_tool(name, _json_body(request), idempotency_key=request.headers.get("Idempotency-Key"))
+    def post(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+        response = call_tool(name, _json_body(request), tenant=tenant,
+                             idempotency_key=request.headers.get("Idempotency-Key"))
         content_type = "application/json" if response.ok else PROBLEM_JSON
         return JsonResponse(response.body, status=response.status, headers=response.headers, content_type=content_type)
 
@@ -74,69 +93,71 @@ def _tool(name: str) -> Callable[[HttpRequest], JsonResponse]:
 
 
 def tool_endpoint(name: str):
-    return _endpoint(POST=_tool(name))
+    return _endpoint(POST=(TOOL, _tool(name)))
 
 
 def record_endpoint(kind: str, noun: str):
     """GET one record; 404 when it does not exist."""
 
-    def get(request: HttpRequest, record_id: str) -> JsonResponse:
-        record = selectors.record_get(kind, record_id)
+    def get(request: HttpRequest, record_id: str, *, tenant: Tenant) -> JsonResponse:
+        record = selectors.record_get(kind, record_id, tenant=tenant)
         if record is None:
             raise NotFound(f"{noun} {record_id} does not exist")
         return JsonResponse(record)
 
-    return _endpoint(GET=get)
+    return _endpoint(GET=(READER, get))
 
 
-def _list_messages(request: HttpRequest) -> JsonResponse:
-    messages = selectors.message_list(to=request.GET.get("to"), idempotency_key=request.GET.get("idempotency_key"))
+def _list_messages(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    messages = selectors.message_list(tenant=tenant, to=request.GET.get("to"),
+                                      idempotency_key=request.GET.get("idempotency_key"))
     return JsonResponse({"results": messages})
 
 
-def _list_tickets(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"results": selectors.record_list("tickets")})
+def _list_tickets(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    return JsonResponse({"results": selectors.record_list("tickets", tenant=tenant)})
 
 
-def _state(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(selectors.world_state())
+def _state(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    return JsonResponse(selectors.world_state(tenant=tenant))
 
 
-def _reset(request: HttpRequest) -> JsonResponse:
-    services.sandbox_reset()
-    return JsonResponse(selectors.world_state())
+def _reset(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    services.sandbox_reset(tenant=tenant)
+    return JsonResponse(selectors.world_state(tenant=tenant))
 
 
-def _list_calls(request: HttpRequest) -> JsonResponse:
+def _list_calls(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
     raw_limit = request.GET.get("limit", str(selectors.DEFAULT_CALLS_LIMIT))
     if not raw_limit.isdigit() or int(raw_limit) < 1:
         raise InvalidArgument(f"limit must be a positive whole number, not {raw_limit!r}")
     listing = selectors.call_list(
+        tenant=tenant,
         tool=request.GET.get("tool"), idempotency_key=request.GET.get("idempotency_key"), limit=int(raw_limit)
     )
     return JsonResponse(listing)
 
 
-def _list_faults(request: HttpRequest) -> JsonResponse:
-    return JsonResponse({"results": selectors.record_list("faults")})
+def _list_faults(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    return JsonResponse({"results": selectors.record_list("faults", tenant=tenant)})
 
 
-def _add_fault(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(fault_json(fault_add(_json_body(request))), status=201)
+def _add_fault(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
+    return JsonResponse(fault_json(fault_add(_json_body(request), tenant=tenant)), status=201)
 
 
-def _clear_faults(request: HttpRequest) -> JsonResponse:
+def _clear_faults(request: HttpRequest, *, tenant: Tenant) -> JsonResponse:
     tool = request.GET.get("tool")
     if tool is None and request.method == "POST":
         body = _json_body(request)
         tool = body.get("tool") if isinstance(body, dict) else None
-    return JsonResponse({"cleared": faults_clear(tool=tool or None)})
+    return JsonResponse({"cleared": faults_clear(tenant=tenant, tool=tool or None)})
 
 
-messages = _endpoint(GET=_list_messages)
-tickets = _endpoint(GET=_list_tickets, POST=_tool(ToolName.CRM_CREATE_TICKET))
-state = _endpoint(GET=_state)
-reset = _endpoint(POST=_reset)
-calls = _endpoint(GET=_list_calls)
-faults = _endpoint(GET=_list_faults, POST=_add_fault, DELETE=_clear_faults)
-faults_clear_view = _endpoint(POST=_clear_faults)
+messages = _endpoint(GET=(READER, _list_messages))
+tickets = _endpoint(GET=(READER, _list_tickets), POST=(TOOL, _tool(ToolName.CRM_CREATE_TICKET)))
+state = _endpoint(GET=(VIEWER, _state))
+reset = _endpoint(POST=(OPERATOR, _reset))
+calls = _endpoint(GET=(VIEWER, _list_calls))
+faults = _endpoint(GET=(VIEWER, _list_faults), POST=(OPERATOR, _add_fault), DELETE=(OPERATOR, _clear_faults))
+faults_clear_view = _endpoint(POST=(OPERATOR, _clear_faults))

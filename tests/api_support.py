@@ -8,6 +8,7 @@ import time
 from rest_framework.test import APIClient
 
 from sandbox.selectors import call_list
+from tests.helpers import acme
 
 
 def basic(username: str, password: str | None = None) -> str:
@@ -61,7 +62,7 @@ def assert_problem(response, status: int, code: str) -> dict:
 
 
 def effects(tool: str) -> list:
-    return [call for call in call_list(tool=tool)["results"] if call["effect_applied"]]
+    return [call for call in call_list(tenant=acme(), tool=tool)["results"] if call["effect_applied"]]
 
 
 def settle(clients: Clients, action_id: int, timeout: float = 10.0) -> dict:

@@ -73,12 +73,19 @@ class World:
         raise AttributeError(name)
 
 
-@pytest.fixture
-def world(db, _engine_settings):
+def seed_sandboxes(world: "World") -> None:
+    """Each tenant's sandbox world starts with its seed tickets."""
     from sandbox.services import sandbox_reset
 
-    sandbox_reset()
-    return World()
+    for tenant in (world.acme, world.globex):
+        sandbox_reset(tenant=tenant)
+
+
+@pytest.fixture
+def world(db, _engine_settings):
+    world = World()
+    seed_sandboxes(world)
+    return world
 
 
 @pytest.fixture
@@ -93,11 +100,9 @@ def tools(world):
 @pytest.fixture
 def http_tools(transactional_db, live_server, settings, _engine_settings):
     """The sandbox tools over real HTTP against a live server (the product's own policy file)."""
-    from sandbox.services import sandbox_reset
-
     settings.UNWIND_TOOL_BASE_URL = live_server.url
-    sandbox_reset()
     world = World()
+    seed_sandboxes(world)
     tools_load(tenant=world.acme, document=POLICY, actor="test")
     world.live_server = live_server
     return world

@@ -24,7 +24,30 @@ def act(run, tool, args, *, key=None, target=None, intent=None):
     return proposal.action
 
 
-def fault(tool, mode="status", **rule):
+def fault(tool, mode="status", *, tenant="acme", **rule):
+    """Inject a sandbox fault for `tenant` (the tests' runs act for acme)."""
+    from ledger.models import Tenant
     from sandbox.faults import fault_add
 
-    return fault_add({"tool": tool, "mode": mode, **rule})
+    return fault_add({"tool": tool, "mode": mode, **rule}, tenant=Tenant.objects.get(slug=tenant))
+
+
+def acme():
+    """The tenant the tests' runs act for, whose sandbox world they read."""
+    from ledger.models import Tenant
+
+    return Tenant.objects.get(slug="acme")
+
+
+def signed_post(url: str, payload: dict, *, tenant: str = "acme", headers: dict | None = None):
+    """POST to a sandbox tool as Unwind does: the JSON body signed for `tenant` (ledger.signing)."""
+    import json
+
+    import requests
+
+    from ledger import signing
+
+    body = json.dumps(payload).encode()
+    signed = signing.sign(tenant=tenant, method="POST", url=url, body=body)
+    return requests.post(url, data=body, timeout=5,
+                         headers={"Content-Type": "application/json", **signed, **(headers or {})})

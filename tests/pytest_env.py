@@ -8,3 +8,4 @@ import os
 
 os.environ.setdefault("UNWIND_TASKS_SYNC", "1")
 os.environ.setdefault("UNWIND_INSECURE_DEV_KEY", "1")
+os.environ.setdefault("UNWIND_SANDBOX", "1")

@@ -3,7 +3,7 @@ from ledger.models import Tenant
 from recovery.models import RecoveryItem
 from sandbox.faults import faults_clear
 from tests.api_support import assert_problem
-from tests.helpers import fault
+from tests.helpers import acme, fault
 
 pytest_plugins = ["tests.api_fixtures"]  # the api and api_db fixtures
 
@@ -39,7 +39,7 @@ def test_list_and_get(api):
 
 def test_resume_retries_the_failed_step(api):
     run, item = stuck_run(api)
-    faults_clear()
+    faults_clear(tenant=acme())
     resumed = api.person("oscar").post(f"/api/v1/recovery-items/{item.pk}/resume", {"reason": "mail server fixed"},
                                        format="json")
     assert resumed.status_code == 200, resumed.content

@@ -18,7 +18,7 @@ from ledger.services.runs import run_cancel, run_compensate, run_open
 from ledger.services.tools import tool_upsert
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy
-from tests.helpers import act, open_run
+from tests.helpers import acme, act, open_run
 
 CHARGE = {"customer": "cus_ana", "amount_cents": 48200, "currency": "EUR"}
 INTENT = {"goal": "Pay for the Lisbon trip",
@@ -183,7 +183,7 @@ def test_approver_approves_and_the_run_proceeds(tools, django_capture_on_commit_
     charge.refresh_from_db()
     run.refresh_from_db()
     assert charge.status == "succeeded" and run.status == "running"
-    charges = world_state()["charges"]
+    charges = world_state(tenant=acme())["charges"]
     assert [(c["customer"], c["amount_cents"], c["status"]) for c in charges] == [("cus_ana", 48200, "captured")]
     approval.refresh_from_db()
     assert approval.status == "approved"
@@ -239,7 +239,7 @@ def test_rejection_with_a_reason_unwinds_the_run(tools, django_capture_on_commit
     charge.refresh_from_db()
     assert run.status == "compensated"
     assert charge.status == "rejected" and charge.decision_reason == reason  # the reason goes back to the agent
-    world = world_state()
+    world = world_state(tenant=acme())
     assert [f["status"] for f in world["flights"]] == ["cancelled"]
     assert [h["status"] for h in world["hotels"]] == ["cancelled"]
     assert world["charges"] == []
@@ -331,7 +331,7 @@ def test_quorum_of_two_needs_alice_and_ben(tools, django_capture_on_commit_callb
         first = decide(alice, approval, decision="approve")
     assert first.status_code == 200 and "Your approval is recorded (1 of 2)" in text(first)
     charge.refresh_from_db()
-    assert charge.status == "awaiting_approval" and world_state()["charges"] == []
+    assert charge.status == "awaiting_approval" and world_state(tenant=acme())["charges"] == []
     page = detail(alice, approval)
     assert not has_buttons(page) and "You approved this. It needs 1 more approval(s)" in text(page)
     again = decide(alice, approval, decision="approve")  # a second vote by one person does not count
@@ -340,7 +340,7 @@ def test_quorum_of_two_needs_alice_and_ben(tools, django_capture_on_commit_callb
         second = decide(login(tools.ben), approval, decision="approve")
     assert second.status_code == 200 and "Approved. Unwind runs the action now" in text(second)
     charge.refresh_from_db()
-    assert charge.status == "succeeded" and len(world_state()["charges"]) == 1
+    assert charge.status == "succeeded" and len(world_state(tenant=acme())["charges"]) == 1
     assert sorted(approval.decisions.values_list("user__username", flat=True)) == ["alice", "ben"]
 
 
@@ -375,7 +375,7 @@ def test_rejecting_a_compensation_keeps_the_step_and_unwinds_the_rest(tools, dja
     with django_capture_on_commit_callbacks(execute=True):
         response = decide(login(tools.ben), undo, decision="reject", reason="Keep the charge: Carol pays a fee.")
     assert response.status_code == 200 and "That step stays as it is" in text(response)
-    world = world_state()
+    world = world_state(tenant=acme())
     assert [c["status"] for c in world["charges"]] == ["captured"]
     assert [f["status"] for f in world["flights"]] == ["cancelled"]
     assert [h["status"] for h in world["hotels"]] == ["cancelled"]
@@ -389,7 +389,7 @@ def test_approving_a_compensation_runs_it(tools, django_capture_on_commit_callba
     with django_capture_on_commit_callbacks(execute=True):
         response = decide(login(tools.ben), undo, decision="approve")
     assert response.status_code == 200
-    assert [c["status"] for c in world_state()["charges"]] == ["refunded"]
+    assert [c["status"] for c in world_state(tenant=acme())["charges"]] == ["refunded"]
     run.refresh_from_db()
     assert run.status == "compensated"
 

@@ -133,6 +133,7 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
     page.get_by_role("link", name=f"run {run.pk}").first.click()
     page.wait_for_url(f"**/console/runs/{run.pk}/")
     sync_api.expect(page.locator("#trail")).to_contain_text("Restored ticket")
+    page.get_by_role("button", name="Make a share link").click()
     share_url = page.locator("#share-url").input_value()
     page.shots.take("run")
 

@@ -30,7 +30,6 @@ from ledger.services.runs import run_complete, run_open
 from ledger.tasks import execute_action
 from sandbox.faults import fault_add
 from sandbox.models import Message
-from sandbox.services import sandbox_reset
 from tests.helpers import act, fault, open_run
 from tests.test_g05_crash_safety import database_url, wait_until
 
@@ -75,8 +74,7 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
     settings.UNWIND_INLINE_WAIT = 1.0
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the workers, as in production
     cache.clear()
-    sandbox_reset()
-    cast = cast_create(tool_timeout=3)
+    cast = cast_create(tool_timeout=3)  # resets both tenants' sandbox worlds
     env = dict(os.environ, DATABASE_URL=database_url(), UNWIND_TOOL_BASE_URL=live_server.url, UNWIND_TASKS_SYNC="0",
                UNWIND_SWEEP_INTERVAL="0.2", UNWIND_WORKERS="1", UNWIND_LEASE_SECONDS="3", UNWIND_REDIS_URL="",
                EMAIL_BACKEND="django.core.mail.backends.dummy.EmailBackend", PYTHONPATH=str(ROOT))
@@ -105,7 +103,7 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
                 for _ in range(2):
                     async_task("ledger.tasks.execute_action", proposal.action.pk, proposal.owner)
         for rule in SHORT_FAULTS:
-            fault_add(rule)
+            fault_add(rule, tenant=cast.tenant)
 
         stop = threading.Event()
         knobs = Knobs(abort=0.25, concurrent_duplicate=0.3, reordered_resend=0.3, step_timeout=40)

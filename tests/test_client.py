@@ -36,7 +36,8 @@ def eventually(check, timeout: float = 10.0) -> bool:
 
 
 def calls(world, tool: str) -> list:
-    response = requests.get(f"{world.live_server.url}/sandbox/calls", params={"tool": tool}, timeout=5)
+    response = requests.get(f"{world.live_server.url}/sandbox/calls", params={"tool": tool},
+                            auth=("victor", "pw-victor"), timeout=5)  # acme's viewer reads acme's call log
     return [call for call in response.json()["results"] if call["effect_applied"]]
 
 
@@ -255,7 +256,8 @@ def test_the_example_agent_loop_shows_approval_rejection_and_unwind(http_tools, 
     settings.UNWIND_THROTTLE_RATE = "100000/min"
     lines = []
     code = agent_loop.main(["--url", http_tools.live_server.url, "--key", http_tools.key,
-                         "--approver", "alice:pw-alice", "--rejecter", "ben:pw-ben"], say=lines.append)
+                         "--approver", "alice:pw-alice", "--rejecter", "ben:pw-ben", "--operator", "oscar:pw-oscar"],
+                        say=lines.append)
     output = "\n".join(lines)
     assert code == 0, output
     assert "alice approves" in output and "ben rejects" in output and "failed: " in output

@@ -97,7 +97,8 @@ def test_compensate_through_the_page_with_csrf(drift):
     assert drift.item.resolution_note == "dana agreed"
     assert drift.run.status == "compensated"
     ticket_id = drift.run.actions.get(seq=1).target_id
-    assert Ticket.objects.get(pk=ticket_id).priority == "normal"  # forced restore of the before-state
+    # forced restore of the before-state
+    assert Ticket.objects.get(tenant__slug="acme", number=ticket_id).priority == "normal"
     decision = AuditEvent.objects.get(run_ref=drift.run.pk, kind="run.unwinding", actor="user:oscar")
     assert decision.data["reason"] == "dana agreed" and decision.data["force"] is True
     page = oscar.get(response["Location"])
@@ -123,7 +124,7 @@ def test_close_through_the_page_keeps_their_change(drift):
     drift.item.refresh_from_db()
     drift.run.refresh_from_db()
     assert (drift.item.resolution, drift.run.status) == ("closed", "closed")
-    assert Ticket.objects.get(pk=drift.run.actions.get(seq=1).target_id).priority == "urgent"
+    assert Ticket.objects.get(tenant__slug="acme", number=drift.run.actions.get(seq=1).target_id).priority == "urgent"
     closed = AuditEvent.objects.get(run_ref=drift.run.pk, kind="run.closed")
     assert (closed.actor, closed.data["reason"]) == ("user:oscar", "dana's priority is right")
 

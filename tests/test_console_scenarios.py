@@ -11,7 +11,7 @@ from recovery.models import ItemStatus, RecoveryItem
 from sandbox import services as world_services
 from sandbox.faults import faults_clear
 from tests.conftest import in_process_policy
-from tests.helpers import act, fault, open_run
+from tests.helpers import acme, act, fault, open_run
 
 _tickets = iter(range(5000, 100000))
 
@@ -19,7 +19,8 @@ _tickets = iter(range(5000, 100000))
 def new_ticket() -> str:
     """A fresh CRM ticket in the sandbox world (its seed has only three)."""
     ticket_id = f"T-{next(_tickets)}"
-    world_services.crm_create_ticket(ticket_id=ticket_id, subject="Seeded for a console test", priority="normal",
+    world_services.crm_create_ticket(tenant=acme(), ticket_id=ticket_id, subject="Seeded for a console test",
+                                     priority="normal",
                                      updated_by="seed")
     return ticket_id
 
@@ -35,7 +36,7 @@ def onboarding_compensated(world) -> Run:
     act(run, "licenses.provision", {"user_id": user.result["id"]})
     fault("email.send", "status", status=504, times=0)
     act(run, "email.send", {"to": "ashu@home.example", "subject": "Welcome", "body": "Hi"})
-    faults_clear()
+    faults_clear(tenant=acme())
     run.refresh_from_db()
     assert run.status == "compensated", run.attention_detail
     return run
@@ -46,7 +47,8 @@ def drift_run(world, ticket: str | None = None) -> Run:
     ticket = ticket or new_ticket()
     run = open_run(world, goal=f"Escalate {ticket}")
     act(run, "crm.update_ticket", {"ticket_id": ticket, "priority": "high"})
-    world_services.crm_update_ticket(ticket_id=ticket, priority="urgent", status=None, note=None, updated_by="dana")
+    world_services.crm_update_ticket(tenant=acme(), ticket_id=ticket, priority="urgent", status=None, note=None,
+                                     updated_by="dana")
     run = run_cancel(run=run, actor="agent:booker", reason="wrong ticket")
     assert run.status == "needs_attention" and run.attention_reason == "drift", run.attention_detail
     return run

@@ -9,11 +9,11 @@ from ledger.models import Action
 from ledger.services.actions import action_propose
 from sandbox.selectors import call_list
 from tests.conftest import needs_postgres
-from tests.helpers import act, open_run
+from tests.helpers import acme, act, open_run
 
 
 def effects(tool):
-    return [c for c in call_list(tool=tool)["results"] if c["effect_applied"]]
+    return [c for c in call_list(tenant=acme(), tool=tool)["results"] if c["effect_applied"]]
 
 
 def test_same_key_same_args_replays_without_calling_the_tool(tools):
@@ -21,7 +21,7 @@ def test_same_key_same_args_replays_without_calling_the_tool(tools):
     first = act(run, "hr.create_user", {"email": "a@x.io", "name": "A"}, key="k-1")
     again = act(run, "hr.create_user", {"email": "a@x.io", "name": "A"}, key="k-1")
     assert again.pk == first.pk and again.result == first.result
-    assert len(call_list(tool="hr.create_user")["results"]) == 1
+    assert len(call_list(tenant=acme(), tool="hr.create_user")["results"]) == 1
 
 
 def test_same_key_different_args_is_refused(tools):
@@ -41,7 +41,7 @@ def test_same_key_while_first_is_running_is_409(tools):
         action_propose(run=run, tool_name="hr.create_user", args={"email": "a@x.io", "name": "A"},
                        actor="agent:booker", idempotency_key="k-1")
     assert refused.value.status == 409
-    assert call_list(tool="hr.create_user")["results"] == []
+    assert call_list(tenant=acme(), tool="hr.create_user")["results"] == []
 
 
 def test_resynthesised_request_without_key_is_the_same_action(tools):
@@ -76,10 +76,10 @@ def test_a_changed_argument_is_a_new_action(tools):
 def test_concurrent_duplicates_execute_exactly_once():
     from tests.conftest import World, in_process_policy
     from ledger.services.tools import tools_load
-    from sandbox.services import sandbox_reset
+    from tests.conftest import seed_sandboxes
 
-    sandbox_reset()
     world = World()
+    seed_sandboxes(world)
     tools_load(tenant=world.acme, document=in_process_policy(), actor="test")
     run = open_run(world)
     barrier = threading.Barrier(8)
@@ -100,7 +100,7 @@ def test_concurrent_duplicates_execute_exactly_once():
     for t in threads:
         t.join()
     assert Action.objects.filter(idempotency_key="dup").count() == 1
-    assert len(call_list(tool="travel.reserve_hotel")["results"]) == 1
+    assert len(call_list(tenant=acme(), tool="travel.reserve_hotel")["results"]) == 1
     assert all(isinstance(o, (Action, StillInFlight)) for o in outcomes), outcomes
 
 

@@ -1,6 +1,6 @@
 """Guarantee 2: every run ends completed, compensated, or needs_attention with an open recovery item."""
 from recovery.models import RecoveryItem
-from tests.helpers import act, fault, open_run
+from tests.helpers import acme, act, fault, open_run
 
 
 def test_failure_after_the_pivot_opens_a_recovery_item_naming_what_is_left(tools):
@@ -59,6 +59,6 @@ def test_a_step_that_acted_early_and_was_refused_later_is_read_back_not_failed(t
     run = open_run(tools)
     change = act(run, "crm.update_ticket", {"ticket_id": "T-204", "priority": "high"})
     run.refresh_from_db()
-    assert record_get("tickets", "T-204")["priority"] == "high"
+    assert record_get("tickets", "T-204", tenant=acme())["priority"] == "high"
     assert change.status == "succeeded" and change.result["recovered"] is True
     assert run.status == "running"

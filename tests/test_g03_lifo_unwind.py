@@ -4,7 +4,7 @@ from django.core import mail as outbox_mail
 from approvals.services import notifications_send
 from ledger.models import Action
 from sandbox.selectors import world_state
-from tests.helpers import act, fault, open_run
+from tests.helpers import acme, act, fault, open_run
 
 
 def forward_and_undo(run):
@@ -24,7 +24,7 @@ def test_onboarding_unwinds_license_then_user(tools):
     assert [u.compensates_id for u in undo] == [lic.pk, user.pk]  # newest first
     assert [u.tool.name for u in undo] == ["licenses.revoke", "hr.delete_user"]
     assert all(u.idempotency_key == f"{Action.objects.get(pk=u.compensates_id).idempotency_key}:undo" for u in undo)
-    state = world_state()
+    state = world_state(tenant=acme())
     assert state["users"] == [] and all(lic["status"] == "revoked" for lic in state["licenses"])
 
 

@@ -5,7 +5,7 @@ from ledger.errors import OrderingViolation
 from ledger.models import Action
 from ledger.services.runs import run_open
 from sandbox.selectors import world_state
-from tests.helpers import act, fault, open_run
+from tests.helpers import acme, act, fault, open_run
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def test_a_compensatable_step_after_the_pivot_is_refused_with_the_rule(no_gate):
     assert refused.value.extra["rule"] == "compensatable_before_pivot"
     assert "travel.reserve_hotel" in refused.value.detail
     assert not Action.objects.filter(run=run, tool__name="travel.reserve_hotel").exists()
-    assert world_state()["hotels"] == []
+    assert world_state(tenant=acme())["hotels"] == []
 
 
 def test_a_second_pivot_and_a_pivot_after_retriable_steps_are_refused(no_gate):
@@ -55,7 +55,7 @@ def test_hotel_failure_before_the_pivot_unwinds_the_flight_and_charges_nothing(n
     act(run, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
     run.refresh_from_db()
     assert run.status == "compensated" and not run.pivot_committed
-    state = world_state()
+    state = world_state(tenant=acme())
     assert [f["status"] for f in state["flights"]] == ["cancelled"] and state["charges"] == []
 
 
@@ -70,4 +70,4 @@ def test_a_retriable_step_after_the_pivot_is_retried_forward_never_unwound(no_ga
     assert mail.status == "succeeded" and mail.attempts == 3
     assert run.status == "running" and run.pivot_committed
     assert not Action.objects.filter(run=run, kind="compensation").exists()
-    assert len(world_state()["messages"]) == 1
+    assert len(world_state(tenant=acme())["messages"]) == 1

@@ -25,7 +25,7 @@ from recovery.models import RecoveryItem
 from sandbox import callables
 from sandbox.selectors import call_list, world_state
 from tests.conftest import in_process_policy
-from tests.helpers import open_run
+from tests.helpers import acme, open_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,15 +59,15 @@ def test_lost_worker_after_the_tool_call_is_replayed_with_the_same_key(tools, dj
     run = open_run(tools)
     proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "a@x.io", "name": "A"}, actor="agent:booker")
     # The worker called the tool, then died before recording the outcome.
-    callables.hr_create_user({"email": "a@x.io", "name": "A"}, idempotency_key=proposal.action.tool_key)
+    callables.hr_create_user({"email": "a@x.io", "name": "A"}, idempotency_key=proposal.action.tool_key, tenant="acme")
     wait_for_lease(proposal.action)
     with django_capture_on_commit_callbacks(execute=True):
         assert sweep()["reclaimed"] == 1
     action = Action.objects.get(pk=proposal.action.pk)
     assert action.status == "succeeded" and action.attempts == 2
-    calls = call_list(tool="hr.create_user")["results"]
+    calls = call_list(tenant=acme(), tool="hr.create_user")["results"]
     assert [c["effect_applied"] for c in calls] == [True, False]  # second call was a replay
-    assert len(world_state()["users"]) == 1
+    assert len(world_state(tenant=acme())["users"]) == 1
     assert list(action.attempt_set.values_list("outcome", flat=True)) == ["lost", "succeeded"]
 
 
@@ -94,10 +94,10 @@ def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, dja
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Hello", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
-    callables.email_send(args, idempotency_key=sent.action.tool_key)
+    callables.email_send(args, idempotency_key=sent.action.tool_key, tenant="acme")
     wait_for_lease(sent.action)
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "succeeded"
-    assert len(world_state()["messages"]) == 1  # read back, not re-sent
+    assert len(world_state(tenant=acme())["messages"]) == 1  # read back, not re-sent
 
 
 def test_lost_before_a_call_to_a_key_ignoring_tool_asks_a_person_never_resends(tools, django_capture_on_commit_callbacks):
@@ -111,7 +111,7 @@ def test_lost_before_a_call_to_a_key_ignoring_tool_asks_a_person_never_resends(t
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
     run.refresh_from_db()
     assert run.status == "needs_attention" and RecoveryItem.objects.get(run=run).reason == "outcome_unknown"
-    assert world_state()["messages"] == []
+    assert world_state(tenant=acme())["messages"] == []
 
 
 def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_on_commit_callbacks):
@@ -128,7 +128,7 @@ def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_
     assert Action.objects.get(pk=sent.action.pk).status == "lost"
     assert run.status == "needs_attention"
     assert RecoveryItem.objects.get(run=run).reason == "lease_lost"
-    assert world_state()["messages"] == []
+    assert world_state(tenant=acme())["messages"] == []
 
 
 def database_url() -> str:
@@ -184,7 +184,7 @@ def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_work
         _, stderr = worker.communicate(timeout=60)
     action = Action.objects.get(pk=proposal.action.pk)
     assert recovered, (action.status, list(action.attempt_set.values_list("outcome", flat=True)), stderr.decode()[-3000:])
-    effects = [c for c in call_list(tool=tool)["results"] if c["effect_applied"]]
+    effects = [c for c in call_list(tenant=acme(), tool=tool)["results"] if c["effect_applied"]]
     assert len(effects) == 1
     outcomes = list(Action.objects.get(pk=proposal.action.pk).attempt_set.values_list("outcome", flat=True))
     # A key-honouring tool is replayed at once; a key-ignoring one waits until the lost call must be over

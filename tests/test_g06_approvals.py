@@ -13,7 +13,7 @@ from ledger.services.tools import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy
-from tests.helpers import act, open_run
+from tests.helpers import acme, act, open_run
 
 
 def propose_charge(world, run=None, amount=5000):
@@ -27,14 +27,14 @@ def test_a_gated_action_waits_and_runs_after_approval(tools, django_capture_on_c
     run, charge, request = propose_charge(tools)
     run.refresh_from_db()
     assert charge.status == "awaiting_approval" and run.status == "awaiting_approval"
-    assert world_state()["charges"] == []
+    assert world_state(tenant=acme())["charges"] == []
     assert request.args_hash == charge.args_hash and request.preview["args"]["amount_cents"] == 5000
     with django_capture_on_commit_callbacks(execute=True):
         approval_decide(request=request, user=tools.alice, approve=True)
     charge.refresh_from_db()
     run.refresh_from_db()
     assert charge.status == "succeeded" and run.status == "running" and run.pivot_committed
-    assert len(world_state()["charges"]) == 1
+    assert len(world_state(tenant=acme())["charges"]) == 1
 
 
 def test_an_approval_for_other_arguments_does_not_apply(tools):
@@ -92,7 +92,7 @@ def test_a_rejection_needs_a_reason_and_unwinds_before_the_pivot(tools, django_c
     run.refresh_from_db()
     assert charge.status == "rejected" and charge.decision_reason == "Amount looks wrong"
     assert run.status == "compensated"
-    assert [f["status"] for f in world_state()["flights"]] == ["cancelled"]
+    assert [f["status"] for f in world_state(tenant=acme())["flights"]] == ["cancelled"]
 
 
 def test_an_expired_request_counts_as_a_rejection(tools, django_capture_on_commit_callbacks):
@@ -118,4 +118,4 @@ def test_an_expiry_after_the_pivot_goes_to_the_recovery_queue(tools, django_capt
     run.refresh_from_db()
     assert run.status == "needs_attention"
     assert RecoveryItem.objects.get(run=run).reason == "approval_expired"
-    assert len(world_state()["charges"]) == 1  # forward-only: the charge stands
+    assert len(world_state(tenant=acme())["charges"]) == 1  # forward-only: the charge stands

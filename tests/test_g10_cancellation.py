@@ -8,7 +8,7 @@ from ledger.services.actions import action_propose
 from ledger.services.runs import run_cancel
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
-from tests.helpers import act, fault, open_run
+from tests.helpers import acme, act, fault, open_run
 
 
 def test_a_cancelled_run_starts_no_new_action(tools):
@@ -16,10 +16,10 @@ def test_a_cancelled_run_starts_no_new_action(tools):
     act(run, "hr.create_user", {"email": "a@x.io", "name": "A"})
     run_cancel(run=run, actor="agent:booker", reason="user changed their mind")
     run.refresh_from_db()
-    assert run.status == "compensated" and world_state()["users"] == []
+    assert run.status == "compensated" and world_state(tenant=acme())["users"] == []
     with pytest.raises(RunCancelled):
         act(run, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
-    assert world_state()["hotels"] == []
+    assert world_state(tenant=acme())["hotels"] == []
 
 
 def test_an_action_that_finishes_after_the_cancel_is_compensated(tools):
@@ -35,7 +35,8 @@ def test_an_action_that_finishes_after_the_cancel_is_compensated(tools):
     run.refresh_from_db()
     assert run.status == "compensated"
     assert Action.objects.get(pk=in_flight.action.pk).status == "compensated"
-    assert [f["status"] for f in world_state()["flights"]] == ["cancelled"] and world_state()["users"] == []
+    state = world_state(tenant=acme())
+    assert [f["status"] for f in state["flights"]] == ["cancelled"] and state["users"] == []
 
 
 def test_a_scheduled_retry_is_skipped_by_the_cancel(tools, settings):
@@ -79,7 +80,7 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Offer", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
-    callables.email_send(args, idempotency_key=sent.action.tool_key)  # the lost worker's call did go out
+    callables.email_send(args, idempotency_key=sent.action.tool_key, tenant="acme")  # the lost worker's call did go out
     wait_for_lease(sent.action)
     with django_capture_on_commit_callbacks(execute=True):
         sweep()
@@ -99,4 +100,4 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
         time.sleep(0.1)
     assert run.status == "compensated"
     assert Action.objects.get(pk=sent.action.pk).status == "compensated"
-    assert sorted(m["subject"] for m in world_state()["messages"]) == ["Correction: Offer", "Offer"]
+    assert sorted(m["subject"] for m in world_state(tenant=acme())["messages"]) == ["Correction: Offer", "Offer"]

@@ -26,6 +26,7 @@ from recovery.models import RecoveryItem
 from recovery.services import recovery_close, recovery_compensate, recovery_resume
 from sandbox.faults import fault_add
 from sandbox.selectors import call_list
+from sandbox.services import sandbox_reset
 from tests.conftest import in_process_policy
 
 STEPS = [
@@ -56,6 +57,7 @@ class Unwinding(RuleBasedStateMachine):
         super().__init__()
         n = next(_counter)
         self.tenant = tenant_create(slug=f"sm{n}")
+        sandbox_reset(tenant=self.tenant)  # each machine starts its own tenant's world
         tools_load(tenant=self.tenant, document=in_process_policy(), actor="test")
         self.agent, _ = agent_create(tenant=self.tenant, name="a")
         for name in ("alice", "oscar"):
@@ -92,7 +94,7 @@ class Unwinding(RuleBasedStateMachine):
     @rule(tool=st.sampled_from([name for name, _ in STEPS] + COMPENSATIONS),
           status=st.sampled_from([400, 409, 500, 503]), times=st.integers(1, 6))
     def fault(self, tool, status, times):
-        fault_add({"tool": tool, "mode": "status", "status": status, "times": times})
+        fault_add({"tool": tool, "mode": "status", "status": status, "times": times}, tenant=self.tenant)
 
     @rule(approve=st.booleans())
     @as_worker
@@ -153,7 +155,7 @@ class Unwinding(RuleBasedStateMachine):
         actions = Action.objects.filter(tenant=self.tenant).select_related("tool")
         tool_keys = {a.tool_key: a.tool.honours_idempotency_key for a in actions}
         seen = {}
-        for call in call_list()["results"]:
+        for call in call_list(tenant=self.tenant)["results"]:
             if call["effect_applied"] and call["idempotency_key"] in tool_keys:
                 seen[call["idempotency_key"]] = seen.get(call["idempotency_key"], 0) + 1
         assert all(count == 1 for count in seen.values()), seen
@@ -171,11 +173,8 @@ USERS = {}
 @pytest.mark.slow
 def test_random_interleavings_keep_the_invariants(db, django_capture_on_commit_callbacks, settings):
     from django.contrib.auth import get_user_model
-    from sandbox.services import sandbox_reset
-
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.UNWIND_MAX_BACKOFF = 0.01
-    sandbox_reset()
     User = get_user_model()
     USERS.update(alice=User.objects.create_user("alice", "alice@x.io", "pw"),
                  oscar=User.objects.create_user("oscar", "oscar@x.io", "pw"))

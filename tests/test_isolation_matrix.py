@@ -22,8 +22,8 @@ from ledger.models import Action, Run, Tool
 from ledger.services.tenancy import agent_create
 from ledger.services.tools import tool_upsert
 from recovery.forms import OPERATIONS
-from recovery.models import RecoveryItem
-from recovery.trail import trail_share_token
+from recovery.models import RecoveryItem, TrailShareLink
+from recovery.trail import trail_link_create
 from tests.helpers import act, fault, open_run
 
 MARKER = "zz-acme-secret"  # in every acme goal, argument and tool description: it must never reach globex
@@ -69,6 +69,7 @@ def acme(tools):
     act(stuck, "email.send", {"to": f"{MARKER}@acme.example", "subject": MARKER, "body": MARKER})
     assert ApprovalRequest.objects.filter(tenant=tools.acme).exists()
     assert RecoveryItem.objects.filter(tenant=tools.acme, status="open").exists()
+    trail_link_create(run=done, user=tools.oscar)
     return tools
 
 
@@ -83,6 +84,8 @@ def objects(world, namespace: str, name: str, route: str) -> list:
         return list(ApprovalRequest.objects.filter(tenant=acme).values_list("pk", flat=True))
     if name == "pk" and namespace in ("recovery", "recovery-api"):
         return list(RecoveryItem.objects.filter(tenant=acme).values_list("pk", flat=True))
+    if name == "link_id":
+        return list(TrailShareLink.objects.filter(tenant=acme).values_list("pk", flat=True))
     if name == "name":
         return [ACME_TOOL]
     if name == "operation":
@@ -130,6 +133,7 @@ def state(world) -> dict:
         "actions": sorted(Action.objects.filter(tenant=acme).values_list("pk", "status", "attempts")),
         "items": sorted(RecoveryItem.objects.filter(tenant=acme).values_list("pk", "status", "resolution")),
         "approvals": sorted(ApprovalRequest.objects.filter(tenant=acme).values_list("pk", "status")),
+        "share_links": sorted(TrailShareLink.objects.filter(tenant=acme).values_list("pk", "revoked_at")),
         "tools": sorted(Tool.objects.filter(tenant=acme).values_list("name", "description", "executor", "updated_at")),
     }
 
@@ -220,9 +224,8 @@ def test_globex_lists_and_filters_naming_acme_show_nothing_of_acme(acme, client)
 def test_a_forged_share_link_to_an_acme_trail_shows_nothing(acme, client):
     client.force_login(acme.mallory)
     run = Run.objects.filter(tenant=acme.acme).first()
-    genuine = trail_share_token(run)
-    value, _, signature = genuine.rpartition(":")
-    forged = f"{value}:{signature[:-2]}{'AA' if not signature.endswith('AA') else 'BB'}"
+    _, genuine = trail_link_create(run=run, user=acme.oscar)
+    forged = genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB")
     for token in (forged, f"{run.pk}", f"{run.pk}:x:y"):
         response = client.get(f"/console/trail/{token}/")
         assert response.status_code in (400, 403, 404, 410)

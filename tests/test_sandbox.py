@@ -3,29 +3,54 @@ import json
 import threading
 import time
 
+import base64
+
 import pytest
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
+from ledger import signing
 from ledger.executors import ToolError
+from ledger.services.tenancy import membership_set, tenant_create
 from sandbox import callables, tools
 from sandbox.faults import fault_add
 from sandbox.models import Charge, DirectoryUser, FlightBooking, HotelReservation, License, Message, Ticket, ToolCall
 from sandbox.services import sandbox_reset
+from tests.helpers import acme
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def fresh_world(db):
-    sandbox_reset()
+def fresh_world(db, settings):
+    """acme's sandbox world, freshly seeded, and oscar, its operator."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    tenant = tenant_create(slug="acme", name="Acme")
+    oscar = get_user_model().objects.create_user("oscar", "oscar@example.com", "pw-oscar")
+    membership_set(tenant=tenant, user=oscar, role="operator")
+    sandbox_reset(tenant=tenant)
+
+
+class AcmeClient(Client):
+    """What reaches acme's sandbox: every request signed for acme as Unwind signs tool calls, and carrying
+    the HTTP Basic credentials of acme's operator for the world's controls. (Who is refused without
+    either is tested in test_sandbox_access.py.)"""
+
+    def generic(self, method, path, data="", content_type="application/octet-stream", secure=False, *,
+                headers=None, **extra):
+        body = data.encode() if isinstance(data, str) else (data or b"")
+        basic = base64.b64encode(b"oscar:pw-oscar").decode()
+        signed = signing.sign(tenant="acme", method=method, url=path, body=body)
+        headers = {"Authorization": f"Basic {basic}", **signed, **(headers or {})}
+        return super().generic(method, path, data, content_type, secure, headers=headers, **extra)
 
 
 @pytest.fixture
 def client():
     # Machine clients send no CSRF token; the sandbox's endpoints must not need one.
-    return Client(enforce_csrf_checks=True)
+    return AcmeClient(enforce_csrf_checks=True)
 
 
 def post(client, path, data=None, *, key=None, raw=None):
@@ -310,7 +335,7 @@ def test_update_refuses_unknown_tickets_and_values(client):
     assert post(client, "crm/tickets/update", {"ticket_id": "T-999", "status": "closed"}).status_code == 404
     assert post(client, "crm/tickets/update", {"ticket_id": "T-182", "status": "done"}).status_code == 400
     assert post(client, "crm/tickets/update", {"ticket_id": "T-182", "priority": "critical"}).status_code == 400
-    assert Ticket.objects.get(pk="T-182").version == 1
+    assert Ticket.objects.get(number="T-182").version == 1
 
 
 def test_create_ticket_and_refuse_a_duplicate_id(client):
@@ -378,7 +403,7 @@ def test_a_refused_call_stores_nothing_under_its_key(client):
     refused = post(client, "licenses/provision", {"user_id": "usr_later"}, key="lic-1")
     assert refused.status_code == 404
 
-    DirectoryUser.objects.create(id="usr_later", email="later@example.com", name="Later")
+    DirectoryUser.objects.create(tenant=acme(), id="usr_later", email="later@example.com", name="Later")
     accepted = post(client, "licenses/provision", {"user_id": "usr_later"}, key="lic-1")
 
     assert accepted.status_code == 201
@@ -390,7 +415,7 @@ def test_idempotent_update_does_not_append_the_note_twice(client):
     second = post(client, "crm/tickets/update", {"ticket_id": "T-182", "note": "called the customer"}, key="note-1")
 
     assert second.json() == first.json()
-    assert Ticket.objects.get(pk="T-182").notes == ["called the customer"]
+    assert Ticket.objects.get(number="T-182").notes == ["called the customer"]
 
 
 def test_the_loser_of_a_race_for_a_key_replays_the_winners_answer(client, monkeypatch):
@@ -398,11 +423,11 @@ def test_the_loser_of_a_race_for_a_key_replays_the_winners_answer(client, monkey
     real_lookup = tools._stored_answer
     lookups = []
 
-    def lookup_that_misses_once(tool, key):
+    def lookup_that_misses_once(tenant, tool, key):
         # The first read happens "before the winner committed": it sees no record, applies the
         # effect and then collides with the winner's record on the unique constraint.
         lookups.append(key)
-        return None if len(lookups) == 1 else real_lookup(tool, key)
+        return None if len(lookups) == 1 else real_lookup(tenant, tool, key)
 
     monkeypatch.setattr(tools, "_stored_answer", lookup_that_misses_once)
 
@@ -435,10 +460,12 @@ def _concurrently(n, fn):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_calls_with_one_key_charge_exactly_once():
-    sandbox_reset()
+    tenant = acme()
+    sandbox_reset(tenant=tenant)
     args = {"customer": "cus_42", "amount_cents": 700}
 
-    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, idempotency_key="burst-1"))
+    responses = _concurrently(
+        10, lambda: tools.call_tool("payments.charge", args, tenant=tenant, idempotency_key="burst-1"))
 
     assert {r.status for r in responses} == {201}
     assert len({json.dumps(r.body, sort_keys=True) for r in responses}) == 1
@@ -449,11 +476,12 @@ def test_concurrent_calls_with_one_key_charge_exactly_once():
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_calls_consume_a_fault_exactly_once():
-    sandbox_reset()
-    fault_add({"tool": "payments.charge", "mode": "status", "status": 503})
+    tenant = acme()
+    sandbox_reset(tenant=tenant)
+    fault_add({"tool": "payments.charge", "mode": "status", "status": 503}, tenant=tenant)
     args = {"customer": "cus_42", "amount_cents": 700}
 
-    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, idempotency_key=None))
+    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, tenant=tenant, idempotency_key=None))
 
     assert sorted(r.status for r in responses) == [201] * 9 + [503]
     assert Charge.objects.count() == 9
@@ -461,11 +489,12 @@ def test_concurrent_calls_consume_a_fault_exactly_once():
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_calls_fire_a_positional_rule_exactly_once():
-    sandbox_reset()
-    fault_add({"tool": "payments.charge", "mode": "status", "status": 503, "nth": 4})
+    tenant = acme()
+    sandbox_reset(tenant=tenant)
+    fault_add({"tool": "payments.charge", "mode": "status", "status": 503, "nth": 4}, tenant=tenant)
     args = {"customer": "cus_42", "amount_cents": 700}
 
-    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, idempotency_key=None))
+    responses = _concurrently(10, lambda: tools.call_tool("payments.charge", args, tenant=tenant, idempotency_key=None))
 
     assert sorted(r.status for r in responses) == [201] * 9 + [503]
     assert Charge.objects.count() == 9
@@ -711,7 +740,7 @@ def test_reset_empties_everything_and_forgets_keys(client):
 def test_the_reset_command_resets(client):
     charge(client)
 
-    call_command("sandbox_reset", stdout=open("/dev/null", "w"))
+    call_command("sandbox_reset", "--tenant", "acme", stdout=open("/dev/null", "w"))
 
     assert Charge.objects.count() == 0 and Ticket.objects.count() == 3
 
@@ -808,9 +837,10 @@ def test_nul_characters_in_ids_filters_and_keys_are_a_400(client):
     assert get(client, "crm/tickets/T-%00").status_code == 400
     assert get(client, "email/messages?to=a%00b").status_code == 400
     assert get(client, "calls?idempotency_key=%00").status_code == 400
-    assert callables.read_ticket("T-182")["id"] == "T-182"
+    assert callables.read_ticket("T-182", tenant="acme")["id"] == "T-182"
     with pytest.raises(ToolError) as failure:
-        callables.payments_charge({"customer": "c", "amount_cents": 1}, idempotency_key="k\x00", target=None)
+        callables.payments_charge({"customer": "c", "amount_cents": 1}, idempotency_key="k\x00", target=None,
+                                  tenant="acme")
     assert failure.value.status == 400
     assert Charge.objects.count() == 0
 
@@ -834,33 +864,35 @@ def test_an_overlong_idempotency_key_is_refused(client):
 
 
 def test_callables_share_the_tool_behaviour_and_idempotency():
-    first = callables.payments_charge({"customer": "cus_1", "amount_cents": 300}, idempotency_key="cb-1", target=None)
-    second = callables.payments_charge({"customer": "cus_1", "amount_cents": 300}, idempotency_key="cb-1", target=None)
+    args = {"customer": "cus_1", "amount_cents": 300}
+    first = callables.payments_charge(args, idempotency_key="cb-1", target=None, tenant="acme")
+    second = callables.payments_charge(args, idempotency_key="cb-1", target=None, tenant="acme")
 
     assert first == second and first["status"] == "captured"
-    assert callables.read_charge(first["charge_id"]) == first
+    assert callables.read_charge(first["charge_id"], tenant="acme") == first
     assert Charge.objects.count() == 1
     assert [(c.effect_applied, c.replayed) for c in calls_of("payments.charge")] == [(True, False), (False, True)]
 
 
 def test_callable_update_and_read_ticket():
     ticket = callables.crm_update_ticket(
-        {"ticket_id": "T-311", "priority": "high"}, idempotency_key="cb-2", target="T-311"
+        {"ticket_id": "T-311", "priority": "high"}, idempotency_key="cb-2", target="T-311", tenant="acme"
     )
 
     assert ticket["priority"] == "high"
-    assert callables.read_ticket("T-311") == ticket
-    assert callables.read_ticket("T-999") is None
+    assert callables.read_ticket("T-311", tenant="acme") == ticket
+    assert callables.read_ticket("T-999", tenant="acme") is None
 
 
 def test_messages_with_key_reads_back_whether_a_send_happened(client):
-    assert callables.messages_with_key("mail-9") == {"results": []}
+    assert callables.messages_with_key("mail-9", tenant="acme") == {"results": []}
 
     mail = {"to": "bob@example.com", "subject": "Hi", "body": "x"}
-    sent = callables.email_send(mail, idempotency_key="mail-9", target=None)
+    sent = callables.email_send(mail, idempotency_key="mail-9", target=None, tenant="acme")
 
-    assert callables.messages_with_key("mail-9") == {"results": [sent]}
-    assert get(client, "email/messages?idempotency_key=mail-9").json() == callables.messages_with_key("mail-9")
+    assert callables.messages_with_key("mail-9", tenant="acme") == {"results": [sent]}
+    over_http = get(client, "email/messages?idempotency_key=mail-9").json()
+    assert over_http == callables.messages_with_key("mail-9", tenant="acme")
 
 
 def test_callable_readers_answer_none_for_unknown_records():
@@ -872,14 +904,15 @@ def test_callable_readers_answer_none_for_unknown_records():
         callables.read_flight,
         callables.read_hotel,
     )
-    assert [reader("nobody") for reader in readers] == [None] * len(readers)
+    assert [reader("nobody", tenant="acme") for reader in readers] == [None] * len(readers)
 
 
 def test_callable_raises_a_transient_tool_error_on_an_injected_fault(client):
     add_fault(client, tool="hr.create_user", mode="status", status=503)
 
     with pytest.raises(ToolError) as failure:
-        callables.hr_create_user({"email": "ada@example.com", "name": "Ada"}, idempotency_key="cb-3", target=None)
+        callables.hr_create_user({"email": "ada@example.com", "name": "Ada"}, idempotency_key="cb-3", target=None,
+                                 tenant="acme")
 
     assert failure.value.transient is True and failure.value.status == 503
     assert DirectoryUser.objects.count() == 0
@@ -887,19 +920,20 @@ def test_callable_raises_a_transient_tool_error_on_an_injected_fault(client):
 
 def test_callable_raises_a_permanent_tool_error_on_a_refusal():
     with pytest.raises(ToolError) as failure:
-        callables.payments_refund({"charge_id": "ch_ghost"}, idempotency_key="cb-4", target="ch_ghost")
+        callables.payments_refund({"charge_id": "ch_ghost"}, idempotency_key="cb-4", target="ch_ghost", tenant="acme")
 
     assert failure.value.transient is False and failure.value.status == 404
 
 
 def test_callable_error_after_effect_is_transient_and_the_retry_replays(client):
     add_fault(client, tool="licenses.provision", mode="error_after_effect")
-    user = callables.hr_create_user({"email": "ada@example.com", "name": "Ada"}, idempotency_key="cb-5", target=None)
+    user = callables.hr_create_user({"email": "ada@example.com", "name": "Ada"}, idempotency_key="cb-5", target=None,
+                                    tenant="acme")
     args = {"user_id": user["id"]}
 
     with pytest.raises(ToolError) as failure:
-        callables.licenses_provision(args, idempotency_key="cb-6", target=None)
-    retried = callables.licenses_provision(args, idempotency_key="cb-6", target=None)
+        callables.licenses_provision(args, idempotency_key="cb-6", target=None, tenant="acme")
+    retried = callables.licenses_provision(args, idempotency_key="cb-6", target=None, tenant="acme")
 
     assert failure.value.transient is True and failure.value.status == 500
     assert retried["status"] == "active"
@@ -917,7 +951,7 @@ def test_callable_error_after_effect_is_transient_and_the_retry_replays(client):
     ],
 )
 def test_admin_lists_render(admin_client, model):
-    create_user(Client())
-    charge(Client(), key="admin-1")
+    create_user(AcmeClient())
+    charge(AcmeClient(), key="admin-1")
 
     assert admin_client.get(f"/admin/sandbox/{model}/").status_code == 200

@@ -7,11 +7,13 @@ from ledger.models import Action
 from ledger.services.runs import run_cancel, run_complete
 from recovery.models import RecoveryItem
 from sandbox.selectors import call_list, record_get, world_state
-from tests.helpers import act, open_run
+from tests.helpers import acme, act, open_run, signed_post
 
 
 def fault(world, **rule):
-    requests.post(f"{world.live_server.url}/sandbox/faults", json=rule, timeout=5).raise_for_status()
+    """Inject a fault as acme's operator does, over HTTP."""
+    requests.post(f"{world.live_server.url}/sandbox/faults", json=rule, auth=("oscar", "pw-oscar"),
+                  timeout=5).raise_for_status()
 
 
 def test_onboarding_welcome_email_504_unwinds_license_and_user(http_tools):
@@ -23,11 +25,11 @@ def test_onboarding_welcome_email_504_unwinds_license_and_user(http_tools):
     run.refresh_from_db()
     assert mail.status == "failed" and mail.error_class == "http_504" and mail.attempts == 4
     assert run.status == "compensated"
-    state = world_state()
+    state = world_state(tenant=acme())
     assert state["users"] == [] and [lic["status"] for lic in state["licenses"]] == ["revoked"]
     assert state["messages"] == []
     # The sandbox saw Unwind's tenant-namespaced key, never a raw agent key.
-    assert {c["idempotency_key"] for c in call_list(tool="hr.create_user")["results"]} == {user.tool_key}
+    assert {c["idempotency_key"] for c in call_list(tenant=acme(), tool="hr.create_user")["results"]} == {user.tool_key}
 
 
 def test_travel_hotel_failure_ordering_and_forward_retries(http_tools, django_capture_on_commit_callbacks):
@@ -36,7 +38,7 @@ def test_travel_hotel_failure_ordering_and_forward_retries(http_tools, django_ca
     act(run, "travel.book_flight", {"passenger": "P", "flight": "TP1", "date": "2026-12-04"})
     act(run, "travel.reserve_hotel", {"guest": "P", "hotel": "H", "nights": 3})
     run.refresh_from_db()
-    assert run.status == "compensated" and world_state()["charges"] == []
+    assert run.status == "compensated" and world_state(tenant=acme())["charges"] == []
 
     run = open_run(http_tools)
     act(run, "travel.book_flight", {"passenger": "P", "flight": "IB1", "date": "2026-12-18"})
@@ -51,7 +53,7 @@ def test_travel_hotel_failure_ordering_and_forward_retries(http_tools, django_ca
     assert mail.status == "succeeded" and mail.attempts == 3
     run_complete(run=run, actor="agent:booker")
     run.refresh_from_db()
-    assert run.status == "completed" and len(world_state()["messages"]) == 1
+    assert run.status == "completed" and len(world_state(tenant=acme())["messages"]) == 1
 
 
 def test_crm_restore_and_drift(http_tools):
@@ -59,16 +61,16 @@ def test_crm_restore_and_drift(http_tools):
     act(run, "crm.update_ticket", {"ticket_id": "T-204", "priority": "high"})
     run_cancel(run=run, actor="agent:booker")
     run.refresh_from_db()
-    assert run.status == "compensated" and record_get("tickets", "T-204")["priority"] == "normal"
+    assert run.status == "compensated" and record_get("tickets", "T-204", tenant=acme())["priority"] == "normal"
 
     run = open_run(http_tools)
     act(run, "crm.update_ticket", {"ticket_id": "T-182", "priority": "high"})
-    requests.post(f"{http_tools.live_server.url}/sandbox/crm/tickets/update", timeout=5,
-                  json={"ticket_id": "T-182", "status": "pending", "updated_by": "dana"}).raise_for_status()
+    signed_post(f"{http_tools.live_server.url}/sandbox/crm/tickets/update",
+                {"ticket_id": "T-182", "status": "pending", "updated_by": "dana"}).raise_for_status()
     run_cancel(run=run, actor="agent:booker")
     run.refresh_from_db()
     assert run.status == "needs_attention" and RecoveryItem.objects.get(run=run).reason == "drift"
-    assert record_get("tickets", "T-182")["status"] == "pending"
+    assert record_get("tickets", "T-182", tenant=acme())["status"] == "pending"
 
 
 def test_email_compensated_by_a_correction(http_tools):
@@ -78,7 +80,7 @@ def test_email_compensated_by_a_correction(http_tools):
     run_cancel(run=run, actor="agent:booker")
     run.refresh_from_db()
     assert run.status == "compensated"
-    subjects = sorted(m["subject"] for m in world_state()["messages"])
+    subjects = sorted(m["subject"] for m in world_state(tenant=acme())["messages"])
     assert subjects == ["Correction: Escalated", "Escalated"]
     correction = Action.objects.get(run=run, kind="compensation", tool__name="email.send")
     assert correction.args["to"] == "c@example.com"

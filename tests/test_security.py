@@ -102,6 +102,10 @@ def fill(route: str, world) -> str:
               "operation": "resume", "token": "x"}
     if route.startswith("console/runs/"):
         values["pk"] = world.item.run_id
+    if "<int:link_id>" in route:
+        from recovery.trail import trail_link_create
+
+        values["link_id"] = trail_link_create(run=world.item.run, user=world.oscar)[0].pk
     return "/" + re.sub(r"<(?:[^>:]+:)?([^>]+)>", lambda m: str(values[m.group(1)]), route)
 
 

@@ -1,15 +1,22 @@
-"""The correction trail: plain statements from the ledger, and the signed share link that needs no account."""
+"""The correction trail: plain statements from the ledger, and the random share links that need no account."""
+import datetime
+import hashlib
 import json
-import time
+import secrets
 
 import pytest
+import requests
+from django.core import signing
 from django.test import Client
+from django.utils import timezone
 
+from ledger.errors import PermissionDenied
 from ledger.models import AuditEvent
 from ledger.services.actions import action_propose
 from ledger.services.runs import run_cancel
 from recovery.services import recovery_close
-from recovery.trail import correction_trail, trail_share_token
+from recovery.models import TrailShareLink
+from recovery.trail import correction_trail, trail_link_create
 from tests.helpers import act, open_run
 from tests.test_console_scenarios import (
     drift_run, email_correction_run, onboarding_compensated, open_item, step_failed_run,
@@ -149,9 +156,18 @@ def test_audit_verification_notices_an_edited_event(tools):
 
 # --- share link -------------------------------------------------------------------------------------
 
+NOT_FOUND_SENTENCE = b"This link does not open a correction trail."
+
+
+def share(world, run, person="oscar") -> str:
+    """A share link made through the service, as the console does; returns its path."""
+    _, token = trail_link_create(run=run, user=getattr(world, person))
+    return f"/console/trail/{token}/"
+
+
 def test_share_link_needs_no_account(tools):
     run = onboarding_compensated(tools)
-    response = Client().get(f"/console/trail/{trail_share_token(run)}/")
+    response = Client().get(share(tools, run))
     html = response.content.decode()
     assert response.status_code == 200
     assert "Everything the agent changed has been undone." in html
@@ -160,26 +176,18 @@ def test_share_link_needs_no_account(tools):
     assert "Log out" not in html
 
 
-def test_tampered_share_link_is_not_found(tools):
+def test_a_link_is_random_stored_hashed_and_expires_after_the_max_age(tools, settings):
+    settings.UNWIND_TRAIL_LINK_MAX_AGE = 3600
     run = onboarding_compensated(tools)
-    other = drift_run(tools)
-    token = trail_share_token(run)
-    forged = f"{other.pk}:{token.split(':', 1)[1]}"
-    for bad in (forged, token[:-2] + ("AA" if not token.endswith("AA") else "BB"), "nonsense"):
-        response = Client().get(f"/console/trail/{bad}/")
-        assert response.status_code == 404
-        assert b"This link is not valid" in response.content
-        assert b"could not be restored" not in response.content
-
-
-def test_expired_share_link_is_not_found(tools, settings):
-    run = onboarding_compensated(tools)
-    token = trail_share_token(run)
-    settings.UNWIND_TRAIL_LINK_MAX_AGE = 1
-    time.sleep(2.1)
-    response = Client().get(f"/console/trail/{token}/")
-    assert response.status_code == 404
-    assert b"This link has expired" in response.content
+    link, token = trail_link_create(run=run, user=tools.oscar)
+    again, other = trail_link_create(run=run, user=tools.oscar)
+    assert token != other and len(token) == 43 and str(run.pk) not in (token, other)
+    assert link.token_hash == hashlib.sha256(token.encode()).hexdigest()
+    stored = TrailShareLink.objects.filter(pk=link.pk).values().get()
+    assert token not in json.dumps(stored, default=str)  # no column holds the token itself
+    assert 3599 <= (link.expires_at - link.created_at).total_seconds() <= 3601
+    created = AuditEvent.objects.get(kind="trail.link_created", data__link=link.pk)
+    assert created.actor == "user:oscar" and created.run_ref == run.pk
 
 
 def test_share_link_max_age_defaults_to_seven_days(tools):
@@ -188,17 +196,134 @@ def test_share_link_max_age_defaults_to_seven_days(tools):
     assert share_max_age() == 7 * 24 * 3600
 
 
-@pytest.mark.parametrize("persona", ["oscar", "victor"])
-def test_share_link_on_the_run_page_opens_the_trail(tools, persona):
-    run = drift_run(tools)
-    member = Client()
-    member.force_login(getattr(tools, persona))
-    page = member.get(f"/console/runs/{run.pk}/").content.decode()
-    url = page.split('id="share-url" type="text" readonly value="', 1)[1].split('"', 1)[0]
-    assert url.startswith("http://testserver/console/trail/")
-    response = Client().get(url.removeprefix("http://testserver"))
-    assert response.status_code == 200
-    assert b"could not be restored because someone else changed it" in response.content
+def test_only_an_operator_makes_a_link(tools):
+    run = onboarding_compensated(tools)
+    with pytest.raises(PermissionDenied):
+        trail_link_create(run=run, user=tools.victor)
+    with pytest.raises(PermissionDenied):
+        trail_link_create(run=run, user=tools.mallory)
+    assert not TrailShareLink.objects.exists()
+
+
+@pytest.fixture
+def live_tools(transactional_db, live_server, _engine_settings):
+    """The in-process sandbox tools with a live server: the share links are attacked over real HTTP."""
+    from ledger.services.tools import tools_load
+    from tests.conftest import World, in_process_policy, seed_sandboxes
+
+    world = World()
+    seed_sandboxes(world)
+    for tenant in (world.acme, world.globex):
+        tools_load(tenant=tenant, document=in_process_policy(), actor="test")
+    world.live_server = live_server
+    return world
+
+
+def assert_refused(url: str) -> None:
+    response = requests.get(url, timeout=10)
+    assert response.status_code == 404, (url, response.status_code)
+    assert NOT_FOUND_SENTENCE in response.content
+    for hint in (b"expired", b"revoked", b"altered", b"no longer exists"):
+        assert hint not in response.content  # one answer for every refusal: no hint which
+    assert b"Undid step 1" not in response.content and b"could not be restored" not in response.content
+
+
+def test_forged_and_guessed_links_open_nothing(live_tools):
+    run = onboarding_compensated(live_tools)
+    genuine = share(live_tools, run)
+    base = f"{live_tools.live_server.url}/console/trail"
+    old_style = signing.TimestampSigner(salt="unwind.recovery.correction-trail").sign(str(run.pk))
+    token = genuine.split("/")[3]
+    for guess in (secrets.token_urlsafe(32), old_style, str(run.pk), token[:-1], token[:-1] + "A" * 2,
+                  token.upper() if token.upper() != token else token.lower(), "nonsense"):
+        assert_refused(f"{base}/{guess}/")
+    assert requests.get(f"{live_tools.live_server.url}{genuine}", timeout=10).status_code == 200
+
+
+def test_an_expired_link_opens_nothing(live_tools):
+    run = onboarding_compensated(live_tools)
+    link, token = trail_link_create(run=run, user=live_tools.oscar)
+    url = f"{live_tools.live_server.url}/console/trail/{token}/"
+    assert requests.get(url, timeout=10).status_code == 200
+    TrailShareLink.objects.filter(pk=link.pk).update(expires_at=timezone.now() - datetime.timedelta(seconds=1))
+    assert_refused(url)
+
+
+def console(live_server, user: str) -> requests.Session:
+    """A browser-like session of `user` in the console: logged in through the form, CSRF cookie and all."""
+    session = requests.Session()
+    login = f"{live_server.url}/accounts/login/"
+    session.get(login, timeout=10)
+    response = session.post(login, data={"username": user, "password": f"pw-{user}",
+                                         "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+                            headers={"Referer": login}, timeout=10)
+    assert response.status_code == 200 and "sessionid" in session.cookies, response.status_code
+    return session
+
+
+def post_form(session: requests.Session, url: str, **data) -> requests.Response:
+    return session.post(url, data={"csrfmiddlewaretoken": session.cookies["csrftoken"], **data},
+                        headers={"Referer": url}, timeout=10)
+
+
+def test_an_operator_makes_and_revokes_a_link_from_the_console(live_tools):
+    run = onboarding_compensated(live_tools)
+    oscar = console(live_tools.live_server, "oscar")
+    page_url = f"{live_tools.live_server.url}/console/runs/{run.pk}/"
+    assert "Make a share link" in oscar.get(page_url, timeout=10).text
+    made = post_form(oscar, f"{page_url}trail/links/")
+    assert made.status_code == 200
+    url = made.text.split('id="share-url" type="text" readonly value="', 1)[1].split('"', 1)[0]
+    assert url.startswith(f"{live_tools.live_server.url}/console/trail/")
+    assert requests.get(url, timeout=10).status_code == 200
+    link = TrailShareLink.objects.get(run=run)
+    assert f'id="share-link-{link.pk}"' in oscar.get(page_url, timeout=10).text
+    assert url not in oscar.get(page_url, timeout=10).text  # shown once, never again
+
+    revoked = post_form(oscar, f"{page_url}trail/links/{link.pk}/revoke/")
+    assert revoked.status_code == 200 and "The share link is revoked" in revoked.text
+    assert_refused(url)
+    assert f'id="share-link-{link.pk}"' not in revoked.text
+    event = AuditEvent.objects.get(kind="trail.link_revoked", data__link=link.pk)
+    assert event.actor == "user:oscar" and event.run_ref == run.pk
+    link.refresh_from_db()
+    assert link.revoked_by == "user:oscar"
+
+
+def test_revoking_needs_an_operator_of_the_tenant_and_a_csrf_token(live_tools):
+    run = onboarding_compensated(live_tools)
+    link, token = trail_link_create(run=run, user=live_tools.oscar)
+    url = f"{live_tools.live_server.url}/console/trail/{token}/"
+    revoke = f"{live_tools.live_server.url}/console/runs/{run.pk}/trail/links/{link.pk}/revoke/"
+    make = f"{live_tools.live_server.url}/console/runs/{run.pk}/trail/links/"
+
+    victor = console(live_tools.live_server, "victor")
+    assert "Make a share link" not in victor.get(f"{live_tools.live_server.url}/console/runs/{run.pk}/",
+                                                 timeout=10).text
+    assert post_form(victor, revoke).status_code == 403
+    assert post_form(victor, make).status_code == 403
+    mallory = console(live_tools.live_server, "mallory")
+    assert post_form(mallory, revoke).status_code == 404
+    assert post_form(mallory, make).status_code == 404
+    oscar = console(live_tools.live_server, "oscar")
+    no_token = oscar.post(revoke, headers={"Referer": revoke}, timeout=10)  # a cross-site form has no token
+    assert no_token.status_code == 403
+    assert requests.post(revoke, timeout=10, allow_redirects=False).status_code in (302, 403)  # anonymous
+
+    assert requests.get(url, timeout=10).status_code == 200
+    assert TrailShareLink.objects.filter(revoked_at__isnull=False).count() == 0
+    assert TrailShareLink.objects.count() == 1
+    assert not AuditEvent.objects.filter(kind="trail.link_revoked").exists()
+
+
+def test_a_link_of_one_run_cannot_be_revoked_through_another(tools):
+    run = onboarding_compensated(tools)
+    other = drift_run(tools)
+    link, token = trail_link_create(run=run, user=tools.oscar)
+    oscar = Client()
+    oscar.force_login(tools.oscar)
+    assert oscar.post(f"/console/runs/{other.pk}/trail/links/{link.pk}/revoke/").status_code == 404
+    assert Client().get(f"/console/trail/{token}/").status_code == 200
 
 
 # --- by email ---------------------------------------------------------------------------------------
@@ -212,13 +337,15 @@ def test_operator_emails_the_trail_to_the_person_it_acted_for(tools):
     run = onboarding_compensated(tools)
     oscar = Client(enforce_csrf_checks=False)
     oscar.force_login(tools.oscar)
-    assert b"Email it to carol@example.com" in oscar.get(f"/console/runs/{run.pk}/").content
+    assert b"Email a link to carol@example.com" in oscar.get(f"/console/runs/{run.pk}/").content
     response = oscar.post(f"/console/runs/{run.pk}/trail/email/")
     assert response.status_code == 302
     note = Notification.objects.get(kind="correction_trail")
     assert note.recipients == ["carol@example.com"]
     assert "Everything the agent changed has been undone." in note.body_text
     assert AuditEvent.objects.filter(run_ref=run.pk, kind="trail.sent", actor="user:oscar").exists()
+    assert TrailShareLink.objects.get(run=run).sent_to == "carol@example.com"
+    assert AuditEvent.objects.filter(run_ref=run.pk, kind="trail.link_created", actor="user:oscar").exists()
     notifications_send()
     assert mail.outbox[-1].to == ["carol@example.com"]
     link = next(line for line in note.body_text.splitlines() if "/console/trail/" in line)
@@ -232,12 +359,13 @@ def test_viewer_cannot_email_the_trail(tools):
     run = onboarding_compensated(tools)
     victor = Client()
     victor.force_login(tools.victor)
-    assert b"Email it to" not in victor.get(f"/console/runs/{run.pk}/").content
+    assert b"Email a link to" not in victor.get(f"/console/runs/{run.pk}/").content
     assert victor.post(f"/console/runs/{run.pk}/trail/email/").status_code == 403
     mallory = Client()
     mallory.force_login(tools.mallory)
     assert mallory.post(f"/console/runs/{run.pk}/trail/email/").status_code == 404
     assert not Notification.objects.filter(kind="correction_trail").exists()
+    assert not TrailShareLink.objects.exists()
 
 
 def test_trail_email_needs_an_address(tools):

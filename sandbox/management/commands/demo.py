@@ -47,8 +47,9 @@ class Command(BaseCommand):
         self.say("migrating the database")
         call_command("migrate", verbosity=0, interactive=False)
         key = self.seed()
+        # The demo is what the sandbox is for: it is on in the processes the demo starts, whatever the shell says.
         env = dict(os.environ, UNWIND_BASE_URL=base_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_TASKS_SYNC="0",
-                   PYTHONUNBUFFERED="1")
+                   UNWIND_SANDBOX="1", PYTHONUNBUFFERED="1")
         env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
         logs = Path(settings.BASE_DIR) / "var"
         processes = []
@@ -98,7 +99,7 @@ class Command(BaseCommand):
             User.objects.create_superuser("admin", "admin@demo.example", "admin-demo")
         from sandbox.services import sandbox_reset
 
-        sandbox_reset()
+        sandbox_reset(tenant=tenant)
         name = f"demo-agent-{Agent.objects.filter(tenant=tenant).count() + 1}"
         _, key = agent_create(tenant=tenant, name=name, actor="system:demo")
         self.say(f"seeded tenant '{TENANT}' with {len(policy['tools'])} sandbox tools and agent {name}")
@@ -110,7 +111,7 @@ class Command(BaseCommand):
             if any(p.poll() is not None for p in processes):
                 raise CommandError("the web server or the worker did not start; see var/demo-web.log")
             try:
-                if requests.get(f"{base_url}/sandbox/state", timeout=2).status_code == 200:
+                if requests.get(f"{base_url}/healthz", timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
@@ -127,7 +128,9 @@ class Command(BaseCommand):
             request = ApprovalRequest.objects.get(action_id=action_id, status="pending")
             approval_decide(request=request, user=approver, approve=approve, reason=reason)
 
-        ctx = demo.Context(base_url=base_url, client=Unwind(base_url, key), approve=decide)
+        operator = next((username, password) for username, role, password in PEOPLE if role == "operator")
+        ctx = demo.Context(base_url=base_url, client=Unwind(base_url, key), approve=decide, tenant=TENANT,
+                           operator=operator)
         for scenario in demo.SCENARIOS:
             self.say(f"scenario: {scenario.__doc__.strip().splitlines()[0]}")
             try:
