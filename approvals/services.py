@@ -137,7 +137,8 @@ def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: st
         try:
             with transaction.atomic():
                 decision = ApprovalDecision.objects.create(
-                    request=request, user=user, reason=reason[:4000], decision=Decision.APPROVE if approve else Decision.REJECT)
+                    request=request, user=user, reason=reason[:4000],
+                    decision=Decision.APPROVE if approve else Decision.REJECT)
         except IntegrityError:
             raise StateConflict("you have already decided on this request") from None
         now = timezone.now()
