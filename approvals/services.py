@@ -196,7 +196,8 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
         try:
             with transaction.atomic():
                 decision = ApprovalDecision.objects.create(
-                    request=request, user=user, reason=reason[:4000], decision=Decision.APPROVE if approve else Decision.REJECT)
+                    request=request, user=user, reason=reason[:4000],
+                    decision=Decision.APPROVE if approve else Decision.REJECT)
         except IntegrityError:
             raise StateConflict("you have already decided on this request") from None
         now = timezone.now()

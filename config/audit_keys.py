@@ -65,6 +65,7 @@ def load_audit_keys(*, secret_key: str, allow_dev_key: bool) -> tuple[str, dict[
         key = _checked(old.encode(), variable="UNWIND_AUDIT_OLD_KEYS")
         keys.setdefault(key_id(key), key)
     for path in _split(os.environ.get("UNWIND_AUDIT_OLD_KEY_FILES", "")):
-        key = _checked(_read_key_file(path, variable="UNWIND_AUDIT_OLD_KEY_FILES"), variable="UNWIND_AUDIT_OLD_KEY_FILES")
+        key = _checked(_read_key_file(path, variable="UNWIND_AUDIT_OLD_KEY_FILES"),
+                       variable="UNWIND_AUDIT_OLD_KEY_FILES")
         keys.setdefault(key_id(key), key)
     return key_id(current), keys

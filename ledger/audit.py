@@ -318,7 +318,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             raise _Broken("link", f"event #{event.seq} does not link to #{event.seq - 1}")
         key = keys.get(event.key_id)
         if key is None:
-            raise _Broken("key", f"event #{event.seq} was made with audit key id {event.key_id or '(none)'!r}, which is "
+            named = event.key_id or "(none)"
+            raise _Broken("key", f"event #{event.seq} was made with audit key id {named!r}, which is "
                                  "not configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
         recomputed = event_hash(key, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq, kind=event.kind,
                                 actor=event.actor, run_ref=event.run_ref, action_ref=event.action_ref,
@@ -334,7 +335,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         carried = data.get("rows") or {}
         spec = carried_by.get(event.kind)
         if spec is not None and not any(ref.startswith(spec.label + ":") for ref in carried):
-            raise _Broken("fingerprint", f"event #{event.seq} ({event.kind}) carries no fingerprint of its {spec.label} row")
+            raise _Broken("fingerprint",
+                          f"event #{event.seq} ({event.kind}) carries no fingerprint of its {spec.label} row")
         for ref, fingerprint in carried.items():
             label, _, pk = ref.rpartition(":")
             if label in last_row:

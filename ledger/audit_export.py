@@ -44,7 +44,8 @@ def generate_key_pair() -> tuple[bytes, bytes]:
     """(private key PEM, public key PEM) of a new Ed25519 key."""
     private = Ed25519PrivateKey.generate()
     return (
-        private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()),
         private.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
     )
 
@@ -69,7 +70,8 @@ def signing_key() -> Ed25519PrivateKey:
     try:
         key = serialization.load_pem_private_key(_read(path, "UNWIND_AUDIT_SIGNING_KEY_FILE"), password=None)
     except ValueError as exc:
-        raise ImproperlyConfigured(f"UNWIND_AUDIT_SIGNING_KEY_FILE: {path!r} is not a PEM private key ({exc}).") from None
+        raise ImproperlyConfigured(
+            f"UNWIND_AUDIT_SIGNING_KEY_FILE: {path!r} is not a PEM private key ({exc}).") from None
     if not isinstance(key, Ed25519PrivateKey):
         raise ImproperlyConfigured(f"UNWIND_AUDIT_SIGNING_KEY_FILE: {path!r} is not an Ed25519 key.")
     return key
@@ -130,7 +132,8 @@ def latest_head(tenant_id: int) -> dict | None:
         signature = base64.b64decode(line["sig"], validate=True)
         seq, head_hash = int(line["seq"]), str(line["hash"])
     except (ValueError, KeyError, TypeError):
-        raise ExportInvalid(f"the newest line of {path} is not a signed head (malformed): it cannot be trusted") from None
+        raise ExportInvalid(
+            f"the newest line of {path} is not a signed head (malformed): it cannot be trusted") from None
     if line.get("tenant") != tenant_id:
         raise ExportInvalid(f"the newest line of {path} is the head of tenant {line.get('tenant')!r}, not {tenant_id}")
     public = verifying_key()
@@ -199,7 +202,8 @@ _last_periodic: dict[str, float | None] = {"at": None}  # this process's last pe
 
 
 def on_sweep(*, now) -> None:
-    """The worker's sweep (through `audit.checkpoint_on_sweep`): sign the heads every UNWIND_AUDIT_CHECKPOINT_SECONDS."""
+    """The worker's sweep (through `audit.checkpoint_on_sweep`): sign the heads every
+    UNWIND_AUDIT_CHECKPOINT_SECONDS."""
     last = _last_periodic["at"]
     if last is not None and time.monotonic() - last < settings.UNWIND_AUDIT_CHECKPOINT_SECONDS:
         return

@@ -63,7 +63,8 @@ def on_run_attention_cleared(*, run: Run, resolution: str, actor: str) -> None:
             if RecoveryItem.objects.filter(pk=item.pk, status=ItemStatus.OPEN).update(
                     status=ItemStatus.RESOLVED, resolution=resolution, resolved_by=actor, resolved_at=now) != 1:
                 continue
-            item.status, item.resolution, item.resolved_by, item.resolved_at = ItemStatus.RESOLVED, resolution, actor, now
+            item.status, item.resolution = ItemStatus.RESOLVED, resolution
+            item.resolved_by, item.resolved_at = actor, now
             audit.record("recovery.resolved", actor=actor, item=item.pk, resolution=resolution, rows=[item])
 
 

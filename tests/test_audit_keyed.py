@@ -97,7 +97,7 @@ def forge_actor(world):
 
 
 def test_rewriting_an_actor_and_recomputing_the_chain_with_plain_sha256_is_detected(history):
-    event = forge_actor(history)
+    forge_actor(history)
     recompute_chain(history.acme, plain_sha256)
     problem = broken(history, "hmac")
     assert "event #1 " in problem and "HMAC" in problem  # the very first event no longer verifies
