@@ -16,7 +16,9 @@ from ledger import registry, tasks
 from ledger.api import inline
 from ledger.models import Action
 from ledger.services.tools import tool_upsert
+from ledger.models import Tenant
 from sandbox.selectors import world_state
+from tests.helpers import acme as acme_tenant
 from tests.test_governance import Api
 
 GATE = threading.Event()
@@ -93,7 +95,7 @@ def test_a_tenant_at_its_share_goes_to_the_worker_while_another_tenant_still_run
     handed_action = Action.objects.select_related("tool").get(pk=handed_id)
     lease = (handed_action.lease_expires_at - handed_action.created_at).total_seconds()
     assert lease > handed_action.tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS - 1  # not just the call's time
-    assert world_state()["users"] == []  # and not called yet
+    assert world_state(tenant=acme_tenant())["users"] == []  # and not called yet
 
     other = open_and_propose(globex, "hr.create_user", {"email": "g@globex.example", "name": "G"})
     assert other.status_code == 201 and other.json()["status"] == "succeeded", other.text  # inline, in the request
@@ -108,8 +110,9 @@ def test_a_tenant_at_its_share_goes_to_the_worker_while_another_tenant_still_run
     # The worker runs the handed-over step as it runs any queued one: once, with the claim it was given.
     tasks.execute_action(*queued_executions()[handed_id])
     assert Action.objects.get(pk=handed_id).status == "succeeded"
-    assert sorted(u["email"] for u in world_state()["users"]) == ["a@acme.example", "b@acme.example",
-                                                                  "g@globex.example"]
+    assert sorted(u["email"] for u in world_state(tenant=acme_tenant())["users"]) == ["a@acme.example", "b@acme.example"]
+    globex = Tenant.objects.get(slug="globex")
+    assert [u["email"] for u in world_state(tenant=globex)["users"]] == ["g@globex.example"]
 
 
 def test_the_default_share_is_half_the_pool(settings):

@@ -14,6 +14,7 @@ from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, Tool
 from ledger.services.tenancy import deploy_key_create, deploy_key_revoke
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
+from tests.helpers import acme as acme_tenant
 
 USER = {"email": "ashu@company.com", "name": "Ashu Kumar"}
 CHARGE = {"customer": "cus_1", "amount_cents": 4900}
@@ -87,7 +88,7 @@ def test_an_agent_cannot_set_approval_auto_on_payments_charge(http_tools, attack
     run = attacker.post("/api/v1/runs", {"goal": "buy"}).json()
     charge = attacker.post(f"/api/v1/runs/{run['id']}/actions", {"tool": "payments.charge", "args": CHARGE})
     assert charge.status_code == 202 and charge.json()["status"] == "awaiting_approval"
-    assert world_state()["charges"] == []
+    assert world_state(tenant=acme_tenant())["charges"] == []
 
 
 def test_an_agent_cannot_rewrite_the_description_approvers_read(http_tools, attacker):
@@ -121,7 +122,7 @@ def test_an_agent_cannot_switch_a_compensation_to_client_and_report_it_done(http
     assert tool_row(acme, "hr.delete_user") == before and chain(acme) == audit
 
     # The undo fails for good in the world, so the run needs a person: nothing for the agent to report.
-    requests.post(f"{http_tools.live_server.url}/sandbox/faults",
+    requests.post(f"{http_tools.live_server.url}/sandbox/faults", auth=("oscar", "pw-oscar"),
                   json={"tool": "hr.delete_user", "mode": "status", "status": 400, "times": 0}, timeout=5).raise_for_status()
     cancelled = attacker.post(f"/api/v1/runs/{run['id']}/cancel", {"reason": "undo"})
     assert cancelled.status_code == 200, cancelled.text
@@ -135,7 +136,7 @@ def test_an_agent_cannot_switch_a_compensation_to_client_and_report_it_done(http
     assert {"status": compensation.status, "result": compensation.result, "attempts": compensation.attempts} == settled
     assert Run.objects.get(pk=run["id"]).status == "needs_attention"
     assert RecoveryItem.objects.filter(run_id=run["id"], status="open").exists()
-    assert [user["email"] for user in world_state()["users"]] == [USER["email"]]  # still there, as the ledger says
+    assert [user["email"] for user in world_state(tenant=acme_tenant())["users"]] == [USER["email"]]  # still there, as the ledger says
 
 
 def test_an_agent_cannot_raise_the_tenants_approval_threshold(http_tools, attacker):

@@ -24,7 +24,7 @@ from ledger.services.tenancy import membership_set
 from ledger.services.tools import tool_upsert
 from sandbox.selectors import world_state
 from tests.api_support import basic
-from tests.helpers import act, open_run
+from tests.helpers import acme, act, open_run
 
 
 class LoopbackListener:
@@ -142,7 +142,7 @@ def test_repointing_a_waiting_charge_voids_its_approval_and_nothing_reaches_the_
     action = Action.objects.get(pk=charge["id"])
     assert action.status == "rejected" and "version 1 to 2" in action.decision_reason
     assert Run.objects.get(pk=run["id"]).status == "compensated"
-    assert [b["status"] for b in world_state()["flights"]] == ["cancelled"]
+    assert [b["status"] for b in world_state(tenant=acme())["flights"]] == ["cancelled"]
 
     # The approver approves anyway: 409 with a stable code, and nothing is sent anywhere.
     answer = live.approver_http.post(f"{live.base}/api/v1/approvals/{request.pk}/approve", json={}, timeout=30)
@@ -150,7 +150,7 @@ def test_repointing_a_waiting_charge_voids_its_approval_and_nothing_reaches_the_
     problem = answer.json()
     assert problem["code"] == "approval_voided" and "version 1 to 2" in problem["detail"]
     assert listener.connections == []
-    assert world_state()["charges"] == []
+    assert world_state(tenant=acme())["charges"] == []
     assert Action.objects.get(pk=charge["id"]).status == "rejected"
     shown = live.approver_http.get(f"{live.base}/api/v1/approvals/{request.pk}", timeout=10).json()
     assert (shown["status"], shown["tool_version"]) == ("voided", 1) and "version 1 to 2" in shown["outcome_reason"]
@@ -190,7 +190,7 @@ def test_a_change_racing_the_decision_voids_instead_of_approving(live, listener,
     request.refresh_from_db()
     assert request.status == "voided" and not request.decisions.exists()
     assert Action.objects.get(pk=charge["id"]).status == "rejected"
-    assert listener.connections == [] and world_state()["charges"] == []
+    assert listener.connections == [] and world_state(tenant=acme())["charges"] == []
     assert AuditEvent.objects.filter(tenant=live.acme, kind="approval.voided", actor="system:approvals").exists()
 
 
@@ -212,7 +212,7 @@ def test_an_approved_action_in_flight_keeps_its_versions_executor(live, listener
         assert func == "ledger.tasks.execute_action"
         tasks.execute_action(*args)
     assert listener.connections == []
-    assert [c["amount_cents"] for c in world_state()["charges"]] == [5000]
+    assert [c["amount_cents"] for c in world_state(tenant=acme())["charges"]] == [5000]
     action = Action.objects.select_related("tool").get(pk=charge["id"])
     assert action.status == "succeeded" and action.tool.version == 1 and not action.tool.is_current
 
@@ -225,7 +225,7 @@ def test_a_compensation_runs_with_the_twin_version_bound_at_the_forward_step(liv
     run_cancel(run=run, actor="agent:booker")
 
     assert listener.connections == []
-    assert [b["status"] for b in world_state()["flights"]] == ["cancelled"]
+    assert [b["status"] for b in world_state(tenant=acme())["flights"]] == ["cancelled"]
     run.refresh_from_db()
     assert run.status == "compensated"
     undo = Action.objects.select_related("tool").get(run=run, kind="compensation")
@@ -244,7 +244,7 @@ def test_a_replay_after_a_policy_change_answers_the_recorded_outcome(live):
                                  json={**policy, "description": "Book a flight (v2)."})
     assert answer.json()["version"] == 2
     again = act(run, "travel.book_flight", {"passenger": "P", "flight": "LH4", "date": "2027-01-04"}, key="trip-1")
-    assert again.pk == first.pk and len(world_state()["flights"]) == 1
+    assert again.pk == first.pk and len(world_state(tenant=acme())["flights"]) == 1
 
 
 # --- versions are immutable ------------------------------------------------------------------------------
@@ -337,11 +337,11 @@ def test_a_waiting_compensation_is_voided_when_its_tools_policy_changes(tools, d
     undo.refresh_from_db()
     assert undo.status == "voided" and "payments.refund changed from version 1 to 2" in undo.outcome_reason
     # Refused as a rejected compensation is: the charge stands, and a person is told.
-    assert [c["status"] for c in world_state()["charges"]] == ["captured"]
+    assert [c["status"] for c in world_state(tenant=acme())["charges"]] == ["captured"]
     charge.refresh_from_db()
     assert charge.status == "compensation_failed"
     run.refresh_from_db()
     assert run.status == "needs_attention" and "payments.charge (step 3) could not be compensated" in run.attention_detail
     with pytest.raises(ApprovalVoided):
         approval_decide(request=undo, user=tools.ben, approve=True)
-    assert [c["status"] for c in world_state()["charges"]] == ["captured"]
+    assert [c["status"] for c in world_state(tenant=acme())["charges"]] == ["captured"]
