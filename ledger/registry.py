@@ -12,7 +12,7 @@ prompt, could come from an attacker, while this registry comes only from code a 
     @registry.reader("billing.read_charge")
     def read_charge(target: str, *, tenant: str) -> dict | None: ...
 
-Modules holding registrations are imported once at start: the apps' own (the sandbox's, when it is on)
+Modules holding registrations are imported once at start: the apps' own (the sandbox's, whose tools refuse while the sandbox is off)
 and those named by the `UNWIND_PYTHON_TOOL_MODULES` setting.
 """
 from __future__ import annotations
