@@ -96,8 +96,10 @@ class TenantPolicyVersionAdmin(ReadOnlyAdmin):
     list_select_related = ("tenant",)
 
 
-@admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class IssuedKeyAdmin(admin.ModelAdmin):
+    """Keys made only by a command that prints them once: here they are listed by prefix and revoked, never
+    added, edited or deleted (the audit chain refers to them)."""
+
     list_display = ("name", "tenant", "key_prefix", "created_at", "revoked_at")
     list_filter = ("tenant", ("revoked_at", admin.EmptyFieldListFilter))
     search_fields = ("name", "key_prefix", "tenant__slug")
@@ -105,73 +107,62 @@ class AgentAdmin(admin.ModelAdmin):
     readonly_fields = fields
     list_select_related = ("tenant",)
     actions = ("revoke",)
+    help_text = ""
+    noun = "key"
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_revoke_permission(self, request):
+        return request.user.has_perm(f"ledger.change_{self.model._meta.model_name}")
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {"subtitle": self.help_text, **(extra_context or {})})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        return super().change_view(request, object_id, form_url, {"subtitle": self.help_text, **(extra_context or {})})
+
+    def revoke(self, request, queryset):
+        """Each subclass wraps this in its admin action and says how one key is revoked (`revoke_one`)."""
+        revoked = 0
+        for key in queryset.filter(revoked_at__isnull=True):
+            self.revoke_one(key, actor_of(request))
+            revoked += 1
+        self.message_user(request, f"{revoked} {self.noun}(s) revoked.", messages.SUCCESS)
+
+
+@admin.register(Agent)
+class AgentAdmin(IssuedKeyAdmin):
+    noun = "agent key"
     help_text = ("Agents are created only with the command `manage.py create_agent TENANT NAME`, which prints the API "
                  "key once; only its hash is stored, and only its prefix is shown here.")
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def has_revoke_permission(self, request):
-        return request.user.has_perm("ledger.change_agent")
-
-    def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"subtitle": self.help_text, **(extra_context or {})})
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        return super().change_view(request, object_id, form_url, {"subtitle": self.help_text, **(extra_context or {})})
+    def revoke_one(self, key, actor: str) -> None:
+        agent_revoke(agent=key, actor=actor)
 
     @admin.action(description="Revoke the selected agents' API keys", permissions=["revoke"])
     def revoke(self, request, queryset):
-        revoked = 0
-        for agent in queryset.filter(revoked_at__isnull=True):
-            agent_revoke(agent=agent, actor=actor_of(request))
-            revoked += 1
-        self.message_user(request, f"{revoked} agent key(s) revoked.", messages.SUCCESS)
+        super().revoke(request, queryset)
 
 
 @admin.register(DeployKey)
-class DeployKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "tenant", "key_prefix", "created_at", "revoked_at")
-    list_filter = ("tenant", ("revoked_at", admin.EmptyFieldListFilter))
-    search_fields = ("name", "key_prefix", "tenant__slug")
-    fields = ("tenant", "name", "key_prefix", "created_at", "revoked_at")
-    readonly_fields = fields
-    list_select_related = ("tenant",)
-    actions = ("revoke",)
+class DeployKeyAdmin(IssuedKeyAdmin):
+    noun = "deploy key"
     help_text = ("Deploy keys write tools and policy for a pipeline (never runs or actions). They are created only "
                  "with `manage.py create_deploy_key TENANT NAME`, which prints the key once; only its hash is stored.")
 
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def has_revoke_permission(self, request):
-        return request.user.has_perm("ledger.change_deploykey")
-
-    def changelist_view(self, request, extra_context=None):
-        return super().changelist_view(request, {"subtitle": self.help_text, **(extra_context or {})})
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        return super().change_view(request, object_id, form_url, {"subtitle": self.help_text, **(extra_context or {})})
+    def revoke_one(self, key, actor: str) -> None:
+        deploy_key_revoke(key=key, actor=actor)
 
     @admin.action(description="Revoke the selected deploy keys", permissions=["revoke"])
     def revoke(self, request, queryset):
-        revoked = 0
-        for key in queryset.filter(revoked_at__isnull=True):
-            deploy_key_revoke(key=key, actor=actor_of(request))
-            revoked += 1
-        self.message_user(request, f"{revoked} deploy key(s) revoked.", messages.SUCCESS)
+        super().revoke(request, queryset)
 
 
 @admin.register(Membership)
