@@ -5,8 +5,11 @@ Values are literals, except:
   "$before.priority", "$after.version", "$target", "$key"; "$$" starts a literal "$";
 - {"$concat": [part, ...]} joins the parts as text;
 - {"$default": [path, fallback]} is the path's value, or the fallback when it is missing.
+A path steps into a string that holds a JSON object or array, as LLM tools often return one
+(`{"content": "{\"id\": \"B1\"}"}`: "$result.content.id" is "B1"); any other string ends the path.
 Nothing is evaluated; an unknown path is an error that names it.
 """
+import json
 from typing import Any
 
 ROOTS = {"args", "result", "before", "after", "target", "key", "run", "intent"}
@@ -19,12 +22,29 @@ class MappingError(ValueError):
 _MISSING = object()
 
 
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON")
+
+
+def decoded(value: Any) -> Any:
+    """A string holding a JSON object or array, parsed, so a path can go on into it; anything else as it is."""
+    if isinstance(value, str) and value.lstrip()[:1] in ("{", "["):
+        try:
+            parsed = json.loads(value, parse_constant=_not_json)
+        except (ValueError, RecursionError):
+            return value
+        if isinstance(parsed, (dict, list)):
+            return parsed
+    return value
+
+
 def _lookup(context: dict, path: str) -> Any:
     head, *rest = path.split(".")
     if head not in ROOTS:
         raise MappingError(f"${path}: unknown root {head!r}; use one of {', '.join(sorted(ROOTS))}")
     value = context.get(head, _MISSING)
     for part in rest:
+        value = decoded(value)
         if isinstance(value, dict) and part in value:
             value = value[part]
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):

@@ -79,7 +79,7 @@ def context_for(action: Action, *, after=None) -> dict:
 
 
 def target_from_result(tool: Tool, result) -> str:
-    if tool.target_from.startswith("result.") and isinstance(result, dict):
+    if tool.target_from.startswith("result.") and isinstance(mapping.decoded(result), dict):
         value = mapping.resolve("$" + tool.target_from, {"result": result})
         return "" if value is None else str(value)
     return ""
