@@ -1,4 +1,4 @@
-"""Tenants, agents (API keys), deploy keys and memberships.
+"""Tenants, agents (API keys), deploy keys, people and their memberships.
 
 Two kinds of key, told apart by their prefix and never interchangeable: an agent's key (`uw_…`) acts (runs,
 proposals, reports); a deploy key (`uwd_…`) governs (tools and policy) for a pipeline that pushes a reviewed
@@ -10,7 +10,9 @@ import hashlib
 import hmac
 import secrets
 
+from django.contrib.auth import get_user_model, password_validation
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -114,3 +116,31 @@ def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, actor: 
         membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
         audit.record("membership.set", actor=actor, user=user.get_username(), role=role)
     return membership
+
+
+def user_create(*, username: str, email: str, password: str, tenant: Tenant, role: str,
+                actor: str = "system:admin") -> AbstractBaseUser:
+    """Create a person with a role in `tenant`, in one transaction: no user is left without the role asked for.
+
+    The password must pass the deployment's validators (AUTH_PASSWORD_VALIDATORS), judged against this user.
+    """
+    User = get_user_model()
+    if role not in Role.values:
+        raise ValidationFailed(f"role must be one of {', '.join(Role.values)}, not {role!r}", field="role")
+    if User.objects.filter(**{User.USERNAME_FIELD: username}).exists():
+        raise StateConflict(f"user {username!r} already exists")
+    user = User(**{User.USERNAME_FIELD: username}, email=email)
+    try:
+        user.full_clean(exclude=["password"])
+    except DjangoValidationError as exc:
+        field = sorted(exc.message_dict)[0]
+        raise ValidationFailed(f"{field}: {' '.join(exc.message_dict[field])}", field=field) from None
+    try:
+        password_validation.validate_password(password, user=user)
+    except DjangoValidationError as exc:
+        raise ValidationFailed(f"password: {' '.join(exc.messages)}", field="password") from None
+    user.set_password(password)
+    with transaction.atomic():
+        user.save()
+        membership_set(tenant=tenant, user=user, role=role, actor=actor)
+    return user
