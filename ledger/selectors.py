@@ -15,8 +15,8 @@ from django.db.models import Q, QuerySet
 from ledger import sql
 from ledger.errors import NotFound
 from ledger.models import (
-    ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Checkpoint, Executor, Run, Tenant, TenantPolicyVersion,
-    Tool,
+    ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
+    Tenant, TenantPolicyVersion, Tool,
 )
 
 ACTION_RELATED = ("tool", "run")
@@ -52,6 +52,16 @@ def run_actions(run: Run) -> list[Action]:
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:
     return list(run.checkpoints.order_by("id"))
+
+
+def run_attempts(run: Run) -> QuerySet[Attempt]:
+    """Every try of every step of `run` (forward steps and compensations), with the action and tool each tried."""
+    return Attempt.objects.filter(action__run_id=run.pk).select_related("action", "action__tool")
+
+
+def run_events(run: Run) -> QuerySet[AuditEvent]:
+    """The audit events the tenant's chain ties to `run` (its transitions and those of its actions)."""
+    return AuditEvent.objects.filter(tenant_id=run.tenant_id, run_ref=run.pk)
 
 
 def run_for_write(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:

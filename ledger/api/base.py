@@ -62,6 +62,12 @@ class NewestFirst(CursorPagination):
         return cursor
 
 
+class OldestFirst(NewestFirst):
+    """Cursor paging in the order things happened: a run's history reads from its start."""
+
+    ordering = "id"
+
+
 PAGE_PARAMETERS = [
     OpenApiParameter("cursor", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
                      description="The page to fetch: copy it from `next` or `previous`."),

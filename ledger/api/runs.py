@@ -1,4 +1,5 @@
-"""Runs: open (with a declared plan checked against the ordering law), list, get, cancel, complete.
+"""Runs: open (with a declared plan checked against the ordering law), list, get, cancel, complete, and the
+run's history for diagnosis: every attempt of its steps and its audit events.
 
 An agent sees and acts on its own runs only (another agent's run answers 404, like a missing one);
 people see every run of their tenants.
@@ -13,9 +14,9 @@ from rest_framework.response import Response
 
 from ledger import selectors
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of, require_role
-from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
+from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, OldestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems
-from ledger.api.serializers import RunDetailOut, RunOut
+from ledger.api.serializers import AttemptOut, EventOut, RunDetailOut, RunOut
 from ledger.models import Role, RunStatus
 from ledger.services.runs import run_cancel, run_complete, run_open
 
@@ -141,3 +142,41 @@ class RunCompleteView(ApiView):
         run = selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
         return run_response(request, run_complete(run=run, actor=caller.actor))
 
+
+class EventsInChainOrder(OldestFirst):
+    ordering = "seq"
+
+
+def history_page(view: ApiView, request, run_id: int, rows_of, serializer) -> Response:
+    """One page of a run's history, scoped like the run itself: an agent reads its own runs' only."""
+    caller = caller_of(request)
+    run = selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
+    paginator = view.pagination_class()
+    page = paginator.paginate_queryset(rows_of(run), request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+class RunAttemptsView(ApiView):
+    permission_classes = [IsAgentOrMember]
+    pagination_class = OldestFirst
+
+    @extend_schema(tags=TAG, operation_id="runs_attempts", summary="Every attempt of a run's steps, oldest first",
+                   description="Each try of each step (forward steps and compensations): how it ended, the error "
+                               "class and message, and its latency. An agent reads its own runs' attempts; people "
+                               "(viewer and up) their tenants'.",
+                   parameters=PAGE_PARAMETERS, responses={200: AttemptOut(many=True), **problems(400, 404)})
+    def get(self, request, run_id: int):
+        return history_page(self, request, run_id, selectors.run_attempts, AttemptOut)
+
+
+class RunEventsView(ApiView):
+    permission_classes = [IsAgentOrMember]
+    pagination_class = EventsInChainOrder
+
+    @extend_schema(tags=TAG, operation_id="runs_events", summary="A run's audit events, in chain order",
+                   description="The events the tenant's audit chain ties to the run: its transitions and its actions'. "
+                               "The chain's hashes and row fingerprints are not shown (verify_audit checks them). "
+                               "An agent reads its own runs' events; people (viewer and up) their tenants'.",
+                   parameters=PAGE_PARAMETERS, responses={200: EventOut(many=True), **problems(400, 404)})
+    def get(self, request, run_id: int):
+        return history_page(self, request, run_id, selectors.run_events, EventOut)

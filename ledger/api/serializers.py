@@ -178,3 +178,40 @@ class RunDetailOut(RunOut):
     @extend_schema_field(CheckpointOut(many=True))
     def get_checkpoints(self, run):
         return CheckpointOut(self.context["checkpoints"], many=True).data
+
+
+class AttemptOut(serializers.Serializer):
+    """One try of a step, for diagnosis: which step, how it ended, why, and how long it took."""
+
+    id = serializers.IntegerField()
+    action = serializers.IntegerField(source="action_id")
+    seq = serializers.IntegerField(source="action.seq", help_text="The step's position in the run.")
+    kind = serializers.ChoiceField(ActionKind.choices, source="action.kind")
+    tool = serializers.CharField(source="action.tool.name")
+    number = serializers.IntegerField(help_text="1 for the first try of the step, 2 for its first retry, …")
+    outcome = serializers.CharField(help_text="running, succeeded, failed_transient, failed_permanent, lost, deferred, "
+                                              "drift")
+    error_class = serializers.CharField(help_text="e.g. http_504, transient, permanent; empty when it succeeded.")
+    error_message = serializers.CharField()
+    latency_ms = serializers.FloatField(allow_null=True)
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+# What an event's data keeps to itself: the row fingerprints the chain is verified with, not diagnosis.
+EVENT_INTEGRITY_KEYS = frozenset({"action_state", "run_state", "rows"})
+
+
+class EventOut(serializers.Serializer):
+    """One audit event of the run. The chain's hashes and the row fingerprints stay out: they are for
+    `verify_audit`, and the agent has no use for them."""
+
+    seq = serializers.IntegerField(help_text="Position in the tenant's audit chain.")
+    kind = serializers.CharField(help_text="e.g. run.opened, forward.proposed, forward.succeeded, compensation.proposed")
+    actor = serializers.CharField(help_text="Who caused it: agent:<name>, user:<name>, system:<part>.")
+    action = serializers.IntegerField(source="action_ref", allow_null=True)
+    data = serializers.SerializerMethodField()
+    created_at = serializers.DateTimeField()
+
+    def get_data(self, event) -> dict:
+        return {key: value for key, value in event.data.items() if key not in EVENT_INTEGRITY_KEYS}
