@@ -225,6 +225,85 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     return fields
 
 
+# --- OpenAI-style function definitions ---------------------------------------------------------------
+
+FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
+
+
+def is_function_definition(spec: Any) -> bool:
+    """Whether a tool entry is written as an OpenAI function definition (it has a `type` key; Unwind's own
+    tool settings have none)."""
+    return isinstance(spec, dict) and "type" in spec
+
+
+def function_tool(spec: Any, *, where: str, name: str | None = None) -> tuple[str, dict]:
+    """An OpenAI function definition with Unwind's policy keys beside it, as (tool name, Unwind tool spec).
+
+    Chat Completions style, `{"type": "function", "function": {"name", "description", "parameters", "strict"}}`,
+    or the flat Responses style, `{"type": "function", "name", "description", "parameters", "strict"}`. The
+    function gives the name, the description and the argument schema (`parameters`); every other key is
+    Unwind's policy (executor, saga_role, risk, compensation…). `strict` is how the model is asked to fill
+    the arguments; Unwind validates them against the schema either way. `name`, when the tool is named
+    elsewhere too (a URL, a key), must agree with it.
+    """
+    spec = _dict(spec, where)
+    if spec.get("type") != "function":
+        _fail(f"{where}.type", f"must be \"function\" (an OpenAI function definition), not {spec.get('type')!r}")
+    nested = "function" in spec
+    if nested:
+        function, prefix = _dict(spec["function"], f"{where}.function"), f"{where}.function"
+        stray = sorted(FUNCTION_KEYS & set(spec))
+        if stray:
+            _fail(f"{where}.{stray[0]}", "belongs inside function (or drop function and use the flat form)")
+        unknown = set(function) - FUNCTION_KEYS
+        if unknown:
+            _fail(f"{prefix}.{sorted(unknown)[0]}", f"is not part of a function definition (known: "
+                                                    f"{', '.join(sorted(FUNCTION_KEYS))})")
+        policy = {key: value for key, value in spec.items() if key not in ("type", "function")}
+    else:
+        function, prefix = spec, where
+        policy = {key: value for key, value in spec.items() if key not in FUNCTION_KEYS | {"type"}}
+    if "args_schema" in policy:
+        _fail(f"{where}.args_schema", "comes from the function's parameters here; give it there only")
+    declared = function.get("name")
+    if not isinstance(declared, str) or not TOOL_NAME.match(declared):
+        _fail(f"{prefix}.name", f"a function needs a name of 1 to 120 letters, digits and . _ : -, not {declared!r}")
+    if name is not None and declared != name:
+        _fail(f"{prefix}.name", f"is {declared!r}, but this tool is {name!r}")
+    description = function.get("description", "")
+    if not isinstance(description, str):
+        _fail(f"{prefix}.description", f"must be a string, not {type(description).__name__}")
+    parameters = function.get("parameters", {"type": "object", "properties": {}})
+    schemas.check(parameters, where=f"{prefix}.parameters")
+    if "strict" in function and not isinstance(function["strict"], bool):
+        _fail(f"{prefix}.strict", "must be true or false")
+    return declared, {**policy, "description": description, "args_schema": parameters}
+
+
+def _tool_section(section: Any, where: str) -> dict[str, dict]:
+    """A document's tools, parsed: an object of name → tool (each in Unwind's form or an OpenAI function
+    definition), or a list of OpenAI function definitions, each naming itself."""
+    if isinstance(section, list):
+        tools: dict[str, dict] = {}
+        for index, entry in enumerate(section):
+            at = f"{where}[{index}]"
+            name, spec = function_tool(entry, where=at)
+            if name in tools:
+                named_at = f"{at}.function.name" if isinstance(entry, dict) and "function" in entry else f"{at}.name"
+                _fail(named_at, f"{name!r} is defined twice")
+            tools[name] = parse_tool(name, spec, where=at)
+        return tools
+    section = _dict(section, where)
+    return {name: parse_tool(*_unwind_form(name, spec, f"{where}.{name}"), where=f"{where}.{name}")
+            for name, spec in section.items()}
+
+
+def _unwind_form(name: str, spec: Any, where: str) -> tuple[str, Any]:
+    if is_function_definition(spec):
+        return function_tool(spec, where=where, name=name)
+    return name, spec
+
+
 @dataclass
 class PolicyDocument:
     tenant: str | None
@@ -247,14 +326,12 @@ def parse_document(document: Any) -> PolicyDocument:
         for flag in ("captureIntent", "captureSnapshot"):
             if flag in audit and audit[flag] is not True:
                 _fail(f"agentSafety.audit.{flag}", "Unwind always captures it; it cannot be turned off")
-        policies = _dict(safety.get("policies", {}), "agentSafety.policies")
-        tools = {name: parse_tool(name, spec, where=f"agentSafety.policies.{name}") for name, spec in policies.items()}
+        tools = _tool_section(safety.get("policies", {}), "agentSafety.policies")
         return PolicyDocument(tenant=document.get("tenant"), defaults=_parse_defaults(document.get("defaults", {})), tools=tools)
     unknown = set(document) - {"tenant", "defaults", "tools"}
     if unknown:
         _fail(sorted(unknown)[0], "is not a policy section (known: tenant, defaults, tools, or agentSafety)")
-    tools_spec = _dict(document.get("tools", {}), "tools")
-    tools = {name: parse_tool(name, spec, where=f"tools.{name}") for name, spec in tools_spec.items()}
+    tools = _tool_section(document.get("tools", {}), "tools")
     return PolicyDocument(tenant=document.get("tenant"), defaults=_parse_defaults(document.get("defaults", {})), tools=tools)
 
 

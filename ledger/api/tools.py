@@ -64,6 +64,13 @@ class RetryPolicy(serializers.Serializer):
                                      help_text="Seconds before the first retry (doubles, jittered), or a duration like 2s.")
 
 
+class FunctionDefinition(serializers.Serializer):
+    name = serializers.CharField(help_text="The tool's name (must match the name it is registered under).")
+    description = serializers.CharField(required=False)
+    parameters = serializers.JSONField(required=False, help_text="JSON Schema of the arguments.")
+    strict = serializers.BooleanField(required=False, help_text="OpenAI's strict mode; Unwind validates either way.")
+
+
 class ToolPolicy(serializers.Serializer):
     """A tool's policy (README, Policy files). Validated by the engine, which names the field at fault."""
 
@@ -90,6 +97,14 @@ class ToolPolicy(serializers.Serializer):
     timeout = serializers.FloatField(required=False, min_value=TIMEOUT_SECONDS[0], max_value=TIMEOUT_SECONDS[1],
                                      help_text="Seconds (or a duration like 30s, 2m).")
     retry = RetryPolicy(required=False)
+    type = serializers.ChoiceField(["function"], required=False,
+                                   help_text="\"function\": the tool is written as an OpenAI function definition, "
+                                             "with the policy keys above beside it (docs/api.md).")
+    function = FunctionDefinition(required=False, help_text="Chat Completions style: name, description and "
+                                                            "parameters (the args schema) come from here.")
+    name = serializers.CharField(required=False, help_text="Responses style (flat): the function's name.")
+    parameters = serializers.JSONField(required=False, help_text="Responses style (flat): the args schema.")
+    strict = serializers.BooleanField(required=False, help_text="Responses style (flat): OpenAI's strict mode.")
 
 
 class ToolOut(serializers.Serializer):
@@ -159,10 +174,20 @@ class ToolDetailView(ApiView):
         return Response(tool_data(request, tool), status=201 if created else 200)
 
 
+TOOL_POLICY_REF = {"$ref": "#/components/schemas/ToolPolicy"}
+
+
+@extend_schema_field({"oneOf": [{"type": "object", "additionalProperties": TOOL_POLICY_REF},
+                                {"type": "array", "items": TOOL_POLICY_REF}]})
+class ToolSection(serializers.JSONField):
+    """A document's tools: an object of name → policy, or a list of OpenAI function definitions."""
+
+
 class PolicyLoadIn(serializers.Serializer):
     tenant = serializers.CharField(required=False, help_text="If given, must be the caller's tenant.")
     defaults = serializers.JSONField(required=False, help_text="{approval_threshold, approval_ttl}")
-    tools = serializers.DictField(child=ToolPolicy(), required=False, help_text="Tool name → policy.")
+    tools = ToolSection(required=False, help_text="Tool name → policy, or a list of OpenAI function definitions "
+                                                  "with the policy keys beside each.")
 
 
 class PolicyLoadOut(serializers.Serializer):

@@ -13,7 +13,7 @@ from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import digest
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
-from ledger.policy import parse_document, parse_tool
+from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool
 from ledger.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds")
@@ -63,7 +63,10 @@ def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit
 
 
 def tool_policy_check(*, tenant: Tenant, name: str, spec: dict) -> dict:
-    """Validate one tool's policy for `tenant` (ValidationFailed names the setting) and return its field values."""
+    """Validate one tool's policy for `tenant` (ValidationFailed names the setting) and return its field values.
+    The policy may be an OpenAI function definition with Unwind's keys beside it (policy.function_tool)."""
+    if is_function_definition(spec):
+        _, spec = function_tool(spec, where=f"tools.{name}", name=name)
     fields = parse_tool(name, spec, where=f"tools.{name}")
     _check_compensation_tools(tenant, {name: fields}, where="tools")
     return fields
