@@ -204,10 +204,15 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     plan = {"strategy": ALIASES[strategy]}
     if plan["strategy"] != CompensationStrategy.NONE:
         tool = comp.get("tool")
+        if isinstance(tool, dict):
+            plan["inline"] = _inline_twin_spec(tool, f"{where}.compensation.tool")
+            tool = twin_name(name, f"{where}.compensation.tool")
         if not tool and fields["executor"] != Executor.CLIENT:
             _fail(f"{where}.compensation.tool", f"a {plan['strategy']} compensation needs the tool that performs it")
         if plan["strategy"] == CompensationStrategy.SNAPSHOT and not fields["snapshot"].get("read") and fields["executor"] != Executor.CLIENT:
             _fail(f"{where}.snapshot.read", "a snapshot compensation needs a way to read the target (snapshot.read)")
+        if tool and not isinstance(tool, str):
+            _fail(f"{where}.compensation.tool", f"must be a tool's name or an inline tool (an object), not {tool!r}")
         plan["tool"] = str(tool or name)
         plan["args"] = _template(_dict(comp.get("args", {}), f"{where}.compensation.args"), f"{where}.compensation.args")
         plan["risk"] = _choice(comp.get("risk", fields["risk"]), Risk, f"{where}.compensation.risk")
@@ -223,6 +228,88 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff",
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     return fields
+
+
+# --- inline compensation twins ------------------------------------------------------------------------
+
+TWIN_SUFFIX = ".undo"
+TWIN_DERIVED = {"args_schema": "derived from the forward tool's schema and compensation.args",
+                "compensation": "an undo has no undo of its own"}
+
+
+def twin_name(forward: str, where: str) -> str:
+    """The name an inline twin is registered under: the forward tool's, with .undo."""
+    name = forward + TWIN_SUFFIX
+    if not TOOL_NAME.match(name):
+        _fail(where, f"an inline twin is registered as {name[:130]!r}, which is longer than a tool name may be "
+                     f"(120); shorten the tool's name or register the twin under its own name")
+    return name
+
+
+def _inline_twin_spec(spec: dict, where: str) -> dict:
+    """Check the inline twin's own settings (the rest is checked when it is parsed as a tool)."""
+    for key, why in TWIN_DERIVED.items():
+        if key in spec:
+            _fail(f"{where}.{key}", f"is not set on an inline twin: {why}")
+    if str(spec.get("saga_role", "compensatable")).strip().lower() == SagaRole.PIVOT:
+        _fail(f"{where}.saga_role", "an undo cannot be a pivot; use compensatable or retriable")
+    return spec
+
+
+def _schema_at(schema: Any, path: list[str]) -> dict:
+    """The schema of the property at `path` inside an object schema, or {} (anything) when it does not say."""
+    for part in path:
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(properties, dict) or not isinstance(properties.get(part), dict):
+            return {}
+        schema = properties[part]
+    return schema
+
+
+def twin_args_schema(forward_schema: dict, args: dict) -> dict:
+    """The inline twin's args schema: each mapped argument `"$args.x"` is what the forward schema says x is;
+    anything else (a `$result` path, a literal, a `$concat`) may be anything. Every mapped key is required."""
+    properties = {}
+    for key, template in args.items():
+        takes_arg = isinstance(template, str) and template.startswith("$args.")
+        properties[key] = _schema_at(forward_schema, template[len("$args."):].split(".")) if takes_arg else {}
+    schema = {"type": "object", "properties": properties, "required": sorted(args), "additionalProperties": False}
+    for defs in ("$defs", "definitions"):  # a property's local $ref points into these
+        if defs in forward_schema:
+            schema[defs] = forward_schema[defs]
+    return schema
+
+
+def inline_twin(name: str, fields: dict, where: str) -> tuple[str, dict] | None:
+    """The tool an inline compensation defines, as (its name, its field values), or None for a twin by name.
+
+    It is an ordinary immutable tool version whose policy derives from the forward tool's, so it changes (and
+    gets a new version) exactly when the forward tool's compensation or schema does.
+    """
+    plan = fields["compensation"]
+    if "inline" not in plan:
+        return None
+    spec = {"description": f"Undo {name} (its inline compensation twin).", "saga_role": SagaRole.COMPENSATABLE,
+            "risk": plan["risk"], "approval": plan["approval"], "approvals_required": plan["approvals_required"],
+            **plan["inline"], "args_schema": twin_args_schema(fields["args_schema"], plan["args"])}
+    twin = parse_tool(plan["tool"], spec, where=f"{where}.compensation.tool")
+    twin["compensation"] = {"strategy": CompensationStrategy.NONE, "twin_of": name}
+    return plan["tool"], twin
+
+
+def with_inline_twins(tools: dict[str, dict], where_of) -> dict[str, dict]:
+    """`tools` and the inline twins they define; a twin may not take the name of a tool defined beside it."""
+    everything = dict(tools)
+    for name, fields in tools.items():
+        found = inline_twin(name, fields, where_of(name))
+        if found is None:
+            continue
+        twin, twin_fields = found
+        if twin in everything:
+            _fail(f"{where_of(name)}.compensation.tool", f"the inline twin is registered as {twin!r}, which is "
+                                                         f"defined here too; keep one of them")
+        everything[twin] = twin_fields
+    return everything
 
 
 # --- OpenAI-style function definitions ---------------------------------------------------------------
@@ -285,17 +372,19 @@ def _tool_section(section: Any, where: str) -> dict[str, dict]:
     definition), or a list of OpenAI function definitions, each naming itself."""
     if isinstance(section, list):
         tools: dict[str, dict] = {}
+        places: dict[str, str] = {}
         for index, entry in enumerate(section):
             at = f"{where}[{index}]"
             name, spec = function_tool(entry, where=at)
             if name in tools:
                 named_at = f"{at}.function.name" if isinstance(entry, dict) and "function" in entry else f"{at}.name"
                 _fail(named_at, f"{name!r} is defined twice")
-            tools[name] = parse_tool(name, spec, where=at)
-        return tools
+            tools[name], places[name] = parse_tool(name, spec, where=at), at
+        return with_inline_twins(tools, places.get)
     section = _dict(section, where)
-    return {name: parse_tool(*_unwind_form(name, spec, f"{where}.{name}"), where=f"{where}.{name}")
-            for name, spec in section.items()}
+    tools = {name: parse_tool(*_unwind_form(name, spec, f"{where}.{name}"), where=f"{where}.{name}")
+             for name, spec in section.items()}
+    return with_inline_twins(tools, lambda name: f"{where}.{name}")
 
 
 def _unwind_form(name: str, spec: Any, where: str) -> tuple[str, Any]:

@@ -30,6 +30,15 @@ GOVERN_403 = ("agents_cannot_govern (an agent's key: a person with the admin rol
               "policy), permission_denied (below the admin role)")
 
 
+def compensation_as_written(plan: dict) -> dict:
+    """A compensation with an inline twin shows the twin inline again (not the name and version it was
+    registered under), so the policy can be sent back as is."""
+    if "inline" not in plan:
+        return plan
+    shown = {key: value for key, value in plan.items() if key not in ("inline", "twin_version")}
+    return {**shown, "tool": plan["inline"]}
+
+
 def policy_of(tool: Tool) -> dict:
     """A tool's policy in the shape PUT accepts, so what GET shows can be sent back as is."""
     return {
@@ -38,7 +47,8 @@ def policy_of(tool: Tool) -> dict:
         "approvals_required": tool.approvals_required, "executor": tool.executor, "endpoint": tool.endpoint,
         "target": {"type": tool.target_type, "from": tool.target_from},
         "idempotency": {"key_fields": tool.key_fields, "honours_key": tool.honours_idempotency_key},
-        "snapshot": tool.snapshot, "verify": tool.verify, "lookup": tool.lookup, "compensation": tool.compensation,
+        "snapshot": tool.snapshot, "verify": tool.verify, "lookup": tool.lookup,
+        "compensation": compensation_as_written(tool.compensation),
         "timeout": tool.timeout_seconds,
         "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
     }
@@ -93,7 +103,8 @@ class ToolPolicy(serializers.Serializer):
     verify = serializers.JSONField(required=False, help_text='{"expect": {"field": "$args.x"}}')
     lookup = serializers.JSONField(required=False, help_text='{"read": URL with {key}, or a registered reader key}')
     compensation = serializers.JSONField(required=False,
-                                         help_text="{strategy: twin|snapshot|correction|none, tool, args, risk, approval}")
+                                         help_text="{strategy: twin|snapshot|correction|none, tool, args, risk, approval}; "
+                                                   "tool is a tool's name, or an inline tool registered as <name>.undo")
     timeout = serializers.FloatField(required=False, min_value=TIMEOUT_SECONDS[0], max_value=TIMEOUT_SECONDS[1],
                                      help_text="Seconds (or a duration like 30s, 2m).")
     retry = RetryPolicy(required=False)

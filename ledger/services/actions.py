@@ -133,13 +133,19 @@ def action_propose(
 
 def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
     """The tool's compensation, bound to the current version of its twin: undoing the step later runs that
-    version (`execution.compensation_tool`), whatever the twin's policy has become by then."""
+    version (`execution.compensation_tool`), whatever the twin's policy has become by then. An inline twin is
+    bound to the version written with this version of the tool (`twin_version`, services.tools._write_tools)."""
     plan = dict(tool.compensation)
-    if isinstance(plan.get("tool"), str):
-        twin = tool if plan["tool"] == tool.name else sql.get(Tool, tenant=tenant_id, name=plan["tool"],
-                                                              is_current=True)
-        if twin is not None:
-            plan["tool_id"], plan["tool_version"] = twin.pk, twin.version
+    if not isinstance(plan.get("tool"), str):
+        return plan
+    if isinstance(plan.get("twin_version"), int):
+        twin = sql.get(Tool, tenant=tenant_id, name=plan["tool"], version=plan["twin_version"])
+    elif plan["tool"] == tool.name:
+        twin = tool
+    else:
+        twin = sql.get(Tool, tenant=tenant_id, name=plan["tool"], is_current=True)
+    if twin is not None:
+        plan["tool_id"], plan["tool_version"] = twin.pk, twin.version
     return plan
 
 

@@ -13,7 +13,7 @@ from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import digest
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
-from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool
+from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
 from ledger.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds")
@@ -62,21 +62,71 @@ def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit
     return tool, current is None
 
 
+def twin_of(fields: dict) -> str:
+    """The forward tool whose inline compensation defines this tool, or "" for a tool of its own."""
+    return fields["compensation"].get("twin_of", "") if isinstance(fields.get("compensation"), dict) else ""
+
+
+def _check_inline_twins(tenant: Tenant, tools: dict[str, dict], *, where: str) -> None:
+    """An inline twin may replace only an earlier version of itself, never a tool registered on its own."""
+    for name, fields in tools.items():
+        forward = twin_of(fields)
+        if not forward:
+            continue
+        current = Tool.objects.filter(tenant=tenant, name=name, is_current=True).only("compensation").first()
+        if current is not None and twin_of({"compensation": current.compensation}) != forward:
+            field = f"{where}.{forward}.compensation.tool"
+            raise ValidationFailed(f"{field}: the inline twin is registered as {name!r}, which is already a tool of "
+                                   f"its own; name that tool in compensation.tool instead", field=field)
+
+
+def _tool_with_twin(*, tenant: Tenant, name: str, spec: dict) -> dict[str, dict]:
+    """One tool's field values (and its inline twin's, if it defines one), validated for `tenant`."""
+    current = Tool.objects.filter(tenant=tenant, name=name, is_current=True).only("compensation").first()
+    if current is not None and twin_of({"compensation": current.compensation}):
+        forward = twin_of({"compensation": current.compensation})
+        raise ValidationFailed(f"tools.{name}: is the inline compensation twin of {forward!r}; change it there, in "
+                               f"{forward}'s compensation.tool", field=f"tools.{name}")
+    if is_function_definition(spec):
+        _, spec = function_tool(spec, where=f"tools.{name}", name=name)
+    tools = with_inline_twins({name: parse_tool(name, spec, where=f"tools.{name}")}, lambda tool: f"tools.{tool}")
+    _check_compensation_tools(tenant, tools, where="tools")
+    _check_inline_twins(tenant, tools, where="tools")
+    return tools
+
+
 def tool_policy_check(*, tenant: Tenant, name: str, spec: dict) -> dict:
     """Validate one tool's policy for `tenant` (ValidationFailed names the setting) and return its field values.
     The policy may be an OpenAI function definition with Unwind's keys beside it (policy.function_tool)."""
-    if is_function_definition(spec):
-        _, spec = function_tool(spec, where=f"tools.{name}", name=name)
-    fields = parse_tool(name, spec, where=f"tools.{name}")
-    _check_compensation_tools(tenant, {name: fields}, where="tools")
-    return fields
+    return _tool_with_twin(tenant=tenant, name=name, spec=spec)[name]
+
+
+def _write_tools(*, tenant: Tenant, tools: dict[str, dict], actor: str, audit: AuditLog,
+                 via: str = "") -> list[tuple[Tool, bool]]:
+    """Write each tool's next version where it changed, an inline twin just before its forward tool: the
+    forward tool's compensation records the twin's version (`twin_version`), so a step is always undone by the
+    twin written with the version it was proposed under."""
+    written = []
+    for name, fields in tools.items():
+        if twin_of(fields):
+            continue
+        plan = fields["compensation"]
+        if "inline" in plan:
+            twin = _write_version(tenant=tenant, name=plan["tool"], fields=tools[plan["tool"]], actor=actor,
+                                  audit=audit, via=via)
+            written.append(twin)
+            fields = {**fields, "compensation": {**plan, "twin_version": twin[0].version}}
+        written.append(_write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit, via=via))
+    return written
 
 
 def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str, via: str = "") -> tuple[Tool, bool]:
-    """Register a tool or write the next version of its policy. Returns (its current version, newly registered)."""
-    fields = tool_policy_check(tenant=tenant, name=name, spec=spec)
+    """Register a tool or write the next version of its policy (and of its inline twin, if it defines one).
+    Returns (its current version, newly registered)."""
+    tools = _tool_with_twin(tenant=tenant, name=name, spec=spec)
     with ledger_transaction(tenant.pk) as audit:
-        return _write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit, via=via)
+        written = _write_tools(tenant=tenant, tools=tools, actor=actor, audit=audit, via=via)
+    return written[-1]
 
 
 def tenant_defaults_set(*, tenant: Tenant, values: dict, actor: str, via: str = "") -> TenantPolicyVersion | None:
@@ -115,11 +165,9 @@ def tools_load(*, tenant: Tenant, document: dict, actor: str) -> list[Tool]:
     parsed = parse_document(document)
     where = "agentSafety.policies" if "agentSafety" in document else "tools"
     _check_compensation_tools(tenant, parsed.tools, where=where)
-    loaded = []
+    _check_inline_twins(tenant, parsed.tools, where=where)
     with ledger_transaction(tenant.pk) as audit:
         if parsed.defaults:
             _write_defaults(tenant=tenant, values=parsed.defaults, actor=actor, audit=audit)
-        for name, fields in parsed.tools.items():
-            tool, _ = _write_version(tenant=tenant, name=name, fields=fields, actor=actor, audit=audit)
-            loaded.append(tool)
-    return loaded
+        written = _write_tools(tenant=tenant, tools=parsed.tools, actor=actor, audit=audit)
+    return [tool for tool, _ in written]
