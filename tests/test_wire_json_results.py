@@ -79,7 +79,8 @@ def test_a_plain_string_still_ends_the_path_and_the_undo_needs_a_person(wired, t
     assert tool_service.calls_to("/cancel") == []
 
 
-@pytest.mark.parametrize("text", ["not json", "{broken", '"B1"', "12", "[NaN]", "{\"a\": Infinity}"])
+@pytest.mark.parametrize("text", ["not json", "{broken", '"B1"', "12", "[NaN]", "{\"a\": Infinity}",
+                                  "[" * 100_000 + "]" * 100_000])
 def test_strings_that_are_not_a_json_object_or_array_are_not_entered(text):
     with pytest.raises(mapping.MappingError, match=r"\$result.content.booking_id is not present"):
         mapping.resolve("$result.content.booking_id", {"result": {"content": text}})
