@@ -328,6 +328,20 @@ def test_a_client_reported_refusal_follows_the_same_rule(seats):
     assert seats.seats.called("/seats/cancel") == [{"booking_id": "bk-3C"}]
 
 
+def test_the_python_client_raises_refused_and_the_run_goes_on(seats):
+    from unwind_client import Refused, Unwind
+
+    load(seats)
+    unwind = Unwind(seats.live_server.url, api_key=seats.key)
+    with unwind.run(goal="book a seat", on_behalf_of="carol@example.com") as run:
+        with pytest.raises(Refused) as refused:
+            run.act("seats.book", {"seat": "12A"})
+        assert refused.value.code == "tool_refused" and "12A is taken" in refused.value.problem["reason"]
+        assert refused.value.problem["run_status"] == "running"
+        assert run.act("seats.book", {"seat": "12B"})["booking_id"] == "bk-12B"
+    assert run.refresh().data["status"] == "completed"
+
+
 def test_on_refusal_is_part_of_the_tools_immutable_version(seats):
     load(seats)
     admin = person(seats, "ada")
