@@ -19,8 +19,26 @@ import pytest
 import requests
 from django.utils import timezone
 
+from ledger import registry
+from ledger.executors import ToolError, ToolRefused
 from ledger.models import Action, AuditEvent, Run
 from ledger.services.sweep import sweep
+
+# In-process tools (registered in code, as a deployer would): a refusal is ToolRefused, or a ToolError with a 4xx.
+PAY = "tests.test_refusals_http.pay"
+PAID: list[dict] = []
+
+
+@registry.tool(PAY)
+def pay(args: dict, *, idempotency_key: str, target: str | None, tenant: str) -> dict:
+    if args.get("card") == "declined":
+        raise ToolRefused("insufficient funds: use another card")
+    if args.get("card") == "blocked":
+        raise ToolError("card blocked by the issuer", transient=False, status=403)
+    if args.get("card") == "broken":
+        raise ToolError("the issuer's switch is down", transient=False)
+    PAID.append(args)
+    return {"paid": args.get("card")}
 
 
 class SeatWorld:
@@ -107,6 +125,11 @@ def policy(origin: str, *, on_refusal: str | None = None) -> dict:
                               "args_schema": {"type": "object"}, "retry": {"max_attempts": 3, "backoff": 0},
                               **forward}
            for code in (408, 429, 503)},
+        "flaky.after503": {"endpoint": f"{origin}/status/503", "approval": "auto", "compensation": "none",
+                           "saga_role": "retriable", "args_schema": {"type": "object"},
+                           "retry": {"max_attempts": 2, "backoff": 0}},
+        "flaky.slow503": {"endpoint": f"{origin}/status/503", "approval": "auto", "compensation": "none",
+                          "args_schema": {"type": "object"}, "retry": {"max_attempts": 3, "backoff": 3000}},
         "notes.post": {"executor": "client", "approval": "auto", "args_schema": {"type": "object"},
                        "compensation": "none", **forward},
     }}
@@ -284,6 +307,24 @@ def test_a_refused_pivot_before_a_cancel_is_not_compensated(seats):
     assert seats.seats.called("/cards/refund") == [], "the refused charge did nothing: nothing to refund"
 
 
+def test_an_operator_resume_retries_the_failed_step_not_the_refused_one(seats):
+    load(seats)
+    client = agent(seats)
+    run_id = open_run(client)
+    assert_tool_refused(propose(client, run_id, "cards.charge", {"card": "declined", "amount": 1}), reason="funds")
+    assert propose(client, run_id, "cards.charge", {"card": "visa-4242", "amount": 1}).status_code == 201
+    failed = propose(client, run_id, "flaky.after503", {"n": 1})
+    assert failed.status_code == 201 and failed.json()["run_status"] == "needs_attention", failed.text
+    oscar = person(seats, "oscar")
+    item = oscar.get(f"{oscar.base}/api/v1/recovery-items?run={run_id}", timeout=30).json()["results"][0]
+    resumed = oscar.post(f"{oscar.base}/api/v1/recovery-items/{item['id']}/resume", json={"reason": "try again"},
+                         timeout=30)
+    assert resumed.status_code == 200, resumed.text
+    assert len(seats.seats.called("/status/503")) == 4, "the failed step is retried (2 more attempts)"
+    assert [body["card"] for body in seats.seats.called("/cards/charge")] == ["declined", "visa-4242"], \
+        "the refused charge did nothing and is no operator's to retry"
+
+
 def test_a_refusal_in_the_worker_shows_as_failed_refused_and_the_run_stays_open(seats):
     load(seats)
     client = agent(seats)
@@ -342,6 +383,32 @@ def test_the_python_client_raises_refused_and_the_run_goes_on(seats):
     assert run.refresh().data["status"] == "completed"
 
 
+def test_an_in_process_tool_refuses_with_tool_refused_or_a_4xx(seats):
+    load(seats)
+    admin = person(seats, "ada")
+    created = admin.put(f"{admin.base}/api/v1/tools/cards.pay", json={
+        "executor": {"kind": "python", "path": PAY}, "approval": "auto", "compensation": "none",
+        "saga_role": "retriable", "args_schema": {"type": "object"}}, timeout=30)
+    assert created.status_code == 201, created.text
+    PAID.clear()
+    client = agent(seats)
+    run_id = open_run(client)
+    assert propose(client, run_id, "seats.book", {"seat": "3C"}).status_code == 201
+    assert_tool_refused(propose(client, run_id, "cards.pay", {"card": "declined"}), reason="insufficient funds")
+    assert_tool_refused(propose(client, run_id, "cards.pay", {"card": "blocked"}), reason="card blocked")
+    paid = propose(client, run_id, "cards.pay", {"card": "visa-4242"})
+    assert paid.status_code == 201 and paid.json()["result"] == {"paid": "visa-4242"}, paid.text
+    assert PAID == [{"card": "visa-4242"}]
+    assert client.post(f"{client.base}/api/v1/runs/{run_id}/complete", timeout=30).json()["status"] == "completed"
+    # A failure that is no refusal (a plain permanent error) still fails the step and unwinds, as before.
+    run_id = open_run(client)
+    assert propose(client, run_id, "seats.book", {"seat": "3D"}).status_code == 201
+    broken = propose(client, run_id, "cards.pay", {"card": "broken"})
+    assert broken.status_code == 201 and broken.json()["error"]["error_class"] == "permanent", broken.text
+    assert run_status(client, run_id) == "compensated"
+    assert seats.seats.called("/seats/cancel") == [{"booking_id": "bk-3D"}]
+
+
 def test_on_refusal_is_part_of_the_tools_immutable_version(seats):
     load(seats)
     admin = person(seats, "ada")
@@ -397,15 +464,22 @@ def test_the_sweep_unwinds_a_run_whose_agent_went_away_and_leaves_an_active_one(
     assert sweep()["idle"] == 0
 
 
-def test_a_run_waiting_for_a_person_or_a_step_is_not_idle(seats):
+def test_a_run_waiting_for_a_person_or_a_step_is_not_idle(seats, settings):
     load(seats)
     client = agent(seats)
     waiting = open_run(client)
     gated = propose(client, waiting, "seats.book_gated", {"seat": "7F"})
     assert gated.status_code == 202, gated.text
+    # A step whose retry is scheduled far ahead: the run is running, but it waits for its step, not its agent.
+    settings.UNWIND_MAX_BACKOFF = 3600
+    retrying = open_run(client)
+    scheduled = propose(client, retrying, "flaky.slow503", {"n": 1})
+    assert scheduled.status_code == 202 and scheduled.json()["status"] == "retry_scheduled", scheduled.text
     walk_away(waiting, hours=2)
+    walk_away(retrying, hours=2)
     assert sweep()["idle"] == 0
     assert run_status(client, waiting) == "awaiting_approval"
+    assert run_status(client, retrying) == "running"
 
 
 def test_an_idle_run_after_its_pivot_goes_to_the_recovery_queue(seats):
