@@ -495,6 +495,13 @@ def test_an_idle_run_after_its_pivot_goes_to_the_recovery_queue(seats):
     assert seats.seats.called("/cards/refund") == []
     items = oscar.get(f"{oscar.base}/api/v1/recovery-items?run={run_id}", timeout=30).json()["results"]
     assert [item["reason"] for item in items] == ["idle_after_pivot"]
+    # Resumed by a person, the run is running again with a fresh idle clock; left alone again, it is idle again.
+    resumed = oscar.post(f"{oscar.base}/api/v1/recovery-items/{items[0]['id']}/resume", json={"reason": "agent back"},
+                         timeout=30)
+    assert resumed.status_code == 200 and run_status(client, run_id) == "running", resumed.text
+    assert sweep()["idle"] == 0
+    walk_away(run_id, hours=2)
+    assert sweep()["idle"] == 1 and run_status(client, run_id) == "needs_attention"
 
 
 def test_the_idle_timeout_is_the_tenants_policy_and_a_run_may_only_shorten_it(seats):

@@ -176,7 +176,6 @@ def run_expire_idle(*, run_id: int) -> bool:
         why = f"idle for {span(run.idle_timeout_seconds)}: the agent went away"
         audit.record("run.idle", actor=IDLE_ACTOR, run=run, idle_timeout=run.idle_timeout_seconds,
                      last_activity=(deadline - timedelta(seconds=run.idle_timeout_seconds)).isoformat())
-        Run.objects.filter(pk=run.pk).update(idle_deadline=None)
         if run.pivot_committed:
             execution.needs_attention(run, "idle_after_pivot", f"The run was {why} after its pivot committed; what "
                                       "was done stands and cannot be unwound automatically.", action=None,
