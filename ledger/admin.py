@@ -62,7 +62,7 @@ class SuperuserWritesAdmin(admin.ModelAdmin):
 
 @admin.register(Tenant)
 class TenantAdmin(SuperuserWritesAdmin):
-    list_display = ("slug", "name", "approval_threshold", "approval_ttl_seconds", "created_at")
+    list_display = ("slug", "name", "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "created_at")
     list_filter = ("approval_threshold",)
     search_fields = ("slug", "name")
     readonly_fields = ("created_at",)

@@ -54,7 +54,12 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
+    "on_refusal",
 )
+TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds")
+# Fields added after rows were already fingerprinted: left out of a fingerprint while they hold the default they
+# were added with, so rows recorded before they existed still verify as recorded.
+ADDED_LATER = {"on_refusal": "answer", "run_idle_timeout_seconds": 3600}
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
 # it instead: the current version of every tool is its newest.
 TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
@@ -65,7 +70,8 @@ def _plain(value):
 
 
 def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
-    return digest(label, obj.pk, *[_plain(getattr(obj, name)) for name in fields])
+    return digest(label, obj.pk, *[_plain(getattr(obj, name)) for name in fields
+                                   if name not in ADDED_LATER or getattr(obj, name) != ADDED_LATER[name]])
 
 
 def action_fingerprint(action: Action) -> str:
@@ -118,7 +124,7 @@ def tool_fingerprint(tool: Tool) -> str:
 
 
 register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"))
-register_fingerprinted(TenantPolicyVersion, fields=("version", "approval_threshold", "approval_ttl_seconds", "actor"),
+register_fingerprinted(TenantPolicyVersion, fields=TENANT_DEFAULTS_FIELDS,
                        kinds=("tenant.defaults",))
 
 # The keys of an event's data that hold fingerprints: only `verify_chain` reads them, pages leave them out.
@@ -380,8 +386,9 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                     f"{version}: changed behind the services' back")
     latest = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("-version").first()
     if latest is not None:
-        live = Tenant.objects.filter(pk=tenant_id).values_list("approval_threshold", "approval_ttl_seconds").first()
-        if live != (latest.approval_threshold, latest.approval_ttl_seconds):
+        live = Tenant.objects.filter(pk=tenant_id).values_list(
+            "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds").first()
+        if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds):
             raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
                                     "changed behind the services' back")
 

@@ -1,7 +1,8 @@
 """How a tool is actually called: over HTTP, as an in-process Python callable, or by the agent itself.
 
 Every executor answers with a ToolOutcome or raises ToolError; the engine decides what happens next
-(retry, fail, unwind) from the error's `transient` flag, never from the executor's internals.
+(retry, fail, unwind, or answer the agent) from the error's `transient` and `refused` flags, never from the
+executor's internals.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class ToolError(Exception):
     """A tool call did not succeed. `transient` errors are retried with the same idempotency key."""
 
     def __init__(self, message: str, *, transient: bool, status: int | None = None, body: Any = None,
-                 not_sent: bool = False, applied: bool | None = None):
+                 not_sent: bool = False, applied: bool | None = None, refused: bool = False):
         # The message is stored on the action and shown to the agent: one bounded line, whatever a tool sent.
         message = egress.clean_message(message)
         super().__init__(message)
@@ -30,6 +31,9 @@ class ToolError(Exception):
         self.body = body
         self.not_sent = not_sent
         self.applied = applied
+        # The tool answered "not carried out, and asking again the same way will not change that" (a 4xx but
+        # 408/425/429, or ToolRefused): nothing happened, so the agent may try otherwise (see `Tool.on_refusal`).
+        self.refused = refused and not transient
 
     @property
     def maybe_applied(self) -> bool:
@@ -46,7 +50,26 @@ class ToolError(Exception):
     def error_class(self) -> str:
         if self.status:
             return f"http_{self.status}"
+        if self.refused:
+            return "refused"
         return "transient" if self.transient else "permanent"
+
+
+class ToolRefused(ToolError):
+    """What an in-process tool raises to say "not carried out": the request was understood and turned down
+    ("insufficient funds", "seat taken"), nothing happened, and the same call would be turned down again.
+
+    The in-process twin of an HTTP 4xx (but 408/425/429): the agent is answered with `message` and may
+    propose again with other arguments, unless the tool's policy says `on_refusal: unwind`.
+    """
+
+    def __init__(self, message: str, *, status: int | None = 422, body: Any = None):
+        super().__init__(message, transient=False, status=status, body=body, refused=True)
+
+
+def refusal_status(status: int) -> bool:
+    """A 4xx that says the request was not carried out for good (408, 425 and 429 ask to try again later)."""
+    return 400 <= status < 500 and status not in (408, 425, 429)
 
 
 @dataclass(frozen=True)
@@ -126,7 +149,7 @@ def http_call(
     """POST the args as JSON with an Idempotency-Key header, signed for `tenant`, and classify the answer.
 
     2xx is done; 408, 425, 429, 5xx, timeouts and connection errors are transient; 3xx (never followed)
-    and other 4xx are permanent (the same request will never succeed).
+    and other 4xx are permanent (the same request will never succeed), and a 4xx is a refusal: not carried out.
     """
     body = json.dumps(args, allow_nan=False).encode()
     headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
@@ -143,7 +166,8 @@ def http_call(
     if isinstance(answer, dict):
         detail = str(answer.get("detail") or answer.get("error") or answer.get("title") or "")
     message = f"{url} answered {response.status_code}" + (f": {detail}" if detail else "")
-    raise ToolError(message, transient=transient, status=response.status_code, body=answer)
+    raise ToolError(message, transient=transient, status=response.status_code, body=answer,
+                    refused=refusal_status(response.status_code))
 
 
 def http_read(*, url: str, timeout: float, tenant: str) -> Any:
@@ -174,13 +198,16 @@ def registered(key: str, kind: str):
 def python_call(*, path: str, args: dict, idempotency_key: str, target: str | None, tenant: str) -> ToolOutcome:
     """Call a registered in-process tool: fn(args, *, idempotency_key, target, tenant) -> JSON-able result.
 
-    The callable raises ToolError for failures it can classify; anything else it raises is treated
-    as permanent, because a bug will not fix itself on retry.
+    The callable raises ToolError for failures it can classify (ToolRefused, or a ToolError with a 4xx status
+    but 408/425/429, for a refusal); anything else it raises is treated as permanent, because a bug will not fix
+    itself on retry.
     """
     fn = registered(path, "tool")
     try:
         result = fn(dict(args), idempotency_key=idempotency_key, target=target, tenant=tenant)
-    except ToolError:
+    except ToolError as error:
+        if not error.refused and not error.transient and error.status is not None and refusal_status(error.status):
+            error.refused = True
         raise
     except Exception as exc:  # noqa: BLE001 - the tool's own bug, recorded as a permanent failure
         raise ToolError(f"{path} raised {exc.__class__.__name__}: {exc}", transient=False) from None
@@ -192,7 +219,8 @@ def python_read(*, path: str, target: str, tenant: str) -> Any:
     fn = registered(path, "reader")
     try:
         return fn(target, tenant=tenant)
-    except ToolError:
+    except ToolError as error:
+        error.refused = False  # a reader that cannot read is no step turned down: only a tool call refuses
         raise
     except Exception as exc:  # noqa: BLE001 - the reader's own bug: the target cannot be read
         raise ToolError(f"{path} raised {exc.__class__.__name__}: {exc}", transient=False) from None

@@ -6,6 +6,7 @@ Status fields are never assigned directly: each state machine has one transition
 import hashlib
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -53,6 +54,12 @@ class CompensationStrategy(models.TextChoices):
     NONE = "none", "none"
 
 
+class OnRefusal(models.TextChoices):
+    """What a tool's refusal (a 4xx but 408/425/429: "not carried out", nothing happened) does to its run."""
+    ANSWER = "answer", "answer the agent, keep the run open"
+    UNWIND = "unwind", "fail the step and unwind the run"
+
+
 class Role(models.TextChoices):
     VIEWER = "viewer", "viewer"
     APPROVER = "approver", "approver"
@@ -63,6 +70,10 @@ class Role(models.TextChoices):
 ROLE_ORDER = {Role.VIEWER: 0, Role.APPROVER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 
 
+# The bounds of a run's idle timeout (README, "Policy files"): a minute to thirty days.
+RUN_IDLE_TIMEOUT_SECONDS = (60, 30 * 86400)
+
+
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
@@ -71,6 +82,10 @@ class Tenant(models.Model):
         help_text="Tools whose approval rule is 'threshold' need a person from this risk up.",
     )
     approval_ttl_seconds = models.PositiveIntegerField(default=3600)
+    run_idle_timeout_seconds = models.PositiveIntegerField(
+        default=3600, validators=[MinValueValidator(RUN_IDLE_TIMEOUT_SECONDS[0]),
+                                  MaxValueValidator(RUN_IDLE_TIMEOUT_SECONDS[1])],
+        help_text="A running run with no agent activity for this long (seconds) is unwound: the agent went away.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -177,6 +192,9 @@ class Tool(models.Model):
     timeout_seconds = models.FloatField(default=10.0)
     max_attempts = models.PositiveSmallIntegerField(default=3)
     backoff_seconds = models.FloatField(default=0.2)
+    on_refusal = models.CharField(
+        max_length=16, choices=OnRefusal.choices, default=OnRefusal.ANSWER,
+        help_text="A refusal (4xx but 408/425/429) answers the agent and keeps the run open, or unwinds it.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -217,6 +235,7 @@ class TenantPolicyVersion(models.Model):
     version = models.PositiveIntegerField()
     approval_threshold = models.CharField(max_length=16, choices=Risk.choices)
     approval_ttl_seconds = models.PositiveIntegerField()
+    run_idle_timeout_seconds = models.PositiveIntegerField(default=3600)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -258,6 +277,11 @@ class Run(models.Model):
     next_seq = models.PositiveIntegerField(default=1)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     open_key = models.CharField(max_length=255, blank=True, help_text="The Idempotency-Key the run was opened with.")
+    idle_timeout_seconds = models.PositiveIntegerField(
+        default=3600, help_text="How long the run may stay idle (no agent activity) before it is unwound.")
+    idle_deadline = models.DateTimeField(
+        null=True, blank=True, help_text="When the sweep looks at the run again: its last known activity plus the "
+                                         "idle timeout (activity since only pushes it on).")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -272,6 +296,7 @@ class Run(models.Model):
             # The console's run list spans all of a person's tenants, newest first: walked, never sorted.
             models.Index(fields=["-created_at", "-id"], name="run_recent"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease"),
+            models.Index(fields=["status", "idle_deadline"], name="run_status_idle"),
         ]
 
     def __str__(self):

@@ -14,13 +14,14 @@ from typing import Any
 from ledger import egress, mapping, registry, schemas
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
-    RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tool,
+    RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy, Executor, OnRefusal, Risk,
+    SagaRole, Tool,
 )
 
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry",
+    "compensation", "timeout", "retry", "on_refusal",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -227,6 +228,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
                                      minimum=MAX_ATTEMPTS[0], maximum=MAX_ATTEMPTS[1], integer=True)
     fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff",
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
+    fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     return fields
 
 
@@ -426,15 +428,20 @@ def parse_document(document: Any) -> PolicyDocument:
 
 def _parse_defaults(defaults: Any) -> dict:
     defaults = _dict(defaults, "defaults")
-    unknown = set(defaults) - {"approval_threshold", "approval_ttl"}
+    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout"}
     if unknown:
-        _fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl)")
+        _fail(f"defaults.{sorted(unknown)[0]}",
+              "is not a tenant default (known: approval_threshold, approval_ttl, run_idle_timeout)")
     parsed = {}
     if "approval_threshold" in defaults:
         parsed["approval_threshold"] = _choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
     if "approval_ttl" in defaults:
         parsed["approval_ttl_seconds"] = int(_duration(defaults["approval_ttl"], "defaults.approval_ttl",
                                                        minimum=APPROVAL_TTL_SECONDS[0], maximum=APPROVAL_TTL_SECONDS[1]))
+    if "run_idle_timeout" in defaults:
+        parsed["run_idle_timeout_seconds"] = int(_duration(
+            defaults["run_idle_timeout"], "defaults.run_idle_timeout",
+            minimum=RUN_IDLE_TIMEOUT_SECONDS[0], maximum=RUN_IDLE_TIMEOUT_SECONDS[1]))
     return parsed
 
 

@@ -14,6 +14,7 @@ class Reason(models.TextChoices):
     OUTCOME_UNKNOWN = "outcome_unknown", "tool kept failing, outcome unknown"
     CANCELLED_AFTER_PIVOT = "cancelled_after_pivot", "cancelled after the pivot"
     IRREVERSIBLE_EFFECTS = "irreversible_effects", "effects that cannot be undone"
+    IDLE_AFTER_PIVOT = "idle_after_pivot", "agent went away after the pivot"
 
 
 class ItemStatus(models.TextChoices):

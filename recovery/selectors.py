@@ -18,6 +18,7 @@ from ledger.audit import FINGERPRINT_KEYS
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
+from ledger.services.execution import REFUSED
 from recovery.models import ItemStatus, RecoveryItem
 
 AGE_BUCKETS: dict[str, tuple[str, timedelta | None, timedelta | None]] = {
@@ -157,9 +158,10 @@ def compensation_preview(run: Run) -> list[Action]:
 
 
 def retry_preview(run: Run) -> list[Action]:
-    """The steps a resume would retry with their same idempotency keys."""
+    """The steps a resume would retry with their same idempotency keys (not those their tool refused: they did
+    nothing, and the agent was answered)."""
     return list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[ActionStatus.FAILED, ActionStatus.LOST])
-                .select_related("tool").order_by("seq"))
+                .exclude(status=ActionStatus.FAILED, error_class=REFUSED).select_related("tool").order_by("seq"))
 
 
 # --- runs -------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ SUGGESTIONS = {
     "outcome_unknown": "The tool kept answering errors that leave its effect unknown: check the target, then resume (retry with the same key), compensate, or close.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
+    "idle_after_pivot": "The agent went away after the pivot committed: resume to let it go on (its next step is "
+                        "its own), compensate to undo what can be undone, or close it.",
 }
 
 

@@ -137,11 +137,15 @@ def test_tool_admin_validates_like_the_api(admin_world):
 
 def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
     tenant = admin_world.acme
+    too_short = admin_world.client.post(url(Tenant, "change", tenant.pk), {
+        "name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 600, "run_idle_timeout_seconds": 10})
+    assert too_short.status_code == 200 and "run_idle_timeout_seconds" in too_short.context["adminform"].form.errors
     response = admin_world.client.post(url(Tenant, "change", tenant.pk), {
-        "name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 600})
+        "name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 600, "run_idle_timeout_seconds": 1800})
     assert response.status_code == 302
     tenant.refresh_from_db()
     assert (tenant.approval_threshold, tenant.approval_ttl_seconds) == ("critical", 600)
+    assert tenant.run_idle_timeout_seconds == 1800
     version = TenantPolicyVersion.objects.get(tenant=tenant)
     assert (version.version, version.approval_threshold, version.actor) == (1, "critical", "user:root")
     assert AuditEvent.objects.filter(tenant=tenant, kind="tenant.defaults", actor="user:root", data__version=1).exists()
@@ -150,7 +154,8 @@ def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
 
 def test_tenant_added_in_admin_gets_its_audit_chain(admin_world):
     response = admin_world.client.post(url(Tenant, "add"), {
-        "slug": "initech", "name": "Initech", "approval_threshold": "medium", "approval_ttl_seconds": 600})
+        "slug": "initech", "name": "Initech", "approval_threshold": "medium", "approval_ttl_seconds": 600,
+        "run_idle_timeout_seconds": 3600})
     assert response.status_code == 302
     tenant = Tenant.objects.get(slug="initech")
     assert tenant.approval_threshold == "medium" and tenant.approval_ttl_seconds == 600

@@ -350,10 +350,15 @@ def test_what_an_agent_sees_of_a_tool_error_is_bounded_and_clean(admin, http_too
                                         "compensation": "none"})
     assert created.status_code == 201, created.text
     proposed = propose(http_tools, "noisy", {"amount": 1})
-    message = proposed.json()["error"]["message"]
+    # A 422 is a refusal the agent is answered with (422 tool_refused): its reason is the cleaned message.
+    assert proposed.status_code == 422 and proposed.json()["code"] == "tool_refused", proposed.text[:500]
+    message = proposed.json()["reason"]
     assert len(message) <= 300 and message.endswith("…"), message
     assert message.isprintable() and "\x1b" not in message and "\n" not in message, message
-    assert failed_action(proposed).error_message == message
+    assert proposed.json()["action"]["error"]["message"] == message
+    detail = proposed.json()["detail"]
+    assert len(detail) <= 500 and detail.isprintable() and "SELECT" in detail and "\x1b" not in detail, detail
+    assert Action.objects.get(pk=proposed.json()["action_id"]).error_message == message
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1", "::1", "169.254.169.254", "10.1.2.3", "172.16.0.1", "192.168.1.1",

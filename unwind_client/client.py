@@ -161,6 +161,13 @@ class Unwind:
             return self.settle(settled, timeout=timeout, execute=execute)
         if status in REFUSED_BY_PERSON:
             raise Rejected(action)
+        error = action.get("error") or {}
+        if status == "failed" and error.get("error_class") == "refused":
+            # The tool turned the call down and the run is still open (it ran in the worker, after an approval,
+            # say): the same answer as a proposal's 422 tool_refused, so the agent handles both alike.
+            raise Refused("tool_refused", error.get("message", ""), 422, {
+                "code": "tool_refused", "reason": error.get("message", ""), "action_id": action.get("id"),
+                "run_status": action.get("run_status"), "action": action})
         raise Unwound(action)
 
     def _later(self, action_id: int, execute: Callable[[dict], Any] | None) -> Callable[[float | None], Any]:

@@ -15,10 +15,11 @@ from ledger import selectors
 from ledger.api import inline
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
-from ledger.api.problems import problems
+from ledger.api.problems import problem, problems
 from ledger.api.serializers import ActionOut, action_context
-from ledger.models import ACTIVE_ACTION_STATUSES, Action, RunStatus
+from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionStatus, RunStatus
 from ledger.services.actions import action_propose, action_report
+from ledger.services.execution import REFUSED
 
 MAX_WAIT = 30.0
 POLL_INTERVAL = 0.05
@@ -37,6 +38,26 @@ def fresh(request, action_id: int) -> Action:
 
 
 # --- propose -------------------------------------------------------------------------------------------------
+
+def refused(action: Action) -> bool:
+    """The tool turned the step down and the agent is answered (its run left open): see `Tool.on_refusal`."""
+    return action.status == ActionStatus.FAILED and action.error_class == REFUSED
+
+
+def refusal_response(request, action: Action, *, replayed: bool) -> Response:
+    """422 tool_refused: the tool's reason, the action and the run's status, so the model can propose otherwise."""
+    run_status = action.run.status
+    body = problem(
+        status=422, code="tool_refused", title="The tool refused the call", instance=request.path,
+        detail=f"{action.tool.name} refused the call, so nothing was done ({action.error_message}). The run is "
+               f"{run_status.replace('_', ' ')}: propose again with other arguments, or cancel it.",
+        reason=action.error_message, tool=action.tool.name, action_id=action.pk, run_id=action.run_id,
+        run_status=run_status, replayed=replayed,
+        action=ProposalOut(action, context={**action_context(request, [action]), "replayed": replayed}).data)
+    response = Response(body, status=422)
+    response.exception = True  # served as application/problem+json, like every refusal
+    return response
+
 
 class IntentIn(StrictSerializer):
     goal = serializers.CharField(required=False, allow_blank=True, max_length=10000)
@@ -76,7 +97,9 @@ class ActionProposeView(ApiView):
         description="Records the call, checks it against policy and the ordering law, and executes it inside the "
                     "request when it needs no approval (bounded wait); when the tenant already holds its share of the "
                     "inline pool, the worker runs it (202). A failed step starts the unwind: the answer "
-                    "shows the action failed and the run's status (unwinding, compensated or needs_attention).",
+                    "shows the action failed and the run's status (unwinding, compensated or needs_attention). "
+                    "A step the tool refused (a 4xx but 408/425/429) answers 422 tool_refused with the tool's reason "
+                    "and leaves the run open, unless the tool's policy says on_refusal: unwind.",
         responses={
             201: OpenApiResponse(ProposalOut, description="Recorded and executed: the outcome is in status/result."),
             200: OpenApiResponse(ProposalOut, description="A replay of an Idempotency-Key: the stored outcome "
@@ -91,7 +114,8 @@ class ActionProposeView(ApiView):
                 404: "not_found (the run), unknown_tool",
                 409: "in_flight (action_id), ordering_violation (rule, conflicts_with), run_cancelled, "
                      "run_not_active, state_conflict",
-                422: "idempotency_mismatch (action_id)"}),
+                422: "idempotency_mismatch (action_id), tool_refused (reason, tool, action_id, run_id, run_status, "
+                     "replayed, action): nothing was done and the run stays open"}),
         },
         examples=[OpenApiExample("create a user", request_only=True, value={
             "tool": "hr.create_user", "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},
@@ -116,6 +140,12 @@ class ActionProposeView(ApiView):
             elif proposal.claimed:
                 inline.hand_to_worker(proposal.action, owner=proposal.owner)
         action = selectors.action_reload(proposal.action)
+        if refused(action):
+            response = refusal_response(request, action, replayed=proposal.replayed)
+            response["Idempotency-Key"] = action.idempotency_key
+            if proposal.replayed:
+                response["Idempotent-Replayed"] = "true"
+            return response
         pending = action.status in ACTIVE_ACTION_STATUSES
         status = 202 if pending else 200 if proposal.replayed else 201
         response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed)
@@ -174,10 +204,16 @@ class ReportIn(StrictSerializer):
     result = serializers.JSONField(required=False, allow_null=True, help_text="The tool's result, when ok.")
     error = serializers.CharField(required=False, allow_blank=True, max_length=4000,
                                   help_text="What went wrong, when not ok.")
+    refused = serializers.BooleanField(
+        required=False, default=False,
+        help_text="With ok: false, the tool turned the call down and did nothing: like an HTTP tool's 4xx, the run "
+                  "stays open (unless the tool's policy says on_refusal: unwind).")
 
     def validate(self, data):
         if data["ok"] and data.get("error"):
             raise serializers.ValidationError({"error": ["only a failed call (ok: false) has an error"]})
+        if data["ok"] and data.get("refused"):
+            raise serializers.ValidationError({"refused": ["only a failed call (ok: false) can be refused"]})
         if not data["ok"] and data.get("result") is not None:
             raise serializers.ValidationError({"result": ["only a successful call (ok: true) has a result"]})
         return data
@@ -189,7 +225,9 @@ class ActionReportView(ApiView):
     @extend_schema(
         tags=TAG, operation_id="actions_report", summary="Report a client-executed outcome",
         description="For tools the agent runs itself (executor: client), forward steps and compensations alike. "
-                    "Reporting the same success again is harmless. A failure starts the unwind like any failed step.",
+                    "Reporting the same success again is harmless. A failure starts the unwind like any failed step; "
+                    "a failure reported with refused: true follows the tool's on_refusal (default: the run stays "
+                    "open, the action failed with error_class refused).",
         request=ReportIn,
         responses={200: ActionOut, **problems(404, 409, body=True, codes={
             409: "state_conflict (not a client-executed tool, or not waiting for a report)"})},
@@ -201,7 +239,7 @@ class ActionReportView(ApiView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         action = action_report(action=action, ok=data["ok"], result=data.get("result"), error=data.get("error", ""),
-                               actor=caller.actor)
+                               actor=caller.actor, refused=data["refused"])
         action = fresh(request, action.pk)
         if action.run.status == RunStatus.UNWINDING:
             inline.unwind_within(action.run_id, tenant_id=action.tenant_id, wait=settings.UNWIND_INLINE_WAIT)

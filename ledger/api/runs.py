@@ -38,6 +38,9 @@ class RunOpenIn(StrictSerializer):
     plan = serializers.ListField(child=serializers.CharField(max_length=120), required=False, max_length=500,
                                  help_text="Tool names in the order the agent means to call them; checked against "
                                            "the ordering law before anything runs.")
+    idle_timeout = serializers.IntegerField(
+        required=False, help_text="Seconds without agent activity after which the run is unwound (the agent went "
+                                  "away): at least 60, at most the tenant's run_idle_timeout (its default).")
 
 
 class RunFilterIn(serializers.Serializer):
@@ -71,7 +74,8 @@ class RunListView(ApiView):
             description="Opening again with the same key (a retry after a lost answer) returns the same run (200).")],
         responses={201: RunDetailOut, 200: OpenApiResponse(RunDetailOut, description="The run this key opened before."),
                    **problems(409, 422, body=True, codes={
-                       400: "validation_error (e.g. plan[2] is not a registered tool), parse_error",
+                       400: "validation_error (e.g. plan[2] is not a registered tool, idle_timeout above the "
+                            "tenant's), parse_error",
                        409: "ordering_violation (rule, conflicts_with)",
                        422: "idempotency_mismatch (the key opened a run with another goal or plan)"})},
         examples=[OpenApiExample("onboarding", request_only=True, value={

@@ -136,6 +136,8 @@ class RunOut(serializers.Serializer):
     plan = serializers.ListField(child=serializers.CharField())
     pivot_committed = serializers.BooleanField()
     cancel_requested_at = serializers.DateTimeField(allow_null=True)
+    idle_timeout = serializers.IntegerField(source="idle_timeout_seconds",
+                                            help_text="Seconds without agent activity before the run is unwound.")
     attention = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()

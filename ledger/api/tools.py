@@ -19,7 +19,7 @@ from ledger.api.auth import (
 from ledger.api.base import ApiView, absolute
 from ledger.api.problems import problems
 from ledger.errors import ValidationFailed
-from ledger.models import ActionClass, ApprovalRule, Executor, Risk, Role, SagaRole, Tool
+from ledger.models import ActionClass, ApprovalRule, Executor, OnRefusal, Risk, Role, SagaRole, Tool
 from ledger.policy import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
 from ledger.services.tools import tool_upsert, tools_load
 
@@ -51,6 +51,7 @@ def policy_of(tool: Tool) -> dict:
         "compensation": compensation_as_written(tool.compensation),
         "timeout": tool.timeout_seconds,
         "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
+        "on_refusal": tool.on_refusal,
     }
 
 
@@ -116,6 +117,9 @@ class ToolPolicy(serializers.Serializer):
     name = serializers.CharField(required=False, help_text="Responses style (flat): the function's name.")
     parameters = serializers.JSONField(required=False, help_text="Responses style (flat): the args schema.")
     strict = serializers.BooleanField(required=False, help_text="Responses style (flat): OpenAI's strict mode.")
+    on_refusal = serializers.ChoiceField(
+        OnRefusal.choices, required=False,
+        help_text="A refusal (a 4xx but 408/425/429): answer the agent and keep the run open (default), or unwind.")
 
 
 class ToolOut(serializers.Serializer):

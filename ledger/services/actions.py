@@ -154,6 +154,7 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
 
     Only a step of a later saga role (or a second pivot) can break the ordering law, and the law names
     the first one, so one row is enough, however long the run. A retriable tool can follow anything.
+    A step the tool refused did nothing, so it is no earlier step (a refused pivot leaves room for another).
     """
     if tool.action_class == ActionClass.READ_ONLY:
         return []
@@ -166,8 +167,9 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
     return sql.fetch_all(
         "SELECT a.seq, t.name, a.saga_role FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
         f" WHERE a.run_id = %s AND a.kind = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
-        f" AND a.status NOT IN ({', '.join(['%s'] * len(gone))}) AND t.action_class <> %s ORDER BY a.seq LIMIT 1",
-        [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY])
+        f" AND a.status NOT IN ({', '.join(['%s'] * len(gone))}) AND t.action_class <> %s"
+        " AND NOT (a.status = %s AND a.error_class = %s) ORDER BY a.seq LIMIT 1",
+        [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY, A.FAILED, execution.REFUSED])
 
 
 def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline, queued) -> Proposal:
@@ -178,7 +180,11 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
-            raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; it accepts no new actions")
+            # Why it stopped, when it was unwound or put before a person (an agent that went idle learns it here).
+            stopped = run.status in (R.UNWINDING, R.COMPENSATED, R.NEEDS_ATTENTION) and run.attention_detail
+            why = f" ({run.attention_detail[:300]})" if stopped else ""
+            raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}{why}; it accepts no new actions",
+                               run_status=run.status)
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
                                     threshold=threshold)
@@ -207,8 +213,13 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
     return Proposal(action=action, replayed=False, owner="" if client else owner)
 
 
-def action_report(*, action: Action, ok: bool, result=None, error: str = "", actor: str) -> Action:
-    """The agent reports the outcome of a client-executed tool (forward or compensation)."""
+def action_report(*, action: Action, ok: bool, result=None, error: str = "", actor: str,
+                  refused: bool = False) -> Action:
+    """The agent reports the outcome of a client-executed tool (forward or compensation).
+
+    A failure reported as `refused` (the tool turned the call down: nothing happened) follows the tool's
+    `on_refusal`, like an executed tool's 4xx; any other reported failure fails the step as always.
+    """
     if action.tool.executor != Executor.CLIENT:
         raise StateConflict(f"{action.tool.name} is executed by Unwind, not reported by the agent")
     if action.status != A.RUNNING:
@@ -219,7 +230,8 @@ def action_report(*, action: Action, ok: bool, result=None, error: str = "", act
         execution.record_success(action, ToolOutcome(result=storable(result if result is not None else {}, field="result")),
                                  latency_ms=None, actor=actor)
     else:
-        execution.record_failure(action, ToolError(error or "the agent reported a failure", transient=False),
+        execution.record_failure(action, ToolError(error or "the agent reported a failure", transient=False,
+                                                   refused=refused),
                                  latency_ms=None, retry_inline=False, delay=0, owner=action.lease_owner, actor=actor)
     action.refresh_from_db()
     return action

@@ -22,8 +22,8 @@ from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
 from ledger.models import (
-    ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor, Run,
-    RunStatus as R, SagaRole, Tool,
+    ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
+    OnRefusal, Run, RunStatus as R, SagaRole, Tool,
 )
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
@@ -34,6 +34,7 @@ log = logging.getLogger("unwind.engine")
 SYSTEM = "system:engine"
 INLINE_RETRY_LIMIT = 2.0  # seconds: longer backoffs are scheduled, not slept through
 PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED)
+REFUSED = "refused"  # the error_class of a step the tool turned down and the agent was answered about
 
 
 def lease_until(seconds: float | None = None):
@@ -379,10 +380,34 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                                   next_attempt_at=timezone.now() + timedelta(seconds=delay), lease_owner="",
                                   lease_expires_at=None, error_class=error.error_class, error_message=error.message[:2000])
             return True
+        if answers_refusal(action, error):
+            action_transition(action, A.FAILED, log=audit, actor=actor, note=note, lease_owner="",
+                              lease_expires_at=None, error_class=REFUSED, error_message=error.message[:2000])
+            after_refusal(action, error, log=audit, actor=actor)
+            return False
         action_transition(action, A.FAILED, log=audit, actor=actor, note=note, lease_owner="", lease_expires_at=None,
                           error_class=error.error_class, error_message=error.message[:2000])
         after_failure(action, log=audit, actor=actor)
     return False
+
+
+def answers_refusal(action: Action, error: ToolError) -> bool:
+    """A forward step the tool turned down ("not carried out") is the agent's to answer, unless its tool's policy
+    asks for the unwind (`on_refusal: unwind`). Compensations never are: an undo that is turned down is alerted."""
+    return error.refused and action.kind == ActionKind.FORWARD and action.tool.on_refusal == OnRefusal.ANSWER
+
+
+def after_refusal(action: Action, error: ToolError, *, log: AuditLog, actor: str) -> None:
+    """The step did nothing: the run stays as it is (the agent re-proposes otherwise, completes or cancels).
+
+    It never counts towards the ordering law, is never compensated and commits no pivot. A run that was
+    cancelled or started unwinding while the step was in flight goes on with its unwind.
+    """
+    run = sql.get_locked(Run, action.run_id)
+    log.record("forward.refused", actor=actor, action=action, tool=action.tool.name, status=error.status,
+               reason=error.message[:500], run_status=run.status)
+    if run.status == R.UNWINDING:
+        enqueue_unwind_after(run)
 
 
 def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: float | None, actor: str) -> None:

@@ -1,14 +1,19 @@
 """Runs: open, complete, cancel, and the three operator decisions (resume, compensate, close)."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import IntegrityError
+from django.db.models import Max
 from django.utils import timezone
 
 from ledger import events, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
-from ledger.models import Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool
+from ledger.models import (
+    RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool,
+)
 from ledger.policy import check_plan
 from ledger.services import execution
 from ledger.services.actions import check_key
@@ -17,8 +22,12 @@ from ledger.transitions import action_transition, run_transition
 
 
 def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_of: str = "", intent: dict | None = None,
-             plan: list[str] | None = None, actor: str, idempotency_key: str | None = None) -> Run:
+             plan: list[str] | None = None, actor: str, idempotency_key: str | None = None,
+             idle_timeout: int | None = None) -> Run:
     """Open a run. A declared plan (tool names in order) is checked against the ordering law first.
+
+    The run is unwound if it stays idle longer than `idle_timeout` seconds (at most the tenant's
+    `run_idle_timeout`, its default): an agent that walks away leaves nothing half-done.
 
     With an idempotency key, opening again (a client's retry after a lost answer) returns the same run,
     so no empty run is left behind, with `replayed` set; the same key with another goal or plan is refused.
@@ -28,6 +37,7 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
     goal, on_behalf_of = storable(str(goal), field="goal"), storable(str(on_behalf_of), field="on_behalf_of")
     intent = storable(intent or {}, field="intent")
     plan = plan or []
+    idle_timeout = idle_timeout_for(tenant, idle_timeout)
     if not isinstance(plan, list) or not all(isinstance(step, str) for step in plan):
         raise ValidationFailed("plan must be a list of tool names", field="plan")
     if plan:
@@ -41,7 +51,8 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         with ledger_transaction(tenant.pk) as audit:
             run = sql.insert(Run(tenant=tenant, agent=agent, goal=str(goal)[:10000],
                                  on_behalf_of=str(on_behalf_of)[:200], intent=intent or {}, plan=plan,
-                                 open_key=idempotency_key or ""))
+                                 open_key=idempotency_key or "", idle_timeout_seconds=idle_timeout,
+                                 idle_deadline=timezone.now() + timedelta(seconds=idle_timeout)))
             audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
         run.replayed = False
     except IntegrityError:
@@ -50,6 +61,20 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         existing = Run.objects.get(tenant=tenant, open_key=idempotency_key)  # a concurrent retry won the insert
         return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
     return run
+
+
+def idle_timeout_for(tenant: Tenant, asked: int | None) -> int:
+    """The run's idle timeout: the tenant's default, or shorter when the agent asks (never longer: that is policy)."""
+    ceiling = tenant.run_idle_timeout_seconds
+    if asked is None:
+        return ceiling
+    if isinstance(asked, bool) or not isinstance(asked, int) or asked < RUN_IDLE_TIMEOUT_SECONDS[0]:
+        raise ValidationFailed(f"idle_timeout must be a whole number of seconds, at least "
+                               f"{RUN_IDLE_TIMEOUT_SECONDS[0]}", field="idle_timeout")
+    if asked > ceiling:
+        raise ValidationFailed(f"idle_timeout may be at most the tenant's run_idle_timeout ({ceiling} s), not {asked}",
+                               field="idle_timeout")
+    return asked
 
 
 def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, plan: list[str]) -> Run:
@@ -108,6 +133,58 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
     return run
 
 
+IDLE_ACTOR = "system:idle"
+# What keeps a run from being idle whatever the clock says: a step in flight, or one waiting for a person.
+BUSY = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+
+
+def span(seconds: int) -> str:
+    """3600 -> "1h", 90 -> "90s": the idle timeout as a person writes it."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def last_activity(run: Run):
+    """The newest sign of life of the run: a proposal, a report, an approval decision or a step's outcome each
+    moves an action's `updated_at`; opening, resuming and approval turns move the run's own."""
+    newest = run.actions.aggregate(at=Max("updated_at"))["at"]
+    return max(run.updated_at, newest) if newest is not None else run.updated_at
+
+
+def run_expire_idle(*, run_id: int) -> bool:
+    """Unwind a run the agent walked away from: running, idle past its deadline, nothing in flight or waiting.
+
+    The sweep picks candidates by `idle_deadline` alone; here, with the run locked, the deadline is measured again
+    from the run's last activity and pushed on when something happened since (the usual case for an active run).
+    Before the pivot the run is unwound; after it, it goes to the recovery queue, like any failure there.
+    Returns True when it expired the run.
+    """
+    tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
+    with ledger_transaction(tenant_id) as audit:
+        run = sql.get_locked(Run, run_id)
+        if run.status != R.RUNNING or run.idle_deadline is None:
+            return False
+        now = timezone.now()
+        deadline = last_activity(run) + timedelta(seconds=run.idle_timeout_seconds)
+        if run.actions.filter(status__in=BUSY).exists():
+            deadline = max(deadline, now + timedelta(seconds=run.idle_timeout_seconds))
+        if deadline > now:
+            Run.objects.filter(pk=run.pk).update(idle_deadline=deadline)
+            return False
+        why = f"idle for {span(run.idle_timeout_seconds)}: the agent went away"
+        audit.record("run.idle", actor=IDLE_ACTOR, run=run, idle_timeout=run.idle_timeout_seconds,
+                     last_activity=(deadline - timedelta(seconds=run.idle_timeout_seconds)).isoformat())
+        if run.pivot_committed:
+            execution.needs_attention(run, "idle_after_pivot", f"The run was {why} after its pivot committed; what "
+                                      "was done stands and cannot be unwound automatically.", action=None,
+                                      log=audit, actor=IDLE_ACTOR)
+        else:
+            execution.start_unwind(run, why, log=audit, actor=IDLE_ACTOR)  # queues the unwinder after commit
+    return True
+
+
 def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     """Continue from the last checkpoint: retry failed or lost steps with their same idempotency keys."""
     owners = []
@@ -119,7 +196,9 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
             raise StateConflict(f"run {run.pk} was cancelled; compensate or close it instead")
         checkpoint = run.checkpoints.order_by("-id").first()
         pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
-        retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).select_related("tool")
+        # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
+        retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
+            status=A.FAILED, error_class=execution.REFUSED).select_related("tool")
         if pending_ids:
             retry = retry.filter(pk__in=pending_ids)
         if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() and not retry.exists():

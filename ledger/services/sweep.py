@@ -1,4 +1,4 @@
-"""The periodic sweep: crash recovery, due retries, stalled unwinds, and other apps' timed work.
+"""The periodic sweep: crash recovery, due retries, stalled unwinds, idle runs, and other apps' timed work.
 
 Every claim is a conditional update, so any number of sweepers on any number of machines can run at
 once; at most one of them wins each piece of work.
@@ -14,6 +14,7 @@ from ledger import events
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 from ledger.services.actions import action_claim_due, action_reclaim
 from ledger.services.dispatch import enqueue
+from ledger.services.runs import run_expire_idle
 
 log = logging.getLogger("unwind.sweep")
 BATCH = 200
@@ -21,7 +22,7 @@ BATCH = 200
 
 def sweep() -> dict:
     now = timezone.now()
-    counts = {"reclaimed": 0, "retried": 0, "unwinds": 0}
+    counts = {"reclaimed": 0, "retried": 0, "unwinds": 0, "idle": 0}
     expired = Action.objects.filter(status=A.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]
     for action_id in list(expired):
         owner = action_reclaim(action_id)
@@ -42,6 +43,11 @@ def sweep() -> dict:
         if not Action.objects.filter(run_id=run_id, status__in=waiting).exists():
             counts["unwinds"] += 1
             enqueue("ledger.tasks.unwind_run", run_id)
+    # Runs whose idle deadline passed (one indexed range scan); each is measured again from its last activity.
+    idle = Run.objects.filter(status=R.RUNNING, idle_deadline__lt=now).values_list("pk", flat=True)[:BATCH]
+    for run_id in list(idle):
+        if run_expire_idle(run_id=run_id):
+            counts["idle"] += 1
     events.emit("sweep", now=now)
     if any(counts.values()):
         log.info("sweep: %s", counts)
@@ -51,7 +57,8 @@ def sweep() -> dict:
 def next_due(after):
     """When the sweep next has something to do that a sweep started at `after` could not have seen: the earliest
     lease that runs out, or retry that falls due, later than that (None when there is none). The sweep clock
-    wakes then, not a whole interval later, so a lost step is picked up just after its lease ends."""
+    wakes then, not a whole interval later, so a lost step is picked up just after its lease ends. (Idle deadlines,
+    a minute or more away, are met by the interval.)"""
     lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__gt=after).aggregate(
         at=Min("lease_expires_at"))["at"]
     retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__gt=after).aggregate(

@@ -16,7 +16,7 @@ from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, 
 from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
 from ledger.selectors import policy_of_version
 
-DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds")
+DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds")
 
 
 def policy_digest(fields: dict) -> str:
@@ -130,7 +130,8 @@ def tool_upsert(*, tenant: Tenant, name: str, spec: dict, actor: str, via: str =
 
 
 def tenant_defaults_set(*, tenant: Tenant, values: dict, actor: str, via: str = "") -> TenantPolicyVersion | None:
-    """Write a new version of the tenant's defaults (approval threshold, approval TTL), or nothing when unchanged."""
+    """Write a new version of the tenant's defaults (approval threshold, approval TTL, run idle timeout), or nothing
+    when unchanged."""
     with ledger_transaction(tenant.pk) as audit:
         return _write_defaults(tenant=tenant, values=values, actor=actor, audit=audit, via=via)
 
