@@ -27,7 +27,7 @@ def book_policy(service, *, cancel_path: str = "/cancel", **twin) -> dict:
 
 def pay_policy(service) -> dict:
     return {"executor": {"kind": "http", "url": service.answer("/pay", {"detail": "declined"}, status=402)},
-            "approval": "auto"}
+            "approval": "auto", "on_refusal": "unwind"}
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ def booking_policy(service, book_answer) -> dict:
         },
         "travel.pay": {
             "executor": {"kind": "http", "url": service.answer("/pay", {"detail": "card declined"}, status=402)},
-            "saga_role": "compensatable", "risk": "low", "approval": "auto",
+            "saga_role": "compensatable", "risk": "low", "approval": "auto", "on_refusal": "unwind",
         },
     }}
 
