@@ -55,6 +55,9 @@ TOOL_POLICY_FIELDS = (
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
 )
+# Policy fields added after tools were first recorded: fingerprinted only when set, so a version written before the
+# field existed keeps the fingerprint its event recorded (and an old chain still verifies).
+TOOL_OPTIONAL_POLICY_FIELDS = ("describe",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
 # it instead: the current version of every tool is its newest.
 TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
@@ -86,6 +89,7 @@ class Fingerprinted:
     fields: tuple[str, ...]
     kinds: frozenset[str]
     tenant_lookup: str
+    optional: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -96,9 +100,12 @@ _fingerprinted: dict[str, Fingerprinted] = {}
 
 
 def register_fingerprinted(model: type[models.Model], *, fields: tuple[str, ...], kinds: tuple[str, ...],
-                           tenant_lookup: str = "tenant_id") -> None:
-    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them)."""
-    spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup)
+                           tenant_lookup: str = "tenant_id", optional: tuple[str, ...] = ()) -> None:
+    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them).
+
+    `optional` fields join the fingerprint (as name and value) only when they hold a value: a field added to a
+    model later leaves the fingerprints of rows recorded before it unchanged."""
+    spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup, tuple(optional))
     _fingerprinted[spec.label] = spec
 
 
@@ -110,14 +117,18 @@ def row_fingerprint(obj: models.Model) -> str:
     spec = _fingerprinted.get(obj._meta.label_lower)
     if spec is None:
         raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
-    return _fingerprint(spec.label, obj, spec.fields)
+    if not spec.optional:
+        return _fingerprint(spec.label, obj, spec.fields)
+    extra = [item for name in spec.optional if getattr(obj, name) for item in (name, _plain(getattr(obj, name)))]
+    return digest(spec.label, obj.pk, *[_plain(getattr(obj, name)) for name in spec.fields], *extra)
 
 
 def tool_fingerprint(tool: Tool) -> str:
     return row_fingerprint(tool)
 
 
-register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"))
+register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"),
+                       optional=TOOL_OPTIONAL_POLICY_FIELDS)
 register_fingerprinted(TenantPolicyVersion, fields=("version", "approval_threshold", "approval_ttl_seconds", "actor"),
                        kinds=("tenant.defaults",))
 

@@ -21,7 +21,7 @@ from approvals.services import approval_decide
 from config.audit_keys import key_id
 from ledger import audit_export
 from ledger.audit import (
-    TOOL_POLICY_FIELDS, TOOL_UNFINGERPRINTED_FIELDS, event_hash, fingerprinted_models,
+    TOOL_OPTIONAL_POLICY_FIELDS, TOOL_POLICY_FIELDS, TOOL_UNFINGERPRINTED_FIELDS, event_hash, fingerprinted_models,
     ledger_transaction, verify_chain,
 )
 from ledger.canonical import dumps
@@ -203,7 +203,7 @@ def test_the_recovery_resolution_and_the_approval_decision_are_among_the_fingerp
 def test_every_tool_field_is_fingerprinted_or_explicitly_left_out():
     """A field a Tool gains is policy until someone says otherwise: it must join TOOL_POLICY_FIELDS."""
     concrete = {f.name for f in Tool._meta.concrete_fields}
-    assert concrete == set(TOOL_POLICY_FIELDS) | set(TOOL_UNFINGERPRINTED_FIELDS)
+    assert concrete == set(TOOL_POLICY_FIELDS) | set(TOOL_OPTIONAL_POLICY_FIELDS) | set(TOOL_UNFINGERPRINTED_FIELDS)
 
 
 def test_a_decision_inserted_behind_the_services_back_is_detected(history):
