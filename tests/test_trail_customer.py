@@ -21,7 +21,7 @@ from tests.helpers import act, open_run
 LEAK_PATTERNS = [
     (re.compile(r"https?://|www\.", re.I), "a URL"),
     (re.compile(r"/(sandbox|console|api|admin|accounts|approvals)\b"), "a path into the service"),
-    (re.compile(r"\b[1-5]\d\d\b(?! ?(cents|nights))"), "an HTTP status"),
+    (re.compile(r"(?<![-\w.:])[1-5]\d\d(?![-\w])(?! ?(cents|nights))"), "an HTTP status"),
     (re.compile(r"answered|injected|fault|traceback|exception|http_\d", re.I), "an internal error text"),
     (re.compile(r"#\d+|events? #|audit chain|seq", re.I), "an audit number"),
 ]
@@ -29,6 +29,7 @@ LEAK_PATTERNS = [
 
 def customer_leaks(text: str, run) -> list[str]:
     """Every internal the text shows: URLs, paths, statuses, error texts, audit numbers, and the tenant's tool ids."""
+    text = re.sub(r"reference \d+", "reference", text)  # the run's reference is for the customer to quote
     found = [f"{what}: {match.group(0)!r}" for pattern, what in LEAK_PATTERNS for match in pattern.finditer(text)]
     for name in Tool.objects.filter(tenant_id=run.tenant_id).values_list("name", flat=True).distinct():
         if name in text:
