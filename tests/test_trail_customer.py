@@ -29,7 +29,7 @@ LEAK_PATTERNS = [
 
 def customer_leaks(text: str, run) -> list[str]:
     """Every internal the text shows: URLs, paths, statuses, error texts, audit numbers, and the tenant's tool ids."""
-    text = re.sub(r"reference \d+", "reference", text)  # the run's reference is for the customer to quote
+    text = re.sub(r"reference:? \d+", "reference", text)  # the run's reference is for the customer to quote
     found = [f"{what}: {match.group(0)!r}" for pattern, what in LEAK_PATTERNS for match in pattern.finditer(text)]
     for name in Tool.objects.filter(tenant_id=run.tenant_id).values_list("name", flat=True).distinct():
         if name in text:
