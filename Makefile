@@ -10,11 +10,16 @@ PORT ?= 8000
 # The development targets run on Unwind's public development key, asked for by name; production sets SECRET_KEY
 # (README, "Running it for real") and never these targets' UNWIND_INSECURE_DEV_KEY.
 demo demo-check test run worker migrate chaos bench schema: export UNWIND_INSECURE_DEV_KEY ?= 1
+# The demo has a database of its own, started afresh on each run (KEEP=1 keeps it); a DATABASE_URL of yours is used
+# as it is and never removed.
+demo demo-check: export DATABASE_URL ?= sqlite:///var/demo.sqlite3
+DEMO_KEEP := $(if $(filter 1 yes true,$(KEEP)),--keep,)
 
 .PHONY: demo demo-check test test-pg migrate run worker chaos bench schema clean help
 
 help:
 	@echo "make demo        install, migrate, seed, serve with a worker, run the scenarios; Ctrl-C stops all"
+	@echo "                 (PORT=8123 for another port; KEEP=1 keeps the demo database of the last run)"
 	@echo "make demo-check  the same scenarios, non-interactive; exits non-zero on any mismatch"
 	@echo "make test        the whole suite (SQLite by default; DATABASE_URL=postgres://... for PostgreSQL)"
 	@echo "make chaos       faults and load on PostgreSQL with real workers; prints the integrity table"
@@ -37,10 +42,10 @@ migrate: $(STAMP)
 	$(BIN)/python manage.py migrate --noinput
 
 demo: $(STAMP)
-	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --serve --port $(PORT)
+	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --serve --port $(PORT) $(DEMO_KEEP)
 
 demo-check: $(STAMP)
-	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --check --port $(PORT)
+	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --check --port $(PORT) $(DEMO_KEEP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -68,4 +73,4 @@ schema: $(TEST_STAMP)
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 
 clean:
-	rm -rf $(VENV) var/*.sqlite3* var/test-artifacts
+	rm -rf $(VENV) var/*.sqlite3* var/test-artifacts var/demo-mail var/demo-agent.key

@@ -35,6 +35,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "t
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 INSTALLED_APPS = [
+    "config",  # first, so its runserver (base URLs follow the served port, config/serving.py) is the one used
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -198,8 +199,12 @@ EMAIL_BACKEND = env_str(
     "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend",
 )
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "unwind@localhost")
+# Where the file backend (django.core.mail.backends.filebased.EmailBackend, what `make demo` uses) writes each
+# message as a file; the console's outbox page shows them too.
+EMAIL_FILE_PATH = env_str("EMAIL_FILE_PATH", str(BASE_DIR / "var" / "mail"))
 
-# Where links in emails and shared pages point.
+# Where links in emails and shared pages point. `manage.py runserver` makes both follow the port it serves on
+# when they are not set, and refuses a loopback UNWIND_BASE_URL on another port (config/serving.py).
 UNWIND_BASE_URL = env_str("UNWIND_BASE_URL", "http://127.0.0.1:8000")
 # Relative HTTP tool URLs (those starting with "/") are resolved against this address.
 UNWIND_TOOL_BASE_URL = env_str("UNWIND_TOOL_BASE_URL", UNWIND_BASE_URL)

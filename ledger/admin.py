@@ -217,7 +217,7 @@ class ToolAdmin(SuperuserWritesAdmin):
     list_select_related = ("tenant",)
     readonly_fields = ("version", "is_current", "actor", "created_at")
     fieldsets = (
-        (None, {"fields": ("tenant", "name", "description")}),
+        (None, {"fields": ("tenant", "name", "description", "describe")}),
         ("Policy", {"fields": ("action_class", "saga_role", "risk", "approval", "approvals_required")}),
         ("Execution", {"fields": ("executor", "endpoint", "timeout_seconds", "max_attempts", "backoff_seconds",
                                   "honours_idempotency_key", "key_fields")}),

@@ -54,12 +54,13 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
-    "on_refusal",
+    "on_refusal", "describe",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds")
-# Fields added after rows were already fingerprinted: left out of a fingerprint while they hold the default they
-# were added with, so rows recorded before they existed still verify as recorded.
-ADDED_LATER = {"on_refusal": "answer", "run_idle_timeout_seconds": 3600}
+# Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
+# a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
+# field existed still verify as recorded, and setting the field on one of them shows like any other edit.
+ADDED_LATER = {"on_refusal": "answer", "describe": {}, "run_idle_timeout_seconds": 3600}
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
 # it instead: the current version of every tool is its newest.
 TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
@@ -70,8 +71,10 @@ def _plain(value):
 
 
 def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
-    return digest(label, obj.pk, *[_plain(getattr(obj, name)) for name in fields
-                                   if name not in ADDED_LATER or getattr(obj, name) != ADDED_LATER[name]])
+    values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
+    later = {name: _plain(getattr(obj, name)) for name in fields
+             if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
+    return digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
 
 
 def action_fingerprint(action: Action) -> str:
@@ -103,7 +106,8 @@ _fingerprinted: dict[str, Fingerprinted] = {}
 
 def register_fingerprinted(model: type[models.Model], *, fields: tuple[str, ...], kinds: tuple[str, ...],
                            tenant_lookup: str = "tenant_id") -> None:
-    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them)."""
+    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them). A field the
+    model gains later goes in `ADDED_LATER` too, so rows recorded before it keep their fingerprints."""
     spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup)
     _fingerprinted[spec.label] = spec
 

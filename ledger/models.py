@@ -173,6 +173,9 @@ class Tool(models.Model):
     is_current = models.BooleanField(default=True)
     actor = models.CharField(max_length=160, blank=True, help_text="Who wrote this version.")
     description = models.TextField(blank=True)
+    describe = models.JSONField(default=dict, blank=True,
+                                help_text='How its steps read on the correction trail: {"done", "undone", "failed"} '
+                                          'sentences with {args.x}, {result.x} or {target} (ledger/describe.py).')
     args_schema = models.JSONField(default=dict, blank=True)
     action_class = models.CharField(max_length=32, choices=ActionClass.choices, default=ActionClass.INTERNAL_UPDATE)
     saga_role = models.CharField(max_length=16, choices=SagaRole.choices, default=SagaRole.COMPENSATABLE)

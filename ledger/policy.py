@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import egress, mapping, registry, schemas
+from ledger import describe, egress, mapping, registry, schemas
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy, Executor, OnRefusal, Risk,
@@ -21,7 +21,7 @@ from ledger.models import (
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry", "on_refusal",
+    "compensation", "timeout", "retry", "on_refusal", "describe",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -84,6 +84,16 @@ def _template(value: Any, where: str):
     return value
 
 
+def _describe(value: Any, schema: Any, where: str) -> dict:
+    """The tool's sentences for the correction trail (ledger/describe.py): refused here, not at a customer's page."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    names = set(properties) if isinstance(properties, dict) else None
+    try:
+        return describe.check(value, where=where, arg_names=names)
+    except describe.TemplateError as why:
+        raise ValidationFailed(str(why), field=why.field) from None
+
+
 # The documented bounds (README, "Policy files"): what a policy may ask of the engine.
 TIMEOUT_SECONDS = (0.1, 300.0)
 MAX_ATTEMPTS = (1, 20)
@@ -137,6 +147,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     schema = spec.get("args_schema", {})
     schemas.check(schema, where=f"{where}.args_schema")
     fields["args_schema"] = schema
+    fields["describe"] = _describe(spec.get("describe", {}), schema, f"{where}.describe")
 
     fields["action_class"] = _choice(spec.get("action_class", "internal_update"), ActionClass, f"{where}.action_class")
     fields["saga_role"] = _choice(spec.get("saga_role", "compensatable"), SagaRole, f"{where}.saga_role")

@@ -263,3 +263,29 @@ def run_timeline(run: Run) -> dict:
         "open_item": next((i for i in items if i.status == ItemStatus.OPEN), None),
         "audit_truncated": truncated,
     }
+
+
+# --- outbox -----------------------------------------------------------------------------------------
+
+def outbox_tenant_ids(access: Access) -> list[int]:
+    """The tenants whose outgoing email a person may read: those they operate (operator or admin).
+
+    The messages carry what only operators may hand out (share links to correction trails) and what approvers
+    act on, so a viewer or an approver of the tenant does not read them here, and nobody reads another tenant's.
+    """
+    return [tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)]
+
+
+def outbox_messages(access: Access) -> QuerySet:
+    """The outbox rows of the tenants the person operates, newest first (the `outbox_due` index is for the sender)."""
+    from approvals.models import Notification
+
+    return (Notification.objects.filter(tenant_id__in=outbox_tenant_ids(access)).select_related("tenant")
+            .defer("body_html").order_by("-created_at", "-id"))
+
+
+def outbox_message(access: Access, pk: int):
+    """One outbox row, or None when it does not exist or belongs to a tenant the person does not operate."""
+    from approvals.models import Notification
+
+    return Notification.objects.filter(pk=pk, tenant_id__in=outbox_tenant_ids(access)).select_related("tenant").first()

@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.services import notify, require_role
+from ledger import describe
 from ledger.audit import event_is_authentic, ledger_transaction
 from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
@@ -36,7 +37,13 @@ IRREVERSIBLE = {ActionClass.EXTERNAL_IRREVERSIBLE}
 
 
 def correction_trail(run: Run) -> dict:
-    """The run's correction trail: a headline and statements (changed|restored|corrected|not_undone|reviewed|pending)."""
+    """The run's correction trail: a headline and statements (changed|restored|corrected|not_undone|reviewed|pending).
+
+    Written for the person the agent acted for: each step reads in the tool's own words (its policy's `describe`
+    sentences) or, without them, in a plain sentence made from its description and target. Tool names, URLs,
+    error texts, HTTP statuses and audit event numbers stay on the operator's run page; `audit` (the reference into
+    the chain) is for the API and the operator, and the customer's pages leave it out.
+    """
     actions = list(run.actions.select_related("tool").order_by("seq"))
     events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
     latest_comp = {}
@@ -51,53 +58,53 @@ def correction_trail(run: Run) -> dict:
 
     for action in forward:
         if action.status in HAD_EFFECT and action.tool.action_class != ActionClass.READ_ONLY:
-            say("changed", f"Step {action.seq}: {_effect(action)}")
+            say("changed", _effect(action))
 
-    why = _why_corrected(run, events)
+    why = _why_corrected(run, events, forward)
     if why:
         say("corrected", why)
 
     not_undone = 0
     for action in reversed(forward):  # in the order Unwind undoes them: newest first
         comp = latest_comp.get(action.pk)
-        label = _label(action)
+        step = _step(action)
         irreversible = (action.tool.action_class in IRREVERSIBLE
                         or action.compensation_plan.get("strategy") == CompensationStrategy.CORRECTION)
         if action.status == A.COMPENSATED and comp is not None:
             if irreversible:
                 not_undone += 1
-                what = _first_sentence(action.tool.description) or "its effect is outside our control"
-                say("not_undone", f"{label} cannot be taken back: {what}.")
-                say("corrected", f"Instead, a correction was made: {comp.tool.name}"
-                                 f"{_args_summary(comp.args, comp.tool)}.")
+                say("not_undone", f"This cannot be taken back: {_quiet(step)}.")
+                say("corrected", f"Instead, a correction was made: {_quiet(_step(comp))}.")
             else:
                 say("restored", _restored(action, comp))
         elif action.status == A.COMPENSATION_FAILED:
             not_undone += 1
-            say("not_undone", f"{label} could not be restored because {_failure_cause(action, comp, events)}.")
+            say("not_undone", f"This could not be undone: {_quiet(step)}. The reason: {_failure_cause(action, comp, events)}.")
         elif action.status == A.COMPENSATING:
             waiting = comp is not None and comp.status == A.AWAITING_APPROVAL
-            say("pending", f"Undoing {label} is {'waiting for a person to approve it' if waiting else 'in progress'}.")
+            say("pending", f"Undoing this is {'waiting for a person to approve it' if waiting else 'in progress'}: "
+                           f"{_quiet(step)}.")
         elif action.status == A.SUCCEEDED and run.status in (R.COMPENSATED, R.CLOSED, R.NEEDS_ATTENTION, R.UNWINDING) \
                 and action.tool.action_class != ActionClass.READ_ONLY and _has_no_undo(action):
             not_undone += 1
-            say("not_undone", f"{label} has no automatic undo and still stands.")
+            say("not_undone", f"This has no automatic undo and still stands: {_quiet(step)}.")
         elif action.status == A.LOST:
-            say("pending", f"The outcome of {label} is unknown; a person has been asked to check it.")
+            say("pending", f"We do not know yet whether this happened, and a person has been asked to check: "
+                           f"{_quiet(step)}.")
 
     reviewers = _reviews(events, actions, say)
     if not reviewers:
         if run.status in (R.COMPLETED, R.COMPENSATED):
-            say("reviewed", "No person needed to review this run: Unwind handled it by its policy.")
+            say("reviewed", "No person needed to review this: it was handled automatically, by the rules set for it.")
         else:
-            say("reviewed", "No person has reviewed this run yet.")
+            say("reviewed", "No person has reviewed this yet.")
 
     if run.status == R.NEEDS_ATTENTION:
         say("pending", "What is left has been put in front of a person, who will decide how to finish it.")
     elif run.status in (R.RUNNING, R.AWAITING_APPROVAL):
-        say("pending", "The run is still in progress, so this account is not final.")
+        say("pending", "The work is still in progress, so this account is not final.")
     elif run.status == R.UNWINDING:
-        say("pending", "Undoing the run's changes is in progress.")
+        say("pending", "Undoing the changes is in progress.")
 
     return {
         "run": run.pk,
@@ -108,8 +115,6 @@ def correction_trail(run: Run) -> dict:
         "audit": _audit(run, events),
     }
 
-
-# --- share links ------------------------------------------------------------------------------------
 
 def share_max_age() -> int:
     return int(getattr(settings, "UNWIND_TRAIL_LINK_MAX_AGE", DEFAULT_SHARE_MAX_AGE))
@@ -208,10 +213,25 @@ def trail_send(*, run: Run, user) -> str:
 
 
 # --- wording ----------------------------------------------------------------------------------------
+# Every sentence below is for the person the agent acted for: it names what happened to them in the tool's own
+# words or in plain ones, never a tool name, URL, error text, HTTP status or audit event number.
 
 def _first_sentence(text: str) -> str:
     text = (text or "").strip()
     return text.split(". ")[0].rstrip(".") if text else ""
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text
+
+
+def _quiet(sentence: str) -> str:
+    """A sentence set inside another: no final full stop of its own, lower-case start unless it is a name."""
+    return _lower_first(sentence.rstrip(". "))
+
+
+def _human(name: str) -> str:
+    return str(name).replace("_", " ").replace("-", " ").strip()
 
 
 def _short(value) -> str | None:
@@ -219,7 +239,7 @@ def _short(value) -> str | None:
         return None
     if isinstance(value, (int, float)):
         return str(value)
-    if isinstance(value, str) and 0 < len(value) <= SUMMARY_VALUE_LENGTH and "\n" not in value:
+    if isinstance(value, str) and 0 < len(value) <= SUMMARY_VALUE_LENGTH and value.isprintable():
         return value
     return None
 
@@ -231,22 +251,38 @@ def _args_summary(args, tool) -> str:
     required = [name for name in (tool.args_schema or {}).get("required", []) if name in args]
     parts = []
     for name in [*required, *sorted(set(args) - set(required))]:
-        value = args[name]
-        shown = _short(value)
+        shown = _short(args[name])
         if shown is not None:
-            parts.append(f"{name}: {shown}")
+            parts.append(f"{_human(name)}: {shown}")
         if len(parts) == SUMMARY_ARGS:
             break
     return f" ({', '.join(parts)})" if parts else ""
 
 
 def _target(action) -> str:
-    return " ".join(p for p in (action.target_type, action.target_id) if p)
+    return " ".join(p for p in (_human(action.target_type), action.target_id) if p)
 
 
-def _label(action) -> str:
+def _declared(action, kind: str) -> str | None:
+    """The tool's own sentence for this step (its policy's `describe`), or None to fall back to a plain one."""
+    template = (action.tool.describe or {}).get(kind) if isinstance(action.tool.describe, dict) else None
+    if not template:
+        return None
+    return describe.render(template, args=action.args, result=action.result, target=action.target_id or "")
+
+
+def _generic(action) -> str:
+    """What the step was, without the tool's own words: its description and arguments, else its target."""
+    what = _first_sentence(action.tool.description)
+    if what:
+        return f"{_lower_first(what)}{_args_summary(action.args, action.tool)}"
     target = _target(action)
-    return f"step {action.seq} ({action.tool.name}{' on ' + target if target else ''})"
+    return f"a change to {target}" if target else "a step taken on your behalf"
+
+
+def _step(action) -> str:
+    """The step as a sentence: the tool's `describe.done`, or the plain fallback."""
+    return _declared(action, "done") or f"we took this step: {_generic(action)}"
 
 
 def _fields(tool, *snapshots) -> list[str]:
@@ -260,30 +296,42 @@ def _changes(action) -> list[str]:
     before, after = action.before, action.after
     if not isinstance(before, dict) or not isinstance(after, dict):
         return []
-    return [f"{field} from {before.get(field)} to {after.get(field)}" for field in _fields(action.tool, after)
+    return [f"{_human(field)} from {before.get(field)} to {after.get(field)}" for field in _fields(action.tool, after)
             if field in before and before.get(field) != after.get(field)]
 
 
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
 def _effect(action) -> str:
+    declared = _declared(action, "done")
+    if declared:
+        return _sentence(declared)
     target = _target(action)
     changes = _changes(action)
     if changes and target:
-        return f"{action.tool.name} changed {target}: {', '.join(changes)}."
-    what = _first_sentence(action.tool.description) or action.tool.name
-    on = f" on {target}" if target else ""
-    return f"{action.tool.name}{on}: {what}{_args_summary(action.args, action.tool)}."
+        return f"We changed {target}: {', '.join(changes)}."
+    return _sentence(f"we took this step: {_generic(action)}")
 
 
 def _restored(action, comp) -> str:
-    target = _target(action) or action.tool.name
+    declared = _declared(action, "undone")
+    if declared:
+        return _sentence(declared)
+    target = _target(action) or "it"
     if action.compensation_plan.get("strategy") == CompensationStrategy.SNAPSHOT:
-        back = [f"{field} back to {action.before.get(field)}" for field in _fields(action.tool, action.after)
+        back = [f"{_human(field)} back to {action.before.get(field)}" for field in _fields(action.tool, action.after)
                 if isinstance(action.before, dict) and field in action.before
                 and action.before.get(field) != (action.after or {}).get(field)]
         if back:
-            return f"Restored {target}: {', '.join(back)}."
-        return f"Restored {target} to how it was before step {action.seq}."
-    return f"Undid {_label(action)} with {comp.tool.name}{_args_summary(comp.args, comp.tool)}."
+            return f"We restored {target}: {', '.join(back)}."
+        return f"We restored {target} to how it was before."
+    undo = _declared(comp, "done")
+    if undo:
+        return _sentence(undo)
+    return _sentence(f"we undid this step: {_generic(action)}")
 
 
 def _has_no_undo(action) -> bool:
@@ -295,24 +343,20 @@ def _failure_cause(action, comp, events) -> str:
         current = next((e.data.get("current") for e in reversed(events)
                         if e.action_ref == comp.pk and e.kind == "compensation.failed" and "current" in e.data), None)
         current = current if isinstance(current, dict) else {}
-        now = [f"{field} is now {current[field]}" for field in _fields(action.tool, current)
+        now = [f"{_human(field)} is now {current[field]}" for field in _fields(action.tool, current)
                if isinstance(action.after, dict) and action.after.get(field) != current[field]]
         detail = f" ({', '.join(now)})" if now else ""
-        return (f"someone else changed it after the agent did{detail}; their change was kept rather than "
+        return (f"someone else changed it after the agent did{detail}, and their change was kept rather than "
                 f"overwritten")
     if comp is not None and comp.status == A.REJECTED:
-        return f"undoing it was rejected by an approver: {comp.decision_reason or 'no reason given'}"
+        return f"a person decided not to undo it: {comp.decision_reason or 'no reason given'}"
     if comp is not None and comp.status == A.EXPIRED:
         return "nobody approved undoing it in time"
-    if comp is not None and comp.error_message:
-        return f"the undo step failed: {comp.error_message}"
-    error = next((e.data.get("error") for e in reversed(events)
-                  if e.action_ref == action.pk and e.kind == "forward.compensation_failed" and e.data.get("error")), None)
-    return f"no undo could be prepared: {error}" if error else "the undo step did not succeed"
+    return "undoing it did not succeed, and a person has been told"
 
 
-def _why_corrected(run, events) -> str:
-    """Why the run was unwound, from the audit chain: a failed or rejected step, a cancellation, a person."""
+def _why_corrected(run, events, forward) -> str:
+    """Why the run was unwound, from the audit chain and the steps: a failed or declined step, a cancellation."""
     started = next((e for e in events if e.kind == "run.unwinding"), None)
     if started is None:
         return ""
@@ -320,16 +364,26 @@ def _why_corrected(run, events) -> str:
     if who.startswith("user:"):
         reason = started.data.get("reason") or ""
         if reason:
-            return f"Why it was corrected: {who[5:]} decided to undo the run ({reason})."
+            return f"Why it was corrected: {who[5:]} decided to undo it ({reason})."
         cancelled = next((e for e in events if e.kind == "run.cancel_requested" and e.actor == who), None)
         if cancelled is not None:
             note = cancelled.data.get("reason")
-            return f"Why it was corrected: {who[5:]} cancelled the run{f' ({note})' if note else ''}."
-        return f"Why it was corrected: {who[5:]} decided to undo the run."
+            return f"Why it was corrected: {who[5:]} cancelled it{f' ({note})' if note else ''}."
+        return f"Why it was corrected: {who[5:]} decided to undo it."
     if who.startswith("agent:") and any(e.kind == "run.cancel_requested" for e in events):
-        return "Why it was corrected: the agent cancelled the run before it finished."
-    why = started.data.get("why") or ""
-    return f"Why it was corrected: {why}." if why else "Why it was corrected: a step could not be completed."
+        return "Why it was corrected: the agent stopped before it finished."
+    stopped = next((a for a in reversed(forward) if a.status in (A.FAILED, A.REJECTED, A.EXPIRED)), None)
+    if stopped is None:
+        return "Why it was corrected: a step could not be completed."
+    if stopped.status == A.REJECTED:
+        reason = f" ({stopped.decision_reason})" if stopped.decision_reason else ""
+        return f"Why it was corrected: a person declined this step{reason}: {_quiet(_step(stopped))}."
+    if stopped.status == A.EXPIRED:
+        return f"Why it was corrected: nobody approved this step in time: {_quiet(_step(stopped))}."
+    failed = _declared(stopped, "failed")
+    if failed:
+        return f"Why it was corrected: {_quiet(failed)}."
+    return f"Why it was corrected: this step could not be completed: {_generic(stopped)}."
 
 
 def _reviews(events, actions, say) -> list[str]:
@@ -342,20 +396,20 @@ def _reviews(events, actions, say) -> list[str]:
         person = event.actor[5:]
         action = by_id.get(event.action_ref)
         reason = event.data.get("reason") or ""
-        tail = f" on {event.created_at:%Y-%m-%d %H:%M} UTC" + (f" ({reason})" if reason else "") + "."
+        tail = f" on {event.created_at:%Y-%m-%d %H:%M} UTC" + (f" ({reason})" if reason else "")
         if event.kind in ("approval.approve", "approval.reject") and action is not None:
-            verb = "approved" if event.kind == "approval.approve" else "rejected"
+            verb = "approved" if event.kind == "approval.approve" else "declined"
             undone = by_id.get(action.compensates_id) if action.kind == ActionKind.COMPENSATION else None
-            what = f"undoing {_label(undone)}" if undone is not None else _label(action)
-            say("reviewed", f"{person} reviewed and {verb} {what}{tail}")
+            what, step = ("undoing this step", undone) if undone is not None else ("this step", action)
+            say("reviewed", f"{person} reviewed and {verb} {what}{tail}: {_quiet(_step(step))}.")
         elif event.kind == "run.running" and event.data.get("status_from") == R.NEEDS_ATTENTION:
-            say("reviewed", f"{person} reviewed the run and resumed it{tail}")
+            say("reviewed", f"{person} reviewed it and had the work resumed{tail}.")
         elif event.kind == "run.unwinding" and "why" not in event.data:  # a cancel says so once, above
-            say("reviewed", f"{person} reviewed the run and had it undone{tail}")
+            say("reviewed", f"{person} reviewed it and had it undone{tail}.")
         elif event.kind == "run.closed":
-            say("reviewed", f"{person} reviewed the run and closed it as handled{tail}")
+            say("reviewed", f"{person} reviewed it and closed it as handled{tail}.")
         elif event.kind == "run.cancel_requested":
-            say("reviewed", f"{person} cancelled the run{tail}")
+            say("reviewed", f"{person} cancelled it{tail}.")
         else:
             continue
         if person not in people:

@@ -15,6 +15,8 @@ urlpatterns = [
     path("runs/<int:pk>/trail/links/", views.trail_link_new, name="trail_link_new"),
     path("runs/<int:pk>/trail/links/<int:link_id>/revoke/", views.trail_link_revoke_view, name="trail_link_revoke"),
     path("trail/<str:token>/", views.trail_share, name="trail_share"),
+    path("outbox/", views.outbox, name="outbox"),
+    path("outbox/<int:pk>/", views.outbox_message, name="outbox_message"),
     path("metrics/", views.metrics, name="metrics"),
     path("policy/", views.policy, name="policy"),
 ]

@@ -12,7 +12,7 @@ from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from ledger import selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
@@ -306,6 +306,43 @@ def trail_share(request, token: str):
 def _trail_missing(request, sentence: str):
     return render(request, "recovery/refused.html", {"title": "Correction trail not found", "detail": sentence},
                   status=404)
+
+
+# --- outbox -----------------------------------------------------------------------------------------
+
+OUTBOX_PAGE_SIZE = 30
+
+
+def _outbox_refusal(request, access: selectors.Access):
+    if not access.roles:
+        return _forbidden(request, "You have no role in any tenant, so there is no outgoing email to show you.")
+    return _forbidden(request, "The outbox shows the email a tenant sends (approval requests, correction trails with "
+                               "their share links) to its operators and admins; you are "
+                               f"{', '.join(sorted(set(access.roles.values())))}.")
+
+
+@login_required
+@require_safe
+def outbox(request):
+    """The email Unwind has sent or will send for the tenants the person operates: subject, recipients, time."""
+    access = selectors.access_for(request.user)
+    if not selectors.outbox_tenant_ids(access):
+        return _outbox_refusal(request, access)
+    page = Paginator(selectors.outbox_messages(access), OUTBOX_PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "recovery/outbox.html", {"page": page, "several": len(access.roles) > 1})
+
+
+@login_required
+@require_safe
+def outbox_message(request, pk: int):
+    """One message as it was written to the outbox: its text body, and how sending it went."""
+    access = selectors.access_for(request.user)
+    if not selectors.outbox_tenant_ids(access):
+        return _outbox_refusal(request, access)
+    message = selectors.outbox_message(access, pk)
+    if message is None:
+        raise Http404("No such message")
+    return render(request, "recovery/outbox_message.html", {"message": message})
 
 
 # --- metrics ----------------------------------------------------------------------------------------

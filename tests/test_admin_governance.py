@@ -31,7 +31,7 @@ def tool_form(tool: Tool, **changes) -> dict:
     data = {k: v for k, v in model_to_dict(tool).items() if k != "id"}
     data.update(changes)
     data = {k: ("" if v is None else v) for k, v in data.items()}
-    for field in ("args_schema", "snapshot", "verify", "lookup", "compensation", "key_fields"):
+    for field in ("args_schema", "snapshot", "verify", "lookup", "compensation", "key_fields", "describe"):
         data[field] = json.dumps(data[field])
     return data
 

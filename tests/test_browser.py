@@ -132,7 +132,7 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
 
     page.get_by_role("link", name=f"run {run.pk}").first.click()
     page.wait_for_url(f"**/console/runs/{run.pk}/")
-    sync_api.expect(page.locator("#trail")).to_contain_text("Restored ticket")
+    sync_api.expect(page.locator("#trail")).to_contain_text("We restored ticket")
     page.get_by_role("button", name="Make a share link").click()
     share_url = page.locator("#share-url").input_value()
     page.shots.take("run")
@@ -150,7 +150,7 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
         watch_csp(outsider)
         outsider.goto(share_url)
         sync_api.expect(outsider.locator("h1")).to_have_text("What happened to your request")
-        sync_api.expect(outsider.locator(".statements")).to_contain_text("oscar reviewed the run")
+        sync_api.expect(outsider.locator(".statements")).to_contain_text("oscar reviewed it")
         outsider.screenshot(path=str(page.shots.folder / "99-shared-trail.png"), full_page=True)
     finally:
         anonymous.close()

@@ -40,25 +40,21 @@ def test_shape_is_what_the_api_serves(tools):
 def test_compensated_onboarding_run(tools):
     run = onboarding_compensated(tools)
     trail = correction_trail(run)
-    user, license_ = run.actions.get(seq=1), run.actions.get(seq=2)
     assert trail["status"] == "compensated"
     assert trail["headline"] == "Everything the agent changed has been undone."
-    changed = texts(trail, "changed")
-    assert len(changed) == 2
-    assert changed[0].startswith(f"Step 1: hr.create_user on user {user.target_id}")
-    assert "ashu@company.com" in changed[0]
-    assert changed[1].startswith(f"Step 2: licenses.provision on license {license_.target_id}")
-    assert texts(trail, "corrected") == [
-        "Why it was corrected: email.send (step 3) failed: email.send answered 504: injected fault: "
-        "email.send answered 504 and applied nothing."]
-    restored = texts(trail, "restored")
-    assert restored == [  # in the order they were undone: newest first
-        f"Undid step 2 (licenses.provision on license {license_.target_id}) with licenses.revoke "
-        f"(license_id: {license_.target_id}).",
-        f"Undid step 1 (hr.create_user on user {user.target_id}) with hr.delete_user (user_id: {user.target_id}).",
+    assert texts(trail, "changed") == [  # in the tools' own words (sandbox/policy.yaml, describe.done)
+        "We created an HR account for Ashu Kumar (ashu@company.com).",
+        "We provisioned a paid workspace license.",
+    ]
+    assert texts(trail, "corrected") == [  # describe.failed, not "email.send answered 504: injected fault"
+        "Why it was corrected: we could not send the email \u201cWelcome\u201d to ashu@home.example."]
+    assert texts(trail, "restored") == [  # in the order they were undone: newest first (describe.undone)
+        "We revoked the workspace license we had provisioned.",
+        "We removed the HR account we had created for Ashu Kumar.",
     ]
     assert texts(trail, "not_undone") == []
-    assert texts(trail, "reviewed") == ["No person needed to review this run: Unwind handled it by its policy."]
+    assert texts(trail, "reviewed") == [
+        "No person needed to review this: it was handled automatically, by the rules set for it."]
     assert trail["reviewed_by"] == []
     assert trail["audit"]["verified"] is True
     assert trail["audit"]["events"] == AuditEvent.objects.filter(run_ref=run.pk).count() > 10
@@ -70,14 +66,14 @@ def test_drift_run_says_what_could_not_be_restored_and_why(tools):
     ticket = run.actions.get(seq=1).target_id
     trail = correction_trail(run)
     assert trail["status"] == "needs_attention"
-    assert texts(trail, "changed") == [f"Step 1: crm.update_ticket changed ticket {ticket}: priority from normal to high."]
+    assert texts(trail, "changed") == [f"We set the priority of ticket {ticket} to high."]
     assert texts(trail, "not_undone") == [
-        f"step 1 (crm.update_ticket on ticket {ticket}) could not be restored because someone else changed it after "
-        "the agent did (priority is now urgent); their change was kept rather than overwritten."]
-    assert texts(trail, "corrected") == ["Why it was corrected: the agent cancelled the run before it finished."]
+        f"This could not be undone: we set the priority of ticket {ticket} to high. The reason: someone else "
+        "changed it after the agent did (priority is now urgent), and their change was kept rather than overwritten."]
+    assert texts(trail, "corrected") == ["Why it was corrected: the agent stopped before it finished."]
     assert "a person is deciding" in trail["headline"]
     assert any("put in front of a person" in t for t in texts(trail, "pending"))
-    assert texts(trail, "reviewed") == ["No person has reviewed this run yet."]
+    assert texts(trail, "reviewed") == ["No person has reviewed this yet."]
 
 
 def test_drift_run_closed_by_a_person_names_the_reviewer(tools):
@@ -88,7 +84,7 @@ def test_drift_run_closed_by_a_person_names_the_reviewer(tools):
     assert trail["reviewed_by"] == ["oscar"]
     reviewed = texts(trail, "reviewed")
     assert len(reviewed) == 1
-    assert reviewed[0].startswith("oscar reviewed the run and closed it as handled on ")
+    assert reviewed[0].startswith("oscar reviewed it and closed it as handled on ")
     assert reviewed[0].endswith("(the customer asked for urgent).")
     assert texts(trail, "pending") == []
     assert trail["headline"].startswith("A person reviewed this run and closed it")
@@ -97,17 +93,44 @@ def test_drift_run_closed_by_a_person_names_the_reviewer(tools):
 def test_email_correction_run_says_what_cannot_be_unsent_and_the_correction(tools):
     run = email_correction_run(tools)
     trail = correction_trail(run)
-    assert texts(trail, "changed") == [
-        "Step 1: email.send: Send an email (to: customer@example.com, subject: Your refund, body: It is on its way.)."]
-    assert texts(trail, "not_undone") == [
-        "step 1 (email.send) cannot be taken back: Send an email."]
+    sent = "we sent an email to customer@example.com with the subject \u201cYour refund\u201d"
+    assert texts(trail, "changed") == [f"W{sent[1:]}."]
+    assert texts(trail, "not_undone") == [f"This cannot be taken back: {sent}."]
     corrected = texts(trail, "corrected")
-    assert corrected[0].startswith("Why it was corrected: email.send (step 2) failed: email.send answered 400")
-    assert corrected[1] == ("Instead, a correction was made: email.send (to: customer@example.com, "
-                            "subject: Correction: Your refund).")
+    assert corrected[0] == ("Why it was corrected: we could not send the email \u201cRefund issued\u201d to "
+                            "finance@example.com.")
+    assert corrected[1] == ("Instead, a correction was made: we sent an email to customer@example.com with the "
+                            "subject \u201cCorrection: Your refund\u201d.")
     assert texts(trail, "restored") == []
     assert trail["headline"] == ("The agent's changes were undone, except 1 that could not be taken back "
                                  "and was corrected instead.")
+
+
+def test_a_tool_without_describe_reads_from_its_description_never_its_name(tools):
+    """The fallback: a plain sentence from the tool's description and arguments (or its target), no tool id."""
+    from ledger.services.tools import tool_upsert
+    from tests.conftest import in_process_policy
+
+    for name in ("hr.create_user", "licenses.provision", "email.send", "hr.delete_user", "licenses.revoke"):
+        spec = {k: v for k, v in in_process_policy()["tools"][name].items() if k != "describe"}
+        if name == "licenses.provision":
+            spec["description"] = ""
+        tool_upsert(tenant=tools.acme, name=name, spec=spec, actor="test")
+    run = onboarding_compensated(tools)
+    trail = correction_trail(run)
+    license_ = run.actions.get(seq=2).target_id
+    assert texts(trail, "changed") == [
+        "We took this step: create a user in the HR directory (email: ashu@company.com, name: Ashu Kumar).",
+        f"We took this step: a change to license {license_}.",
+    ]
+    assert texts(trail, "corrected") == [
+        "Why it was corrected: this step could not be completed: send an email (to: ashu@home.example, "
+        "subject: Welcome, body: Hi)."]
+    assert texts(trail, "restored") == [
+        f"We undid this step: a change to license {license_}.",
+        "We undid this step: create a user in the HR directory (email: ashu@company.com, name: Ashu Kumar).",
+    ]
+    assert_customer_safe(json.dumps(trail["statements"]) + trail["headline"], run)
 
 
 def test_trail_shows_no_prompts_or_model_reasoning(tools):
@@ -136,14 +159,16 @@ def test_approvals_are_reviews(tools, django_capture_on_commit_callbacks):
     run.refresh_from_db()
     trail = correction_trail(run)
     assert trail["reviewed_by"] == ["alice"]
-    assert texts(trail, "reviewed")[0].startswith("alice reviewed and approved step 1 (payments.charge")
-    assert texts(trail, "pending") == ["The run is still in progress, so this account is not final."]
+    reviewed = texts(trail, "reviewed")[0]
+    assert reviewed.startswith("alice reviewed and approved this step on ")
+    assert reviewed.endswith(" UTC (regular customer): we charged 700 cents to the card of cus_7.")
+    assert texts(trail, "pending") == ["The work is still in progress, so this account is not final."]
 
 
 def test_step_failed_after_pivot_is_pending_a_person(tools):
     run = step_failed_run(tools)
     trail = correction_trail(run)
-    assert any(t.startswith("Step 1: payments.charge on charge ") for t in texts(trail, "changed"))
+    assert texts(trail, "changed") == ["We charged 4900 cents to the card of cus_42."]
     assert texts(trail, "not_undone") == []
 
 
@@ -171,7 +196,8 @@ def test_share_link_needs_no_account(tools):
     html = response.content.decode()
     assert response.status_code == 200
     assert "Everything the agent changed has been undone." in html
-    assert "Undid step 1" in html and "audit chain of tenant acme" in html
+    assert "We removed the HR account we had created for Ashu Kumar." in html
+    assert "tamper-evident record, and that record checks out" in html
     assert response["X-Robots-Tag"] == "noindex"
     assert "Log out" not in html
 
@@ -225,7 +251,7 @@ def assert_refused(url: str) -> None:
     assert NOT_FOUND_SENTENCE in response.content
     for hint in (b"expired", b"revoked", b"altered", b"no longer exists"):
         assert hint not in response.content  # one answer for every refusal: no hint which
-    assert b"Undid step 1" not in response.content and b"could not be restored" not in response.content
+    assert b"We removed the HR account" not in response.content and b"could not be undone" not in response.content
 
 
 def test_forged_and_guessed_links_open_nothing(live_tools):
@@ -350,7 +376,8 @@ def test_operator_emails_the_trail_to_the_person_it_acted_for(tools):
     assert mail.outbox[-1].to == ["carol@example.com"]
     link = next(line for line in note.body_text.splitlines() if "/console/trail/" in line)
     shared = Client().get(link[link.index("/console/trail/"):])
-    assert shared.status_code == 200 and b"Undid step 1" in shared.content
+    assert shared.status_code == 200 and b"We removed the HR account" in shared.content
+    assert_customer_safe(note.body_text.split("Read it online")[0], run)  # the share link itself is the one URL
 
 
 def test_viewer_cannot_email_the_trail(tools):
@@ -384,3 +411,11 @@ def run_open_for(world, *, on_behalf_of):
 
     return run_open(tenant=world.acme, agent=world.agent, goal="Something", on_behalf_of=on_behalf_of,
                     actor="agent:booker")
+
+
+def assert_customer_safe(text: str, run) -> None:
+    """What the customer reads holds no URL, tool id, error text, HTTP status or audit event number."""
+    from tests.test_trail_customer import customer_leaks
+
+    leaks = customer_leaks(text, run)
+    assert not leaks, leaks

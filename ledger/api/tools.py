@@ -42,7 +42,7 @@ def compensation_as_written(plan: dict) -> dict:
 def policy_of(tool: Tool) -> dict:
     """A tool's policy in the shape PUT accepts, so what GET shows can be sent back as is."""
     return {
-        "description": tool.description, "args_schema": tool.args_schema, "action_class": tool.action_class,
+        "description": tool.description, "describe": tool.describe, "args_schema": tool.args_schema, "action_class": tool.action_class,
         "saga_role": tool.saga_role, "risk": tool.risk, "approval": tool.approval,
         "approvals_required": tool.approvals_required, "executor": tool.executor, "endpoint": tool.endpoint,
         "target": {"type": tool.target_type, "from": tool.target_from},
@@ -86,6 +86,9 @@ class ToolPolicy(serializers.Serializer):
     """A tool's policy (README, Policy files). Validated by the engine, which names the field at fault."""
 
     description = serializers.CharField(required=False)
+    describe = serializers.JSONField(
+        required=False, help_text='Sentences for the correction trail: {"done": "We booked {args.hotel}", "undone": …, '
+                                  '"failed": …}; placeholders {args.<name>}, {result.<name>}, {target} only.')
     args_schema = serializers.JSONField(required=False, help_text="JSON Schema (2020-12) of the arguments.")
     action_class = serializers.ChoiceField(ActionClass.choices, required=False)
     saga_role = serializers.ChoiceField(SagaRole.choices, required=False)

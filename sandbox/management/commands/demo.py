@@ -2,8 +2,15 @@
 
 --check runs them and exits non-zero on any mismatch; --serve (what `make demo` runs) keeps serving
 until Ctrl-C, which stops every process it started.
+
+The demo starts from a clean database when it uses its own (var/demo.sqlite3, what `make demo` points
+DATABASE_URL at), unless --keep; any other database is never removed. The terminal shows the scenarios'
+checks and ends with where to click and the logins: the web server and the worker write to var/demo-web.log
+and var/demo-worker.log, and the email the demo sends goes to files in var/demo-mail/ and to the console's
+outbox page, never to the terminal.
 """
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,22 +22,28 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 import yaml
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from ledger.management.commands.worker import stop_group
-from ledger.models import Agent, Tenant
+from ledger.models import Agent, Run, Tenant
 from ledger.services.tenancy import agent_create, membership_set, tenant_create
 from ledger.services.tools import tools_load
 
 TENANT = "demo"
-PEOPLE = [  # username, role, password (demo only: printed on the terminal)
-    ("approver", "approver", "approver-demo"),
-    ("operator", "operator", "operator-demo"),
-    ("viewer", "viewer", "viewer-demo"),
+PEOPLE = [  # username, role, password (demo only: printed on the terminal), what to try with it
+    ("operator", "operator", "operator-demo", "recovery queue, runs, share a correction trail, the outbox"),
+    ("approver", "approver", "approver-demo", "the approvals inbox: a charge waits for a decision"),
+    ("viewer", "viewer", "viewer-demo", "reads runs and trails, decides nothing"),
 ]
+ADMIN = ("admin", "superuser", "admin-demo", "/admin/: tools, policy versions, keys")
+VAR = Path(settings.BASE_DIR) / "var"
+DEMO_DATABASE = VAR / "demo.sqlite3"
+MAIL_DIR = VAR / "demo-mail"
+AGENT_KEY_FILE = VAR / "demo-agent.key"
 
 
 class Command(BaseCommand):
@@ -41,42 +54,48 @@ class Command(BaseCommand):
         mode.add_argument("--serve", action="store_true", help="run the scenarios, then keep serving until Ctrl-C")
         mode.add_argument("--check", action="store_true", help="run the scenarios and exit non-zero on any mismatch")
         parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--keep", action="store_true",
+                            help=f"keep the demo database ({DEMO_DATABASE.relative_to(settings.BASE_DIR)}) and its "
+                                 "runs instead of starting afresh")
 
-    def handle(self, *args, serve=False, check=False, port=8000, **options):
+    def handle(self, *args, serve=False, check=False, port=8000, keep=False, **options):
         base_url = f"http://127.0.0.1:{port}"
+        VAR.mkdir(exist_ok=True)
+        self.start_afresh(keep=keep)
         self.say("migrating the database")
         call_command("migrate", verbosity=0, interactive=False)
         key = self.seed()
         # The demo is what the sandbox is for: it is on in the processes the demo starts, whatever the shell says.
+        # Its email goes to files and the console's outbox, not to the terminal (a shell's EMAIL_BACKEND still wins).
         env = dict(os.environ, UNWIND_BASE_URL=base_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_TASKS_SYNC="0",
                    UNWIND_SANDBOX="1", PYTHONUNBUFFERED="1")
-        env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
-        logs = Path(settings.BASE_DIR) / "var"
+        env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+        env.setdefault("EMAIL_FILE_PATH", str(MAIL_DIR))
         processes = []
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` stops the web server and the worker as Ctrl-C does
         try:
-            web_log = open(logs / "demo-web.log", "w")
+            web_log = open(VAR / "demo-web.log", "w")
+            worker_log = open(VAR / "demo-worker.log", "w")
             processes.append(subprocess.Popen(
                 [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
                 cwd=settings.BASE_DIR, env=env, stdout=web_log, stderr=subprocess.STDOUT, start_new_session=True))
             processes.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=settings.BASE_DIR, env=env,
-                                              stdout=sys.stdout if serve else subprocess.DEVNULL,
-                                              stderr=sys.stderr if serve else subprocess.DEVNULL,
-                                              start_new_session=True))
+                                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
             self.wait_for(base_url, processes)
             checks, runs, waiting = self.scenarios(base_url, key)
+            checks += self.console_checks(base_url, runs)
             failed = self.report(checks)
             if check:
                 verdict = call_command_output("verify_audit")
                 self.say(verdict.strip())
                 if failed:
-                    raise CommandError(f"{failed} check(s) did not match; web log: var/demo-web.log")
+                    raise CommandError(f"{failed} check(s) did not match; logs: var/demo-web.log, var/demo-worker.log")
                 self.stdout.write(self.style.SUCCESS(f"all {len(checks)} checks match"))
                 return
             self.welcome(base_url, runs, waiting)
             while all(p.poll() is None for p in processes):
                 time.sleep(0.5)
-            raise CommandError("a demo process stopped; see var/demo-web.log")
+            raise CommandError("a demo process stopped; see var/demo-web.log and var/demo-worker.log")
         except KeyboardInterrupt:
             self.say("stopping")
         finally:
@@ -86,23 +105,45 @@ class Command(BaseCommand):
     def say(self, text: str) -> None:
         self.stdout.write(f"[demo] {text}")
 
+    def start_afresh(self, *, keep: bool) -> None:
+        """Remove the demo's own database (and the mail it sent) so each demo starts clean; never any other database."""
+        database = settings.DATABASES["default"]
+        own = demo_database_to_clear(database, keep=keep)
+        if own is None:
+            where = Path(str(database["NAME"])).name if database["ENGINE"].endswith("sqlite3") else \
+                database["ENGINE"].rsplit(".", 1)[-1]
+            why = "--keep" if keep else f"only {DEMO_DATABASE.relative_to(settings.BASE_DIR)} is ever removed"
+            self.say(f"keeping the database ({where}: {why})")
+            return
+        connections.close_all()
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{own}{suffix}").unlink(missing_ok=True)
+        shutil.rmtree(MAIL_DIR, ignore_errors=True)
+        self.say(f"starting from a clean demo database ({DEMO_DATABASE.relative_to(settings.BASE_DIR)}; "
+                 "KEEP=1 make demo keeps it)")
+
     def seed(self) -> str:
         tenant = Tenant.objects.filter(slug=TENANT).first() or tenant_create(slug=TENANT, name="Demo Company")
         policy = yaml.safe_load((Path(settings.BASE_DIR) / "sandbox" / "policy.yaml").read_text())
         tools_load(tenant=tenant, document=policy, actor="system:demo")
         User = get_user_model()
-        for username, role, password in PEOPLE:
+        for username, role, password, _ in PEOPLE:
             user = User.objects.filter(username=username).first() or User.objects.create_user(
                 username, f"{username}@demo.example", password)
             membership_set(tenant=tenant, user=user, role=role)
-        if not User.objects.filter(username="admin").exists():
-            User.objects.create_superuser("admin", "admin@demo.example", "admin-demo")
+        if not User.objects.filter(username=ADMIN[0]).exists():
+            User.objects.create_superuser(ADMIN[0], f"{ADMIN[0]}@demo.example", ADMIN[2])
         from sandbox.services import sandbox_reset
 
         sandbox_reset(tenant=tenant)
         name = f"demo-agent-{Agent.objects.filter(tenant=tenant).count() + 1}"
         _, key = agent_create(tenant=tenant, name=name, actor="system:demo")
-        self.say(f"seeded tenant '{TENANT}' with {len(policy['tools'])} sandbox tools and agent {name}")
+        # For the curl examples in docs/demo.md: the key is a demo's, on this machine, readable by its owner only.
+        AGENT_KEY_FILE.unlink(missing_ok=True)
+        AGENT_KEY_FILE.touch(mode=0o600)
+        AGENT_KEY_FILE.write_text(key + "\n")
+        self.say(f"seeded tenant '{TENANT}' with {len(policy['tools'])} sandbox tools and agent {name} "
+                 f"(its key: {AGENT_KEY_FILE.relative_to(settings.BASE_DIR)})")
         return key
 
     def wait_for(self, base_url: str, processes) -> None:
@@ -128,7 +169,7 @@ class Command(BaseCommand):
             request = ApprovalRequest.objects.get(action_id=action_id, status="pending")
             approval_decide(request=request, user=approver, approve=approve, reason=reason)
 
-        operator = next((username, password) for username, role, password in PEOPLE if role == "operator")
+        operator = next((username, password) for username, role, password, _ in PEOPLE if role == "operator")
         ctx = demo.Context(base_url=base_url, client=Unwind(base_url, key), approve=decide, tenant=TENANT,
                            operator=operator)
         for scenario in demo.SCENARIOS:
@@ -158,18 +199,60 @@ class Command(BaseCommand):
         self.stdout.write("")
         return failed
 
+    def console_checks(self, base_url: str, runs: dict) -> list:
+        """What a newcomer reads next: the outbox has the demo's email, a customer's trail shows no internals."""
+        from sandbox.demo import Check
+        from recovery.trail import trail_link_create
+
+        username, _, password, _ = PEOPLE[0]
+        session = requests.Session()
+        login = f"{base_url}/accounts/login/"
+        session.get(login, timeout=10)
+        session.post(login, data={"username": username, "password": password,
+                                  "csrfmiddlewaretoken": session.cookies.get("csrftoken", "")},
+                     headers={"Referer": login}, timeout=10)
+        outbox = session.get(f"{base_url}/console/outbox/", timeout=10)
+        checks = [Check("0 pages", "outbox lists the approval email", True,
+                        outbox.status_code == 200 and "Approval needed" in outbox.text)]
+        run = Run.objects.filter(pk=runs.get("1 onboarding")).first()
+        if run is not None:
+            _, token = trail_link_create(run=run, user=get_user_model().objects.get(username=username))
+            page = requests.get(f"{base_url}/console/trail/{token}/", timeout=10).text
+            internals = [word for word in ("email.send", "answered", "/sandbox/", "audit chain", "<a ")
+                         if word in page]
+            checks.append(Check("0 pages", "customer trail shows no internals", [], internals))
+        return checks
+
     def welcome(self, base_url: str, runs: dict, waiting: int) -> None:
-        self.stdout.write(self.style.SUCCESS(f"Unwind is serving at {base_url}"))
-        people = ", ".join(f"{u} / {p}" for u, _, p in PEOPLE)
-        self.stdout.write(f"  log in at {base_url}/accounts/login/  ({people}; admin / admin-demo for /admin/)")
-        for name, run_id in runs.items():
-            self.stdout.write(f"  run of scenario {name:12s} {base_url}/console/runs/{run_id}/")
+        """The last lines on the terminal: where to click, then who to log in as. Nothing prints after them."""
+        line = self.stdout.write
+        line("")
+        line(self.style.SUCCESS(f"Unwind is serving at {base_url}  (Ctrl-C stops the web server and the worker)"))
+        line("")
+        line("Where to click:")
         if waiting:
             request = ApprovalRequest.objects.filter(action_id=waiting).first()
             if request:
-                self.stdout.write(f"  a charge waits for you in the inbox: {base_url}/approvals/{request.pk}/")
-        self.stdout.write(f"  recovery queue: {base_url}/console/recovery/   API docs: {base_url}/api/docs/")
-        self.stdout.write("  Ctrl-C stops the web server and the worker.")
+                line(f"  a charge waits for your decision   {base_url}/approvals/{request.pk}/")
+        line(f"  recovery queue                     {base_url}/console/recovery/")
+        for name, run_id in runs.items():
+            line(f"  run of scenario {name:18s} {base_url}/console/runs/{run_id}/")
+        line(f"  email the demo sent (outbox)       {base_url}/console/outbox/   files: var/demo-mail/")
+        line(f"  API docs                           {base_url}/api/docs/   agent key: var/demo-agent.key")
+        line("  inject a fault, watch an unwind    docs/demo.md")
+        line("")
+        line(f"Log in at {base_url}/accounts/login/ as:")
+        line(f"  {'user':10s} {'password':15s} {'role':10s} what to try")
+        for username, role, password, what in [*PEOPLE, ADMIN]:
+            line(f"  {username:10s} {password:15s} {role:10s} {what}")
+
+
+def demo_database_to_clear(database: dict, *, keep: bool) -> Path | None:
+    """The database file a fresh demo removes: the demo's own SQLite file, unless kept; any other, never."""
+    if keep or not database["ENGINE"].endswith("sqlite3"):
+        return None
+    path = Path(str(database["NAME"]))
+    return DEMO_DATABASE if path.resolve() == DEMO_DATABASE.resolve() else None
 
 
 def call_command_output(name: str) -> str:
