@@ -47,6 +47,9 @@ ACTION_FIELDS = (
     "idempotency_key", "result", "error_class", "error_message", "before", "after", "verification", "intent",
     "compensation_plan",
 )
+# Fields an action gained after chains were first written, fingerprinted only when set (so an action recorded before
+# them keeps its fingerprint). `args_text` is what the tool receives: editing it must show like editing `args`.
+ACTION_FIELDS_WHEN_SET = ("args_text", "repeat_of_id")
 RUN_FIELDS = ("tenant_id", "agent_id", "on_behalf_of", "goal", "intent", "plan", "status", "pivot_committed")
 # A tool's whole policy: everything that decides how its calls are checked, run, verified and undone. Fields a
 # Tool gains are added here (tests/test_audit_keyed.py fails on a Tool field that is in neither list).
@@ -69,7 +72,12 @@ def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
 
 
 def action_fingerprint(action: Action) -> str:
-    return _fingerprint("action", action, ACTION_FIELDS)
+    later = {name: getattr(action, name) for name in ACTION_FIELDS_WHEN_SET if getattr(action, name) not in ("", None)}
+    if "args_text" in later:  # by its bytes: the digest's canonical form would not tell composed from decomposed text
+        later["args_text"] = hashlib.sha256(later["args_text"].encode()).hexdigest()
+    if not later:
+        return _fingerprint("action", action, ACTION_FIELDS)
+    return digest("action", action.pk, *[_plain(getattr(action, name)) for name in ACTION_FIELDS], later)
 
 
 def run_fingerprint(run: Run) -> str:
@@ -351,7 +359,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     head = AuditHead.objects.filter(pk=tenant_id).first()
     if head is not None and (head.seq != expected_seq or head.hash != prev):
         raise _Broken("head", f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
-    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS, action_fingerprint,
+    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS + ACTION_FIELDS_WHEN_SET,
+                action_fingerprint,
                 last_action, every_row_recorded=True)
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
                 every_row_recorded=False)

@@ -36,6 +36,10 @@ class StillInFlight(UnwindError):
     code, status, title = "in_flight", 409, "The first request with this key is still running"
 
 
+class RepeatMismatch(UnwindError):
+    code, status, title = "repeat_of_mismatch", 409, "repeat_of does not name a matching earlier action"
+
+
 class RunNotActive(UnwindError):
     code, status, title = "run_not_active", 409, "The run accepts no new actions"
 
