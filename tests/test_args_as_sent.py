@@ -11,7 +11,9 @@ from decimal import Decimal
 
 import pytest
 import requests
+from django.db import connection
 
+from ledger.audit import verify_chain
 from ledger.models import Action
 from ledger.received import LiteralFloat, LiteralInt, dumps, loads
 from tests.recorder import recorder  # noqa: F401 - the fixture
@@ -163,3 +165,16 @@ def test_literal_numbers_round_trip_and_compare_as_numbers():
     document = loads('{"a":500.0,"b":1e2,"c":-0,"d":[0.10,12345678901234567890123]}')
     assert dumps(document) == '{"a":500.0,"b":1e2,"c":-0,"d":[0.10,12345678901234567890123]}'
     assert isinstance(document["b"], LiteralFloat) and document["b"] == 100 and isinstance(document["c"], LiteralInt)
+
+
+def test_editing_what_the_tool_would_receive_breaks_the_audit_chain(rec):
+    """Someone with database access rewrites the text a retry or an undo would send (even only its Unicode form):
+    the hash of `args` still matches, but the audit chain's fingerprint of the action does not."""
+    run_id = open_run(rec)
+    action_id = propose_raw(rec, run_id, ARGS_TEXT, key="audited").json()["id"]
+    assert verify_chain(rec.acme.pk).ok
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE ledger_action SET args_text = %s WHERE id = %s",
+                       [ARGS_TEXT.replace(DECOMPOSED, "Zo\u00eb"), action_id])
+    report = verify_chain(rec.acme.pk)
+    assert not report.ok and report.check == "fingerprint" and f"action {action_id}" in report.problem

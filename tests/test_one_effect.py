@@ -18,6 +18,7 @@ from ledger.transitions import action_transition
 from tests.conftest import needs_postgres
 from tests.recorder import recorder  # noqa: F401 - the fixture
 from tests.test_args_as_sent import agent, open_run, put_tool
+from unwind_client import Unwind
 
 ORDER = {"customer": "acme", "amount_cents": 4900}
 
@@ -216,3 +217,14 @@ def test_concurrent_proposals_with_different_keys_run_the_tool_once(rec):
             assert answer.json()["id"] == winner and answer.json()["matched_by"] == "content"
     assert len(rec.recorder.bodies) == 1
     assert Action.objects.filter(run_id=run_id).count() == 1
+
+
+def test_the_client_gets_the_first_result_and_repeats_only_when_told(rec):
+    unwind = Unwind(rec.live_server.url, rec.key)
+    with unwind.run(goal="client") as run:
+        first = run.act("rec.charge", ORDER, idempotency_key="c1")
+        assert run.act("rec.charge", ORDER, idempotency_key="c2") == first  # answered by the first step
+        first_id = run.refresh().data["actions"][0]["id"]
+        repeated = run.act("rec.charge", ORDER, repeat_of=first_id)
+    assert first == {"ok": True, "n": 1} and repeated == {"ok": True, "n": 2}
+    assert len(rec.recorder.bodies) == 2

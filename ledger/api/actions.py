@@ -68,7 +68,8 @@ class ProposeIn(StrictSerializer):
 
 class ProposalOut(ActionOut):
     replayed = serializers.SerializerMethodField(
-        help_text="True when this answers a repeated Idempotency-Key: the stored outcome, the tool not called again.")
+        help_text="True when this answers a repeated Idempotency-Key or the content of a succeeded step: the stored "
+                  "outcome, the tool not called again.")
 
     matched_by = serializers.SerializerMethodField(
         help_text="For a replay: key (the Idempotency-Key, sent or derived, was seen before) or content (an earlier "
@@ -84,7 +85,9 @@ class ProposalOut(ActionOut):
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
     description="Same key + same arguments: the recorded outcome is returned and the tool is not called again. "
-                "Without it, a key is derived from the action's content (tool, target, arguments, run).")
+                "Without it, a key is derived from the action's content (tool, target, arguments, run). Whatever "
+                "the key, a call with the content of a step of the run that succeeded (or is in flight) is "
+                "answered as that step; send repeat_of to do it again.")
 
 
 class ActionProposeView(ApiView):

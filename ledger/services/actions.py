@@ -11,8 +11,8 @@ from ledger import events, received, schemas, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
-    IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, StateConflict, StillInFlight, UnknownTool,
-    ValidationFailed,
+    IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
+    UnknownTool, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
@@ -143,7 +143,7 @@ def _match_content(run: Run, content_key: str, repeat_of: int | None) -> None:
         return
     action_id, status = found
     if status in CONTENT_IN_FLIGHT:
-        raise StillInFlight(
+        raise SameContentInFlight(
             f"action {action_id} of this run has the same content (tool, target, arguments) and is still "
             f"{status.replace('_', ' ')}; wait for it (or poll it) instead of sending it again. To do it twice on "
             f"purpose, send \"repeat_of\": {action_id}", action_id=action_id, matched_by="content")
