@@ -48,8 +48,9 @@ ACTION_FIELDS = (
     "compensation_plan",
 )
 # Fields an action gained after chains were first written, fingerprinted only when set (so an action recorded before
-# them keeps its fingerprint). `args_text` is what the tool receives: editing it must show like editing `args`.
-ACTION_FIELDS_WHEN_SET = ("args_text", "repeat_of_id")
+# them keeps its fingerprint). `args_text` is what the tool receives and `content_key` what later calls are matched
+# on: editing either must show like editing `args`.
+ACTION_FIELDS_WHEN_SET = ("args_text", "content_key", "repeat_of_id")
 RUN_FIELDS = ("tenant_id", "agent_id", "on_behalf_of", "goal", "intent", "plan", "status", "pivot_committed")
 # A tool's whole policy: everything that decides how its calls are checked, run, verified and undone. Fields a
 # Tool gains are added here (tests/test_audit_keyed.py fails on a Tool field that is in neither list).

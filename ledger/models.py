@@ -362,7 +362,7 @@ class Action(models.Model):
             models.Index(fields=["status", "next_attempt_at"], name="action_status_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
             # One look-up per proposal: does this run already hold a step with the same content?
-            models.Index(fields=["run", "content_key"], condition=~Q(content_key=""), name="action_run_content"),
+            models.Index(fields=["run", "content_key"], name="action_run_content"),
         ]
         ordering = ["run_id", "seq"]
 

@@ -167,14 +167,17 @@ def test_literal_numbers_round_trip_and_compare_as_numbers():
     assert isinstance(document["b"], LiteralFloat) and document["b"] == 100 and isinstance(document["c"], LiteralInt)
 
 
-def test_editing_what_the_tool_would_receive_breaks_the_audit_chain(rec):
-    """Someone with database access rewrites the text a retry or an undo would send (even only its Unicode form):
-    the hash of `args` still matches, but the audit chain's fingerprint of the action does not."""
+@pytest.mark.parametrize("column, value", [
+    ("args_text", ARGS_TEXT.replace(DECOMPOSED, "Zo\u00eb")),  # only its Unicode form: the canonical hash still matches
+    ("content_key", "0" * 64),  # let a duplicate of it through
+])
+def test_editing_what_the_tool_would_receive_breaks_the_audit_chain(rec, column, value):
+    """Someone with database access rewrites the text a retry or an undo would send, or what later calls are
+    matched on: `args` and its hash are untouched, but the audit chain's fingerprint of the action breaks."""
     run_id = open_run(rec)
     action_id = propose_raw(rec, run_id, ARGS_TEXT, key="audited").json()["id"]
     assert verify_chain(rec.acme.pk).ok
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE ledger_action SET args_text = %s WHERE id = %s",
-                       [ARGS_TEXT.replace(DECOMPOSED, "Zo\u00eb"), action_id])
+        cursor.execute(f"UPDATE ledger_action SET {column} = %s WHERE id = %s", [value, action_id])
     report = verify_chain(rec.acme.pk)
     assert not report.ok and report.check == "fingerprint" and f"action {action_id}" in report.problem

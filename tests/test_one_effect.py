@@ -142,6 +142,9 @@ def test_repeat_of_does_the_call_again_and_is_recorded(rec):
     retried = propose(rec, run_id, ORDER, repeat_of=first_id)
     assert retried.status_code == 200 and retried.json()["id"] == repeat.json()["id"], retried.text
     assert len(rec.recorder.bodies) == 2
+    # The first call's own key names the first call, not a repeat of it.
+    reused = propose(rec, run_id, ORDER, key="k1", repeat_of=first_id)
+    assert reused.status_code == 422 and reused.json()["code"] == "idempotency_mismatch", reused.text
     # Without repeat_of, the content now matches the newest of the two.
     assert propose(rec, run_id, ORDER, key="k9").json()["id"] == repeat.json()["id"]
 
