@@ -13,6 +13,7 @@ import pytest
 import requests
 from django.db import connection
 
+from ledger import registry
 from ledger.audit import verify_chain
 from ledger.models import Action
 from ledger.received import LiteralFloat, LiteralInt, dumps, loads
@@ -26,6 +27,15 @@ ARGS_TEXT = ('{"amount":500.0,"count":1e2,"big":12345678901234567890123,"price":
 SCHEMA = {"type": "object", "properties": {
     "amount": {"type": "number"}, "count": {"type": "integer"}, "big": {"type": "integer"},
     "price": {"type": "number"}, "name": {"type": "string"}, "tags": {"type": "array"}}}
+
+
+CALLED_IN_PROCESS: list[dict] = []
+
+
+@registry.tool("tests.args_as_sent")
+def args_as_sent(args: dict, *, idempotency_key: str, target: str | None, tenant: str) -> dict:
+    CALLED_IN_PROCESS.append(args)
+    return {"ok": True}
 
 
 def agent(world) -> requests.Session:
@@ -181,3 +191,15 @@ def test_editing_what_the_tool_would_receive_breaks_the_audit_chain(rec, column,
         cursor.execute(f"UPDATE ledger_action SET {column} = %s WHERE id = %s", [value, action_id])
     report = verify_chain(rec.acme.pk)
     assert not report.ok and report.check == "fingerprint" and f"action {action_id}" in report.problem
+
+
+def test_an_in_process_tool_gets_the_numbers_and_text_as_written(rec):
+    put_tool(rec, "rec.inproc", {"executor": {"kind": "python", "path": "tests.args_as_sent"}, "args_schema": SCHEMA,
+                                 "compensation": "none"})
+    CALLED_IN_PROCESS.clear()
+    assert propose_raw(rec, open_run(rec), ARGS_TEXT, tool="rec.inproc").status_code == 201
+    [args] = CALLED_IN_PROCESS
+    assert args == {"amount": 500.0, "count": 100.0, "big": 12345678901234567890123, "price": 0.1,
+                    "name": DECOMPOSED, "tags": [0, 25.0]}
+    assert type(args["amount"]) is not int and isinstance(args["amount"], float) and args["amount"].literal == "500.0"
+    assert args["count"].literal == "1e2" and args["price"].literal == "0.10" and args["name"] == DECOMPOSED
