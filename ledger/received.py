@@ -10,6 +10,7 @@ JSON Schema, comparisons and arithmetic), the action keeps its arguments' JSON t
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 
@@ -53,6 +54,8 @@ def dumps(value: Any) -> str:
 def _write(value: Any, parts: list[str]) -> None:
     if isinstance(value, (LiteralFloat, LiteralInt)):
         parts.append(value.literal)
+    elif isinstance(value, Decimal) and value.is_finite():  # from a Python caller: its digits are what it meant
+        parts.append(str(value))
     elif isinstance(value, dict):
         parts.append("{")
         for index, (key, item) in enumerate(value.items()):

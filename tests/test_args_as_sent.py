@@ -175,6 +175,9 @@ def test_literal_numbers_round_trip_and_compare_as_numbers():
     document = loads('{"a":500.0,"b":1e2,"c":-0,"d":[0.10,12345678901234567890123]}')
     assert dumps(document) == '{"a":500.0,"b":1e2,"c":-0,"d":[0.10,12345678901234567890123]}'
     assert isinstance(document["b"], LiteralFloat) and document["b"] == 100 and isinstance(document["c"], LiteralInt)
+    assert dumps({"d": Decimal("0.10"), "f": 500.0, "t": "Zoe\u0308"}) == '{"d":0.10,"f":500.0,"t":"Zoe\u0308"}'
+    with pytest.raises(ValueError):
+        dumps({"nan": float("nan")})
 
 
 @pytest.mark.parametrize("column, value", [
