@@ -45,7 +45,7 @@ _local = threading.local()
 ACTION_FIELDS = (
     "run_id", "tool_id", "kind", "compensates_id", "status", "args", "args_hash", "target_type", "target_id",
     "idempotency_key", "result", "error_class", "error_message", "before", "after", "verification", "intent",
-    "compensation_plan",
+    "compensation_plan", "args_text", "content_key", "repeat_of_id",
 )
 RUN_FIELDS = ("tenant_id", "agent_id", "on_behalf_of", "goal", "intent", "plan", "status", "pivot_committed")
 # A tool's whole policy: everything that decides how its calls are checked, run, verified and undone. Fields a
@@ -60,7 +60,12 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
-ADDED_LATER = {"on_refusal": "answer", "describe": {}, "run_idle_timeout_seconds": 3600}
+# `args_text` is what the tool receives and `content_key` what later calls are matched on: editing either must show
+# like editing `args`.
+ADDED_LATER = {"on_refusal": "answer", "describe": {}, "run_idle_timeout_seconds": 3600,
+               "args_text": "", "content_key": "", "repeat_of_id": None}
+# Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
+BY_BYTES = ("args_text",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
 # it instead: the current version of every tool is its newest.
 TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
@@ -70,9 +75,13 @@ def _plain(value):
     return value.isoformat() if isinstance(value, datetime) else value
 
 
+def _later(name: str, value):
+    return hashlib.sha256(value.encode()).hexdigest() if name in BY_BYTES else _plain(value)
+
+
 def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
-    later = {name: _plain(getattr(obj, name)) for name in fields
+    later = {name: _later(name, getattr(obj, name)) for name in fields
              if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
     return digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
 
@@ -361,7 +370,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     head = AuditHead.objects.filter(pk=tenant_id).first()
     if head is not None and (head.seq != expected_seq or head.hash != prev):
         raise _Broken("head", f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
-    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS, action_fingerprint,
+    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS,
+                action_fingerprint,
                 last_action, every_row_recorded=True)
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
                 every_row_recorded=False)

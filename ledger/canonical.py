@@ -20,7 +20,7 @@ def canonical(value: Any) -> Any:
         # Most text (keys, hashes, ids) is ASCII: already NFC.
         return value if value.isascii() else unicodedata.normalize("NFC", value)
     if isinstance(value, int):
-        return value
+        return int(value)  # a plain int, even from a number that remembers its literal (ledger/received.py)
     if isinstance(value, (float, Decimal)):
         number = Decimal(str(value))
         if number == number.to_integral_value():

@@ -36,6 +36,15 @@ class StillInFlight(UnwindError):
     code, status, title = "in_flight", 409, "The first request with this key is still running"
 
 
+class SameContentInFlight(StillInFlight):
+    """The same stable code as a key's in-flight duplicate: an agent (and the client) waits on `action_id` either way."""
+    title = "An earlier step with the same content is still in flight"
+
+
+class RepeatMismatch(UnwindError):
+    code, status, title = "repeat_of_mismatch", 409, "repeat_of does not name a matching earlier action"
+
+
 class RunNotActive(UnwindError):
     code, status, title = "run_not_active", 409, "The run accepts no new actions"
 

@@ -14,7 +14,7 @@ from typing import Any
 import requests
 from django.conf import settings
 
-from ledger import egress, registry, signing
+from ledger import egress, received, registry, signing
 
 
 class ToolError(Exception):
@@ -148,10 +148,12 @@ def http_call(
 ) -> ToolOutcome:
     """POST the args as JSON with an Idempotency-Key header, signed for `tenant`, and classify the answer.
 
+    The body is the args as the agent wrote them (`received.dumps`): `500.0` stays `500.0`, text is not normalised.
+
     2xx is done; 408, 425, 429, 5xx, timeouts and connection errors are transient; 3xx (never followed)
     and other 4xx are permanent (the same request will never succeed), and a 4xx is a refusal: not carried out.
     """
-    body = json.dumps(args, allow_nan=False).encode()
+    body = received.dumps(args).encode()
     headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
                **signing.sign(tenant=tenant, method=method, url=url, body=body)}
     response, content = _send(method, url, timeout=timeout, data=body, headers=headers)

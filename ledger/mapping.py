@@ -54,6 +54,11 @@ def _lookup(context: dict, path: str) -> Any:
     return value
 
 
+def _text(value: Any) -> str:
+    """A value as text in a $concat: a number the agent wrote keeps its literal (`1e2`, not `100.0`)."""
+    return getattr(value, "literal", None) or str(value)
+
+
 def resolve(template: Any, context: dict) -> Any:
     if isinstance(template, str):
         if template.startswith("$$"):
@@ -66,7 +71,7 @@ def resolve(template: Any, context: dict) -> Any:
         return template
     if isinstance(template, dict):
         if set(template) == {"$concat"}:
-            return "".join(str(resolve(part, context)) for part in template["$concat"])
+            return "".join(_text(resolve(part, context)) for part in template["$concat"])
         if set(template) == {"$default"}:
             path, fallback = template["$default"]
             try:

@@ -341,8 +341,19 @@ class Action(models.Model):
     tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="actions")
     saga_role = models.CharField(max_length=16, choices=SagaRole.choices)
     risk = models.CharField(max_length=16, choices=Risk.choices)
-    args = models.JSONField(default=dict)
+    args = models.JSONField(default=dict, help_text="The canonical form (ledger/canonical.py): what is hashed and compared.")
+    args_text = models.TextField(
+        blank=True, default="",
+        help_text="The arguments' JSON text as the agent sent them (numbers as written, strings unnormalised): what "
+                  "the tool receives. Empty on actions recorded before it was kept; they send `args`.")
     args_hash = models.CharField(max_length=64)
+    content_key = models.CharField(
+        max_length=64, blank=True, default="",
+        help_text="Digest of the forward step's content (tool name, target, canonical args or key_fields): a new "
+                  "proposal with the same content in the run matches it, whatever its Idempotency-Key.")
+    repeat_of = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="+",
+        help_text="The earlier action with the same content the agent said it means to repeat (`repeat_of`).")
     target_type = models.CharField(max_length=60, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
     idempotency_key = models.CharField(max_length=255)
@@ -378,6 +389,8 @@ class Action(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="action_status_lease"),
             models.Index(fields=["status", "next_attempt_at"], name="action_status_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
+            # One look-up per proposal: does this run already hold a step with the same content?
+            models.Index(fields=["run", "content_key"], name="action_run_content"),
         ]
         ordering = ["run_id", "seq"]
 

@@ -11,11 +11,13 @@ acts twice: without an explicit `idempotency_key`, Unwind derives the key from t
 """
 from __future__ import annotations
 
+import json as jsonlib
 import logging
 import random
 import uuid
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from typing import Any
 
 import requests
@@ -39,6 +41,37 @@ MAX_LONG_POLL = 30.0
 PENDING = {"planned", "approved", "running", "retry_scheduled"}
 REFUSED_BY_PERSON = {"rejected", "expired"}
 FINISHED = {"completed", "compensated", "closed"}
+
+
+def encode(value: Any) -> bytes:
+    """JSON that writes every number as the caller wrote it: a float as Python writes it (`500.0` stays `500.0`), an
+    int in full however large, and a `Decimal` with its own digits (`Decimal("0.10")` → `0.10`), so a tool receives
+    exactly the number the agent meant. Text is sent as is (UTF-8, never normalised)."""
+    parts: list[str] = []
+    _encode(value, parts)
+    return "".join(parts).encode()
+
+
+def _encode(value: Any, parts: list[str]) -> None:
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{value} is not a JSON number")
+        parts.append(str(value))
+    elif isinstance(value, dict):
+        parts.append("{")
+        for index, (key, item) in enumerate(value.items()):
+            parts.append(("," if index else "") + jsonlib.dumps(str(key), ensure_ascii=False) + ":")
+            _encode(item, parts)
+        parts.append("}")
+    elif isinstance(value, (list, tuple)):
+        parts.append("[")
+        for index, item in enumerate(value):
+            if index:
+                parts.append(",")
+            _encode(item, parts)
+        parts.append("]")
+    else:
+        parts.append(jsonlib.dumps(value, ensure_ascii=False, allow_nan=False))
 
 
 class Unwind:
@@ -65,10 +98,14 @@ class Unwind:
         always retried after its Retry-After.
         """
         url = path if path.startswith(("http://", "https://")) else self.base_url + path
+        data = None
+        if json is not None:
+            data = encode(json)
+            headers = {"Content-Type": "application/json", **(headers or {})}
         for attempt in range(1, self.retries + 1):
             last = attempt == self.retries
             try:
-                response = self.session.request(method, url, json=json, params=params, headers=headers,
+                response = self.session.request(method, url, data=data, params=params, headers=headers,
                                                  timeout=timeout or self.timeout)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if last or not (idempotent or _not_sent(exc)):
@@ -141,16 +178,22 @@ class Unwind:
             if response.status_code == 200 or (deadline is not None and time.monotonic() >= deadline):
                 return response.json()
 
-    def settle(self, action: dict, *, timeout: float | None = None, execute: Callable[[dict], Any] | None = None) -> Any:
-        """Turn an action as Unwind answered it into the tool's result, or the error that says why not."""
+    def settle(self, action: dict, *, timeout: float | None = None, execute: Callable[[dict], Any] | None = None,
+               sent: dict | None = None) -> Any:
+        """Turn an action as Unwind answered it into the tool's result, or the error that says why not.
+
+        `sent` is the args as the agent passed them to `act`: a client-executed tool gets those, not Unwind's
+        echo (its canonical form writes `500.0` as `500`)."""
         status = action["status"]
         if status == "succeeded":
             return action["result"]
+        if sent is not None:
+            action = {**action, "args": sent}
         if action.get("awaiting_report"):
             if execute is None:
                 raise ReportRequired(action, client=self)
             return self._execute_and_report(action, execute)
-        later = self._later(action["id"], execute)
+        later = self._later(action["id"], execute, sent)
         if status == "awaiting_approval":
             raise ApprovalPending(action, settle=later)
         if status in PENDING:
@@ -158,7 +201,7 @@ class Unwind:
             if settled["status"] in PENDING and not settled.get("awaiting_report"):
                 raise InFlight("in_flight", f"action {action['id']} is still {settled['status']}", 202,
                                {"action_id": action["id"]}, settle=later)
-            return self.settle(settled, timeout=timeout, execute=execute)
+            return self.settle(settled, timeout=timeout, execute=execute, sent=sent)
         if status in REFUSED_BY_PERSON:
             raise Rejected(action)
         error = action.get("error") or {}
@@ -170,14 +213,15 @@ class Unwind:
                 "run_status": action.get("run_status"), "action": action})
         raise Unwound(action)
 
-    def _later(self, action_id: int, execute: Callable[[dict], Any] | None) -> Callable[[float | None], Any]:
+    def _later(self, action_id: int, execute: Callable[[dict], Any] | None,
+               sent: dict | None = None) -> Callable[[float | None], Any]:
         """What `wait(timeout)` does on a pending action: wait for it, then settle it like `act` would."""
 
         def wait(timeout: float | None) -> Any:
             deadline = None if timeout is None else time.monotonic() + timeout
             action = self.wait_for(action_id, timeout)
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return self.settle(action, timeout=remaining, execute=execute)
+            return self.settle(action, timeout=remaining, execute=execute, sent=sent)
 
         return wait
 
@@ -246,15 +290,19 @@ class Run:
 
     def act(self, tool: str, args: dict, *, intent: dict | None = None, target: str | None = None,
             idempotency_key: str | None = None, execute: Callable[[dict], Any] | None = None,
-            timeout: float | None = 300.0) -> Any:
+            timeout: float | None = 300.0, repeat_of: int | None = None) -> Any:
         """Put one tool call through Unwind and return the tool's result.
 
         Raises ApprovalPending (a person must approve: `.url`, `.wait()`), Rejected (`.reason`), Unwound (the step
         failed; the run is unwinding, compensated or needs a person), Refused (`.code`, `.message`), InFlight
         (the same call is still running), ReportRequired (a client-executed tool and no `execute` given).
-        For client-executed tools, `execute(args)` is called to run it and its outcome is reported.
+        For client-executed tools, `execute(args)` is called to run it (with `args` as given here) and its outcome
+        is reported. A call with the same content as an earlier step of the run is that step (its result, or
+        InFlight while it runs), whatever the key; to do it again on purpose, pass `repeat_of=<that step's id>`.
         """
         body: dict[str, Any] = {"tool": tool, "args": args}
+        if repeat_of is not None:
+            body["repeat_of"] = repeat_of
         if intent is not None:
             body["intent"] = intent
         if target is not None:
@@ -266,9 +314,15 @@ class Run:
         except InFlight as busy:
             if busy.action_id is None:
                 raise
-            # Our own first attempt got through before its answer was lost: wait for it, do not redo it.
-            return self.client.settle(self.client.action(busy.action_id), timeout=timeout, execute=execute)
-        return self.client.settle(response.json(), timeout=timeout, execute=execute)
+            # Our own first attempt got through before its answer was lost (or an earlier step with the same content
+            # runs): wait for it, do not redo it.
+            ours = busy.problem.get("matched_by") != "content"
+            return self.client.settle(self.client.action(busy.action_id), timeout=timeout, execute=execute,
+                                      sent=args if ours else None)
+        answer = response.json()
+        # Our own call: its tool gets our args as we wrote them. A step matched by content runs with its own.
+        ours = answer.get("matched_by") != "content"
+        return self.client.settle(answer, timeout=timeout, execute=execute, sent=args if ours else None)
 
     def report(self, action_id: int, *, ok: bool, result: Any = None, error: str = "") -> dict:
         return self.client.report(action_id, ok=ok, result=result, error=error)

@@ -66,26 +66,49 @@ class IntentIn(StrictSerializer):
     model = serializers.CharField(required=False, allow_blank=True, max_length=200)
 
 
+class ActionIdField(serializers.IntegerField):
+    """An action id as a JSON integer: "7", 7.0 or true name no action (a lenient cast could make them one)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class ProposeIn(StrictSerializer):
     tool = serializers.CharField(max_length=120, help_text="A registered tool's name, e.g. hr.create_user.")
     args = serializers.DictField(help_text="The tool's arguments, checked against its JSON Schema.")
     target = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200,
                                    help_text="The target's id, when the tool's policy does not say where it comes from.")
     intent = IntentIn(required=False, help_text="Why the agent proposes it: kept in the ledger and shown to approvers.")
+    repeat_of = ActionIdField(
+        required=False, allow_null=True, min_value=1, max_value=2**63 - 1,
+        help_text="To do a call again on purpose: the id of the earlier action of this run with the same content "
+                  "(succeeded or in flight). Without it, such a call answers as that action (see matched_by).")
 
 
 class ProposalOut(ActionOut):
     replayed = serializers.SerializerMethodField(
-        help_text="True when this answers a repeated Idempotency-Key: the stored outcome, the tool not called again.")
+        help_text="True when this answers a repeated Idempotency-Key or the content of a succeeded step: the stored "
+                  "outcome, the tool not called again.")
+
+    matched_by = serializers.SerializerMethodField(
+        help_text="For a replay: key (the Idempotency-Key, sent or derived, was seen before) or content (an earlier "
+                  "step of the run has the same tool, target and arguments); null for a new action.")
 
     def get_replayed(self, action) -> bool:
         return bool(self.context.get("replayed"))
+
+    def get_matched_by(self, action) -> str | None:
+        return self.context.get("matched_by") or None
 
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
     description="Same key + same arguments: the recorded outcome is returned and the tool is not called again. "
-                "Without it, a key is derived from the action's content (tool, target, arguments, run).")
+                "Without it, a key is derived from the action's content (tool, target, arguments, run). Whatever "
+                "the key, a call with the content of a step of the run that succeeded (or is in flight) is "
+                "answered as that step; send repeat_of to do it again.")
 
 
 class ActionProposeView(ApiView):
@@ -102,8 +125,10 @@ class ActionProposeView(ApiView):
                     "and leaves the run open, unless the tool's policy says on_refusal: unwind.",
         responses={
             201: OpenApiResponse(ProposalOut, description="Recorded and executed: the outcome is in status/result."),
-            200: OpenApiResponse(ProposalOut, description="A replay of an Idempotency-Key: the stored outcome "
-                                                          "(header Idempotent-Replayed: true)."),
+            200: OpenApiResponse(ProposalOut, description="A replay of an Idempotency-Key, or of a succeeded step "
+                                                          "with the same content: the stored outcome (headers "
+                                                          "Idempotent-Replayed: true, Unwind-Matched-By: key or "
+                                                          "content)."),
             202: OpenApiResponse(ProposalOut, description="Not settled yet: awaiting approval (see approval.url), "
                                                           "awaiting the agent's report (client-executed tool), "
                                                           "still running after the inline wait, or handed to the "
@@ -112,8 +137,9 @@ class ActionProposeView(ApiView):
             **problems(404, 409, 422, body=True, codes={
                 400: "validation_error (field, errors), parse_error",
                 404: "not_found (the run), unknown_tool",
-                409: "in_flight (action_id), ordering_violation (rule, conflicts_with), run_cancelled, "
-                     "run_not_active, state_conflict",
+                409: "in_flight (action_id; matched_by: content when an earlier step with the same content is in "
+                     "flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), "
+                     "run_cancelled, run_not_active, state_conflict",
                 422: "idempotency_mismatch (action_id), tool_refused (reason, tool, action_id, run_id, run_status, "
                      "replayed, action): nothing was done and the run stays open"}),
         },
@@ -133,7 +159,7 @@ class ActionProposeView(ApiView):
             proposal = action_propose(
                 run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
                 intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"),
-                inline=slot is not None, queued=slot is None)
+                inline=slot is not None, queued=slot is None, repeat_of=data.get("repeat_of"))
             if proposal.claimed and slot is not None:
                 inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
                                       slot=slot)
@@ -148,11 +174,13 @@ class ActionProposeView(ApiView):
             return response
         pending = action.status in ACTIVE_ACTION_STATUSES
         status = 202 if pending else 200 if proposal.replayed else 201
-        response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed)
+        response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed,
+                                   matched_by=proposal.matched_by)
         response["Location"] = absolute(request, reverse("api:action-detail", args=[action.pk]))
         response["Idempotency-Key"] = action.idempotency_key
         if proposal.replayed:
             response["Idempotent-Replayed"] = "true"
+            response["Unwind-Matched-By"] = proposal.matched_by
         return response
 
 

@@ -1,8 +1,12 @@
 """A strict JSON parser: every malformed body is a 400 `parse_error`, never a server error.
 
 Beyond what `json` refuses, it refuses what the ledger cannot store faithfully on every database:
-non-finite numbers, integers beyond 64 bits, NUL characters and lone surrogates (PostgreSQL rejects
-both in text and jsonb), nesting deeper than a sane document, and bodies larger than the upload limit.
+non-finite numbers, integers beyond 64 bits (except inside a proposal's `args`, which are forwarded to the tool
+as written and stored as text), NUL characters and lone surrogates (PostgreSQL rejects both in text and jsonb),
+nesting deeper than a sane document, and bodies larger than the upload limit.
+
+Numbers keep the text they were written as (ledger/received.py), so a tool receives `500.0` and `1e2`, not
+what a float or the canonical form would make of them.
 """
 import json
 import math
@@ -10,6 +14,8 @@ import math
 from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import BaseParser
+
+from ledger.received import LiteralFloat, LiteralInt
 
 MAX_DEPTH = 64
 MAX_INT = 2**63 - 1
@@ -21,18 +27,16 @@ class PayloadTooLarge(exceptions.APIException):
     default_code = "payload_too_large"
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
+def _finite_float(text: str) -> LiteralFloat:
+    value = LiteralFloat.parse(text)
     if not math.isfinite(value):
         raise ValueError(f"number {text} is out of range")
     return value
 
 
-def _bounded_int(text: str) -> int:
-    value = int(text)
-    if abs(value) > MAX_INT:
-        raise ValueError(f"integer {text[:20]}… does not fit in 64 bits")
-    return value
+def _in_args(where: str) -> bool:
+    """Inside a proposal's arguments, which reach the tool as written (their text is stored, not a 64-bit int)."""
+    return where == "body.args" or where.startswith(("body.args.", "body.args["))
 
 
 def _refuse_constant(name: str):
@@ -57,6 +61,8 @@ def check_document(document) -> None:
             raise exceptions.ParseError(f"the body is nested deeper than {MAX_DEPTH} levels")
         if isinstance(value, str):
             check_text(value, where)
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT and not _in_args(where):
+            raise exceptions.ParseError(f"{where}: integer {str(value)[:20]}… does not fit in 64 bits")
         elif isinstance(value, dict):
             for key, item in value.items():
                 check_text(key, where)
@@ -78,7 +84,7 @@ class StrictJSONParser(BaseParser):
         except UnicodeDecodeError as exc:
             raise exceptions.ParseError(f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from None
         try:
-            document = json.loads(text, parse_float=_finite_float, parse_int=_bounded_int,
+            document = json.loads(text, parse_float=_finite_float, parse_int=LiteralInt.parse,
                                   parse_constant=_refuse_constant)
         except RecursionError:
             raise exceptions.ParseError("the body is nested too deeply") from None

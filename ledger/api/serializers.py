@@ -58,6 +58,9 @@ class ActionOut(serializers.Serializer):
     idempotency_key = serializers.CharField()
     key_source = serializers.CharField(help_text="header (the agent's Idempotency-Key), derived (from the content) "
                                                  "or compensation.")
+    repeat_of = serializers.IntegerField(source="repeat_of_id", allow_null=True,
+                                         help_text="The earlier action with the same content this one repeats on "
+                                                   "purpose (the proposal's repeat_of).")
     attempts = serializers.IntegerField()
     max_attempts = serializers.IntegerField()
     result = serializers.JSONField(allow_null=True)

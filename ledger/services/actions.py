@@ -7,11 +7,12 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, schemas, sql
+from ledger import events, received, schemas, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
-    IdempotencyMismatch, RunCancelled, RunNotActive, StateConflict, StillInFlight, UnknownTool, ValidationFailed,
+    IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
+    UnknownTool, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
@@ -23,6 +24,10 @@ from ledger.services import execution
 from ledger.transitions import action_transition, run_transition
 
 IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+# A forward step a new proposal with the same content matches: it took effect, or may still (guarantee 1 across
+# keys). A failed, rejected, expired, skipped or compensated step did nothing that stands, so it may be tried again.
+CONTENT_IN_FLIGHT = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+CONTENT_MATCHES = (A.SUCCEEDED, *CONTENT_IN_FLIGHT)
 MAX_KEY_LENGTH = 255
 
 
@@ -31,6 +36,7 @@ class Proposal:
     action: Action
     replayed: bool
     owner: str = ""
+    matched_by: str = ""  # for a replay: "key" (the Idempotency-Key, sent or derived) or "content"
 
     @property
     def claimed(self) -> bool:
@@ -39,6 +45,7 @@ class Proposal:
 
 
 def validate_args(tool: Tool, args) -> dict:
+    """The canonical form of valid args (numbers that remember their literal validate as the numbers they are)."""
     if not isinstance(args, dict):
         raise ValidationFailed(f"args must be a JSON object, not {type(args).__name__}", field="args")
     errors = schemas.errors(tool.args_schema or {}, args)
@@ -61,10 +68,25 @@ def target_of(tool: Tool, args: dict, explicit: str | None) -> str:
     return ""
 
 
-def derive_key(*, run: Run, tool: Tool, target_id: str, args: dict) -> str:
-    """Guarantee 1's fallback: a key from the action's content, never from its position in the run."""
-    material = {name: args.get(name) for name in tool.key_fields} if tool.key_fields else args
-    return "uw-" + digest(run.tenant_id, run.pk, tool.name, target_id, material)
+def key_material(tool: Tool, args: dict):
+    """What identifies the logical action among its args: the tool's `key_fields` when declared, else all of them."""
+    return {name: args.get(name) for name in tool.key_fields} if tool.key_fields else args
+
+
+def derive_key(*, run: Run, tool: Tool, target_id: str, args: dict, repeat_of: int | None = None) -> str:
+    """Guarantee 1's fallback: a key from the action's content, never from its position in the run. A declared
+    repeat is another call than the one it repeats, and a retry of the repeat is the repeat again."""
+    repeat = [{"repeat_of": repeat_of}] if repeat_of is not None else []
+    return "uw-" + digest(run.tenant_id, run.pk, tool.name, target_id, key_material(tool, args), *repeat)
+
+
+def content_key_of(*, tool: Tool, target_id: str, args: dict) -> str:
+    """The digest a later proposal in the same run is matched on, whatever key it carries (see `_match_content`).
+
+    A read-only tool has no effect to repeat, so reading again is never matched ("")."""
+    if tool.action_class == ActionClass.READ_ONLY:
+        return ""
+    return digest(tool.name, target_id, key_material(tool, args))
 
 
 def check_key(key: str) -> str:
@@ -74,22 +96,76 @@ def check_key(key: str) -> str:
     return key
 
 
-def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str) -> Proposal:
+def replay(existing: Action, *, run: Run, tool: Tool, args_hash: str, repeat_of: int | None = None) -> Proposal:
     # By name: a replay after a policy change is the same logical call, answered with what the first one got.
     if existing.run_id != run.pk or existing.tool.name != tool.name or existing.args_hash != args_hash:
         raise IdempotencyMismatch(
             f"key {existing.idempotency_key!r} was first used for {existing.tool.name} in run {existing.run_id} "
             f"with other arguments; use a new key for a different action",
             action_id=existing.pk)
+    if repeat_of is not None and existing.repeat_of_id != repeat_of:
+        raise IdempotencyMismatch(
+            f"key {existing.idempotency_key!r} was first used for action {existing.pk}, not for a repeat of action "
+            f"{repeat_of}; a repeat is a call of its own: send it with a new key (or none)", action_id=existing.pk)
     if existing.status in IN_FLIGHT:
         raise StillInFlight(f"action {existing.pk} with this key is still {existing.status}; wait for it or poll",
                             action_id=existing.pk)
-    return Proposal(action=existing, replayed=True)
+    return Proposal(action=existing, replayed=True, matched_by="key")
+
+
+class _SameContent(Exception):
+    """A succeeded step of the run has the proposal's content: answer with it (after rolling back the step number)."""
+
+    def __init__(self, action_id: int):
+        super().__init__(action_id)
+        self.action_id = action_id
+
+
+def _match_content(run: Run, content_key: str, repeat_of: int | None) -> None:
+    """One effect per logical action: refuse to record a step whose content the run already holds in a step that
+    succeeded or is in flight, unless the agent names that step in `repeat_of`. Runs with the run row locked
+    (`take_seq`), so of two concurrent proposals with the same content only the first is recorded."""
+    if repeat_of is not None:
+        if not content_key:
+            raise RepeatMismatch("a read-only call is never matched by content, so it repeats nothing; send it "
+                                 "without repeat_of", repeat_of=repeat_of)
+        if sql.fetch_one(
+                f"SELECT id FROM ledger_action WHERE id = %s AND run_id = %s AND kind = %s AND content_key = %s"
+                f" AND status IN ({', '.join(['%s'] * len(CONTENT_MATCHES))})",
+                [repeat_of, run.pk, ActionKind.FORWARD, content_key, *CONTENT_MATCHES]) is None:
+            raise RepeatMismatch(_why_not_a_repeat(run, content_key, repeat_of), repeat_of=repeat_of)
+        return
+    found = sql.fetch_one(
+        f"SELECT id, status FROM ledger_action WHERE run_id = %s AND content_key = %s"
+        f" AND status IN ({', '.join(['%s'] * len(CONTENT_MATCHES))}) ORDER BY seq DESC LIMIT 1",
+        [run.pk, content_key, *CONTENT_MATCHES])
+    if found is None:
+        return
+    action_id, status = found
+    if status in CONTENT_IN_FLIGHT:
+        raise SameContentInFlight(
+            f"action {action_id} of this run has the same content (tool, target, arguments) and is still "
+            f"{status.replace('_', ' ')}; wait for it (or poll it) instead of sending it again. To do it twice on "
+            f"purpose, send \"repeat_of\": {action_id}", action_id=action_id, matched_by="content")
+    raise _SameContent(action_id)
+
+
+def _why_not_a_repeat(run: Run, content_key: str, repeat_of: int) -> str:
+    """The refusal's sentence (only on the refusal path: one more read)."""
+    named = Action.objects.filter(pk=repeat_of, run_id=run.pk, kind=ActionKind.FORWARD).values_list(
+        "content_key", "status").first()
+    if named is None:
+        return f"repeat_of names action {repeat_of}, which is not a step of run {run.pk}"
+    if named[0] != content_key:
+        return (f"repeat_of names action {repeat_of}, whose content (tool, target, arguments) differs from this "
+                f"call's; repeat_of is only for doing the same call again")
+    return (f"action {repeat_of} is {named[1].replace('_', ' ')}: it neither succeeded nor is in flight, so this "
+            f"call does not repeat it; send it without repeat_of")
 
 
 def action_propose(
     *, run: Run, tool_name: str, args, actor: str, target: str | None = None, intent: dict | None = None,
-    idempotency_key: str | None = None, inline: bool = False, queued: bool = False,
+    idempotency_key: str | None = None, inline: bool = False, queued: bool = False, repeat_of: int | None = None,
 ) -> Proposal:
     """Record a proposed tool call: validate, check policy and the ordering law, claim it or gate it.
 
@@ -97,22 +173,31 @@ def action_propose(
     by `owner`, and the caller executes it (`execution.execute`), inline or in a worker. `inline` says the
     caller runs it itself, now: its lease is then held, and no queued delivery can take it over. `queued` says the
     caller queues it for a worker: its lease then also covers the time in the queue (as after an approval).
+
+    A proposal with the content of a step of the run that succeeded answers as its replay (`matched_by`
+    "content"); one with the content of a step in flight is refused (`in_flight`); `repeat_of` names such a step
+    to do the call again on purpose. The args are hashed and compared in their canonical form, and kept as
+    received for the tool (`args_text`).
     """
     # The current version: the action is bound to it for good (its executor, limits, compensation, approval).
     tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name, is_current=True) if isinstance(tool_name, str) else None
     if tool is None:
         raise UnknownTool(f"{tool_name!r} is not a registered tool of this tenant", field="tool")
+    if repeat_of is not None and (isinstance(repeat_of, bool) or not isinstance(repeat_of, int)):
+        raise ValidationFailed("repeat_of must be the id of an earlier action of this run", field="repeat_of")
     clean = validate_args(tool, args)
+    args_text = received.dumps(args)
     args_hash = digest(clean)
     target_id = target_of(tool, clean, target)
     key = check_key(idempotency_key) if idempotency_key is not None else derive_key(
-        run=run, tool=tool, target_id=target_id, args=clean)
+        run=run, tool=tool, target_id=target_id, args=clean, repeat_of=repeat_of)
     source = "header" if idempotency_key is not None else "derived"
     # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
     existing = sql.fetch_one("SELECT id FROM ledger_action WHERE tenant_id = %s AND idempotency_key = %s",
                              [run.tenant_id, key])
     if existing is not None:
-        return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash)
+        return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash,
+                      repeat_of=repeat_of)
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object with goal, reasoning, confidence, model", field="intent")
     intent = storable(intent or {}, field="intent")
@@ -123,12 +208,17 @@ def action_propose(
         except ToolError as error:
             raise StateConflict(f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}") from None
     try:
-        return _record(run=run, tool=tool, args=clean, args_hash=args_hash, target_id=target_id, key=key,
-                       source=source, intent=intent or {}, before=before, actor=actor, inline=inline, queued=queued)
+        return _record(run=run, tool=tool, args=clean, args_text=args_text, args_hash=args_hash, target_id=target_id,
+                       key=key, source=source, intent=intent or {}, before=before, actor=actor, inline=inline,
+                       queued=queued, content_key=content_key_of(tool=tool, target_id=target_id, args=clean),
+                       repeat_of=repeat_of)
+    except _SameContent as match:
+        return Proposal(action=Action.objects.select_related("tool").get(pk=match.action_id), replayed=True,
+                        matched_by="content")
     except IntegrityError:
         # A concurrent request with the same key won the insert: answer as its duplicate.
         existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
-        return replay(existing, run=run, tool=tool, args_hash=args_hash)
+        return replay(existing, run=run, tool=tool, args_hash=args_hash, repeat_of=repeat_of)
 
 
 def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
@@ -172,11 +262,14 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
         [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY, A.FAILED, execution.REFUSED])
 
 
-def _record(*, run, tool, args, args_hash, target_id, key, source, intent, before, actor, inline, queued) -> Proposal:
+def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, intent, before, actor, inline, queued,
+            content_key, repeat_of) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
         # Lock the run and take the next step number in one statement (a refusal below rolls the number back),
         # reading the tenant's approval threshold as it stands now with it.
         run, threshold, defaults_version = execution.take_seq(run.pk)
+        if content_key or repeat_of is not None:
+            _match_content(run, content_key, repeat_of)
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
@@ -195,14 +288,16 @@ def _record(*, run, tool, args, args_hash, target_id, key, source, intent, befor
             tool.timeout_seconds if client else tool.timeout_seconds + 1)
         action = sql.insert(Action(
             tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
-            risk=tool.risk, args=args, args_hash=args_hash, target_type=tool.target_type, target_id=target_id,
+            risk=tool.risk, args=args, args_text=args_text, args_hash=args_hash, content_key=content_key,
+            repeat_of_id=repeat_of, target_type=tool.target_type, target_id=target_id,
             idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
             approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
             max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
             before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id),
         ))
         action.tool = tool
-        audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source)
+        repeat = {"repeat_of": repeat_of} if repeat_of is not None else {}
+        audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source, **repeat)
         if required:
             if run.status == R.RUNNING:
                 run_transition(run, R.AWAITING_APPROVAL, log=audit, actor=actor)

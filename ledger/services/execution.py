@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import egress, events, failpoints, mapping, sql
+from ledger import egress, events, failpoints, mapping, received, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
@@ -71,9 +71,24 @@ def snapshot_fields(tool: Tool, state: object) -> object:
     return state
 
 
+def sent_args(action: Action):
+    """The args as the agent sent them (numbers as written, strings unnormalised): what its tool receives, and
+    what `$args.…` in its compensation and verification resolves to. An action recorded before they were kept
+    (or built in memory without them) has only the canonical form."""
+    return received.loads(action.args_text) if action.args_text else action.args
+
+
+def same_value(observed, expected) -> bool:
+    """Equal as JSON values (500 and 500.0, composed and decomposed text): a tool may store either form."""
+    try:
+        return canonical(observed) == canonical(expected)
+    except (TypeError, ValueError):
+        return observed == expected
+
+
 def context_for(action: Action, *, after=None) -> dict:
     return {
-        "args": action.args, "result": action.result, "before": action.before,
+        "args": sent_args(action), "result": action.result, "before": action.before,
         "after": action.after if after is None else after, "target": action.target_id,
         "key": action.idempotency_key, "intent": action.intent,
     }
@@ -105,7 +120,7 @@ def already_done(action: Action) -> dict | None:
     if tool.verify.get("expect") and action.target_id:
         state = read_target(tool, action.target_id)
         expected = mapping.resolve(tool.verify["expect"], context_for(action, after=state))
-        if isinstance(state, dict) and all(state.get(k) == v for k, v in expected.items()):
+        if isinstance(state, dict) and all(same_value(state.get(k), v) for k, v in expected.items()):
             return {"recovered": True, "evidence": state}
         return None
     raise ToolError("the tool declares no way to read it back: no lookup and no verify rule", transient=False)
@@ -117,10 +132,10 @@ def call_tool(action: Action) -> ToolOutcome:
     tool = action.tool
     if tool.executor == Executor.HTTP:
         url = resolve_url(tool.endpoint, target=action.target_id)
-        return http_call(url=url, args=action.args, idempotency_key=action.tool_key, timeout=tool.timeout_seconds,
-                         tenant=tool.tenant.slug)
+        return http_call(url=url, args=sent_args(action), idempotency_key=action.tool_key,
+                         timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
     if tool.executor == Executor.PYTHON:
-        return python_call(path=tool.endpoint, args=action.args, idempotency_key=action.tool_key,
+        return python_call(path=tool.endpoint, args=sent_args(action), idempotency_key=action.tool_key,
                            target=action.target_id or None, tenant=tool.tenant.slug)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
@@ -288,7 +303,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             expected = mapping.resolve(tool.verify["expect"], {**context_for(action, after=after), "result": result, "target": target_id})
             observed = after if after is not None else result
             mismatched = {k: {"expected": v, "observed": (observed or {}).get(k)} for k, v in expected.items()
-                          if not isinstance(observed, dict) or observed.get(k) != v}
+                          if not isinstance(observed, dict) or not same_value(observed.get(k), v)}
             verification = {"ok": not mismatched, "mismatched": mismatched} if mismatched else {"ok": True}
         except mapping.MappingError as error:
             verification = {"ok": False, "detail": str(error)}
@@ -709,6 +724,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
         action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=SYSTEM, note={"error": str(error)})
         events.emit("compensation_failed", action=None, forward=forward)
         return None
+    args_text = received.dumps(args)  # the values `$args.…` took, as the agent wrote them: what the tool receives
     args = canonical(args)
     taken, threshold, defaults_version = take_seq(run.pk)
     run.next_seq = taken.next_seq
@@ -720,7 +736,8 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
     compensation = sql.insert(Action(
         tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.COMPENSATION, compensates=forward, tool=tool,
-        saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_hash=digest(args),
+        saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_text=args_text,
+        args_hash=digest(args),
         target_type=forward.target_type, target_id=forward.target_id,
         idempotency_key=f"{forward.idempotency_key}:undo" + (f":{earlier + 1}" if earlier else ""),
         key_source="compensation",
