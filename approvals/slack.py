@@ -141,9 +141,10 @@ def verify(*, body: bytes, headers) -> None:
 
     if not settings.UNWIND_SLACK_SIGNING_SECRET:
         raise SlackSignatureInvalid("Slack is not configured here (no UNWIND_SLACK_SIGNING_SECRET)")
+    timestamp, signature = headers.get("X-Slack-Request-Timestamp", ""), headers.get("X-Slack-Signature", "")
     verifier = SignatureVerifier(settings.UNWIND_SLACK_SIGNING_SECRET)
-    if not verifier.is_valid(body=body, timestamp=headers.get("X-Slack-Request-Timestamp", ""),
-                             signature=headers.get("X-Slack-Signature", "")):
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12 and signature
+            and verifier.is_valid(body=body, timestamp=timestamp, signature=signature)):
         raise SlackSignatureInvalid("the request's Slack signature or timestamp is not valid (or is stale)")
 
 
