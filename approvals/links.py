@@ -2,7 +2,7 @@
 
 The link pages need no password and give no session: GET shows the exact preview and one button (a mail
 scanner or link preview that fetches the URL changes nothing); only the POST decides, through
-link_service.link_use. Token URLs are never cached, indexed or sent on as a Referer.
+link_service.link_use. Token URLs are never cached, indexed or sent to another site as a Referer.
 """
 from django.http import JsonResponse
 from django.shortcuts import render
@@ -16,7 +16,8 @@ from ledger.errors import UnwindError, ValidationFailed
 
 def _private(response):
     response["Cache-Control"] = "no-store"
-    response["Referrer-Policy"] = "no-referrer"
+    # Same-origin, not no-referrer: under no-referrer browsers POST with `Origin: null`, which CSRF refuses.
+    response["Referrer-Policy"] = "same-origin"
     response["X-Robots-Tag"] = "noindex, nofollow"
     return response
 

@@ -95,7 +95,7 @@ def test_opening_the_link_changes_nothing_only_the_button_decides(tools, smtp):
         html = page.content.decode()
         assert "<code>payments.charge</code>" in html and "48200" in html and "the holds are in place" in html
         assert 'type="submit"' in html and page["Cache-Control"] == "no-store"
-        assert page["Referrer-Policy"] == "no-referrer"
+        assert page["Referrer-Policy"] == "same-origin"
     assert browser.head(path_of(links["approve"])).status_code == 405
     assert state_of(approval) == before
     assert browser.post(path_of(links["approve"])).status_code == 403  # no CSRF token: refused before anything
