@@ -303,3 +303,21 @@ def test_a_retried_send_mails_the_same_working_link(tools, smtp):
     assert Client().get(path_of(links["approve"])).status_code == 200
     assert approval.links.count() == 4
 
+
+
+def test_the_admin_shows_links_without_their_secrets_and_edits_nothing(tools, smtp):
+    from django.contrib.auth import get_user_model
+
+    approval = charge_waiting(tools)
+    link = ApprovalLink.objects.get(request=approval, user=tools.alice)
+    root = get_user_model().objects.create_superuser("root", "root@example.com", "pw-root")
+    admin = Client()
+    admin.force_login(root)
+    listing = admin.get("/admin/approvals/approvallink/")
+    page = admin.get(f"/admin/approvals/approvallink/{link.pk}/change/")
+    assert listing.status_code == page.status_code == 200
+    for secret in (link.nonce, link.approve_hash, link.reject_hash):
+        assert secret not in listing.content.decode() and secret not in page.content.decode()
+    assert admin.post(f"/admin/approvals/approvallink/{link.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert admin.get("/admin/approvals/slackidentity/add/").status_code == 403
+    assert admin.get("/admin/approvals/slackmessage/").status_code == 200
