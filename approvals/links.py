@@ -11,6 +11,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from approvals import link_service, selectors, slack
 from approvals.models import ApprovalStatus, Decision
+from ledger.api.problems import problem
 from ledger.errors import UnwindError, ValidationFailed
 
 
@@ -63,7 +64,8 @@ def slack_interactions(request):
         slack.verify(body=request.body, headers=request.headers)
         decided, who = slack.slack_decide(payload=request.POST.get("payload", ""))
     except UnwindError as error:
-        return JsonResponse({"type": "about:blank", "title": error.title, "status": error.status, "code": error.code,
-                             "detail": error.detail}, status=error.status, content_type="application/problem+json")
+        body = problem(status=error.status, code=error.code, title=error.title, detail=error.detail,
+                       instance=request.path, **error.extra)
+        return JsonResponse(body, status=error.status, content_type="application/problem+json")
     slack.message_update(request=decided, outcome=slack.outcome_text(decided, who=who))
     return JsonResponse({"ok": True, "status": decided.status})
