@@ -321,3 +321,52 @@ def test_the_admin_shows_links_without_their_secrets_and_edits_nothing(tools, sm
     assert admin.post(f"/admin/approvals/approvallink/{link.pk}/delete/", {"post": "yes"}).status_code == 403
     assert admin.get("/admin/approvals/slackidentity/add/").status_code == 403
     assert admin.get("/admin/approvals/slackmessage/").status_code == 200
+
+
+def test_two_uses_racing_past_the_checks_decide_once(tools, smtp, monkeypatch):
+    """Both requests passed the checks before either claimed the link: the conditional claim lets one through."""
+    tool_upsert(tenant=tools.acme, name="payments.charge", actor="test",
+                spec=dict(in_process_policy()["tools"]["payments.charge"], approvals_required=2))
+    approval, links = waiting_with_links(tools, smtp)
+    token = LINK.search(links["approve"]).group(2)
+    first, decision = link_service.link_find(token)
+    second, _ = link_service.link_find(token)  # loaded by the second request before the first used it
+    link_service.link_use(link=first, decision=decision, browser_user=None)
+    after_first = state_of(approval)
+    monkeypatch.setattr(link_service, "link_check", lambda link, browser_user: None)  # it saw the link unused
+    with pytest.raises(link_service.LinkRefused) as refused:
+        link_service.link_use(link=second, decision=decision, browser_user=None)
+    assert refused.value.code == "approval_link_used"
+    assert state_of(approval) == after_first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_posts_of_one_link_decide_once(tools, smtp):
+    import threading
+
+    from django.db import connection
+
+    tool_upsert(tenant=tools.acme, name="payments.charge", actor="test",
+                spec=dict(in_process_policy()["tools"]["payments.charge"], approvals_required=2))
+    approval, links = waiting_with_links(tools, smtp)
+    start, outcomes = threading.Barrier(4), []
+
+    def use(url):
+        try:
+            link, decision = link_service.link_find(LINK.search(url).group(2))
+            start.wait()
+            link_service.link_use(link=link, decision=decision, browser_user=None, reason="no")
+            outcomes.append("decided")
+        except Exception as error:  # noqa: BLE001 - each refusal is counted below
+            outcomes.append(getattr(error, "code", repr(error)))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=use, args=(links[kind],)) for kind in ("approve", "approve", "reject", "reject")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert outcomes.count("decided") == 1, outcomes
+    assert len(outcomes) == 4 and ApprovalDecision.objects.filter(request=approval).count() == 1
+    assert ApprovalLink.objects.get(request=approval, user=tools.alice).used_at is not None
