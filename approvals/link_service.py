@@ -65,7 +65,8 @@ def link_create(*, request: ApprovalRequest, user) -> ApprovalLink:
     expires = min(request.expires_at, timezone.now() + timedelta(seconds=settings.UNWIND_APPROVAL_LINK_MAX_AGE))
     return ApprovalLink.objects.create(
         tenant_id=request.tenant_id, request=request, user=user, nonce=nonce,
-        approve_hash=token_hash(_token(nonce, Decision.APPROVE)), reject_hash=token_hash(_token(nonce, Decision.REJECT)),
+        approve_hash=token_hash(_token(nonce, Decision.APPROVE)),
+        reject_hash=token_hash(_token(nonce, Decision.REJECT)),
         args_hash=request.args_hash, tool_id=request.tool_id, expires_at=expires)
 
 

@@ -154,4 +154,8 @@ class SlackMessage(models.Model):
     ts = models.CharField(max_length=32, blank=True)
     posted_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["posted_at", "next_attempt_at"], name="slack_outbox_due")]

@@ -13,7 +13,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import link_service, slack
-from approvals.models import ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus
+from approvals.models import (
+    ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
+)
 from ledger.audit import ledger_transaction, recording
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -73,8 +74,8 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
     args = "\n".join(f"• `{name}`: {_code(value)}" for name, value in (preview.get("args") or {}).items()) or "none"
     what = "Undo with" if request.is_compensation else "Approval needed:"
     blocks = [
-        {"type": "section", "text": {"type": "mrkdwn",
-                                     "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
+        {"type": "section", "text": {
+            "type": "mrkdwn", "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
         {"type": "section", "fields": [
             {"type": "mrkdwn", "text": f"*Target*\n{target.get('type') or 'target'} {target.get('id') or '(new)'}"},
             {"type": "mrkdwn", "text": f"*On behalf of*\n{preview.get('on_behalf_of') or '(nobody named)'}"},
@@ -102,33 +103,38 @@ def summary(request: ApprovalRequest) -> str:
 def on_approval_requested(*, request: ApprovalRequest) -> None:
     """In the request's transaction: the outbox row the sweep posts to Slack."""
     if configured():
-        SlackMessage.objects.create(request=request, channel=settings.UNWIND_SLACK_CHANNEL)
+        SlackMessage.objects.create(request=request, channel=settings.UNWIND_SLACK_CHANNEL,
+                                    next_attempt_at=timezone.now())
 
 
 def slack_messages_post(*, now=None) -> int:
-    """Post due messages. Each try is claimed by a conditional update on its attempt count, so two workers never
-    both post one."""
+    """Post due messages. Each try is claimed by a conditional update on its attempt count (and pushed back
+    while it runs), so two workers never both post one; a failure is retried with backoff, up to a limit."""
     if not configured():
         return 0
     from slack_sdk.errors import SlackClientError
 
+    now = now or timezone.now()
     posted = 0
-    due = SlackMessage.objects.filter(posted_at__isnull=True, attempts__lt=MAX_POST_ATTEMPTS).values_list(
-        "pk", "attempts")[:50]
+    due = SlackMessage.objects.filter(posted_at__isnull=True, attempts__lt=MAX_POST_ATTEMPTS,
+                                      next_attempt_at__lte=now).values_list("pk", "attempts")[:50]
     for pk, attempts in list(due):
         if SlackMessage.objects.filter(pk=pk, posted_at__isnull=True, attempts=attempts).update(
-                attempts=attempts + 1) != 1:
+                attempts=attempts + 1, next_attempt_at=now + timedelta(seconds=min(600, 2 ** (attempts + 1)))) != 1:
             continue
         message = SlackMessage.objects.select_related("request").get(pk=pk)
+        request = message.request
+        # Decided before it could be posted (an outage, a quick approver): post the outcome, without buttons.
+        outcome = "" if request.status == ApprovalStatus.PENDING else f"Already {request.status}."
         try:
-            answer = client().chat_postMessage(channel=message.channel, text=summary(message.request),
-                                               blocks=message_blocks(message.request))
+            answer = client().chat_postMessage(channel=message.channel, text=summary(request),
+                                               blocks=message_blocks(request, outcome=outcome))
         except (SlackClientError, OSError) as error:
             SlackMessage.objects.filter(pk=pk).update(last_error=f"{error.__class__.__name__}: {error}"[:2000])
             log.warning("slack message %s not posted (attempt %s): %s", pk, attempts + 1, error)
             continue
         SlackMessage.objects.filter(pk=pk).update(ts=answer["ts"], channel=answer.get("channel") or message.channel,
-                                                  posted_at=now or timezone.now(), last_error="")
+                                                  posted_at=timezone.now(), last_error="")
         posted += 1
     return posted
 

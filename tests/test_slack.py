@@ -5,6 +5,7 @@ payloads as Slack would. Mapping Slack users to people goes through the admin's 
 import json
 import threading
 import time
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlencode
 
@@ -12,10 +13,12 @@ import pytest
 import requests
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 from slack_sdk.signature import SignatureVerifier
 
 from approvals import slack
 from approvals.models import ApprovalDecision, ApprovalRequest, SlackIdentity, SlackMessage
+from approvals.services import approval_decide
 from ledger.models import Action, AuditEvent
 from ledger.services.tenancy import membership_set
 from ledger.services.tools import tool_upsert, tools_load
@@ -40,7 +43,8 @@ class FakeSlack(BaseHTTPRequestHandler):
         if self.server.down:
             answer, status = {"ok": False, "error": "service_unavailable"}, 503
         elif method == "chat.postMessage":
-            answer, status = {"ok": True, "channel": "C0APPROVALS", "ts": f"1700000000.{len(self.server.calls):06d}"}, 200
+            stamp = f"1700000000.{len(self.server.calls):06d}"
+            answer, status = {"ok": True, "channel": "C0APPROVALS", "ts": stamp}, 200
         elif method == "chat.update":
             answer, status = {"ok": True, "channel": args.get("channel"), "ts": args.get("ts")}, 200
         else:
@@ -138,9 +142,19 @@ def test_a_slack_outage_loses_nothing(live, slack_api):
     assert slack.slack_messages_post() == 0
     message = SlackMessage.objects.get()
     assert message.posted_at is None and message.attempts == 1 and "service_unavailable" in message.last_error
+    assert slack.slack_messages_post() == 0 and len(slack_api.calls) == 1  # not again before its backoff
     slack_api.down = False
+    assert slack.slack_messages_post(now=timezone.now() + timedelta(seconds=5)) == 1
+    assert SlackMessage.objects.get().ts and len(slack_api.calls) == 2
+
+
+def test_a_request_decided_before_it_was_posted_is_posted_without_buttons(live, slack_api):
+    action = act(open_run(live), "payments.charge", CHARGE)
+    approval = ApprovalRequest.objects.get(action=action)
+    approval_decide(request=approval, user=live.alice, approve=False, reason="not now")
     assert slack.slack_messages_post() == 1
-    assert SlackMessage.objects.get().ts
+    blocks = json.dumps(slack_api.calls[-1]["args"]["blocks"])
+    assert "Already rejected." in blocks and "unwind_approve" not in blocks
 
 
 def test_nothing_is_posted_without_a_channel(live, settings):
