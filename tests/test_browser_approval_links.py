@@ -3,8 +3,10 @@
 The link is read out of the mail a real SMTP server on loopback received. The confirmation page must work
 on a phone in two taps (open the link, tap the button) without scrolling sideways at 390 px, and every
 refusal (second use, another person signed in, changed arguments, expiry) is a page that says why while
-nothing changes. Screenshots of the confirmation page go to docs/img/approve-link-*.png.
+nothing changes. Screenshots of the confirmation page (desktop and 390 px) go to var/test-artifacts/, or to
+docs/img/approve-link-*.png with UNWIND_DOCS_SCREENSHOTS=1 (how the committed ones were made).
 """
+import os
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -18,14 +20,20 @@ from ledger.models import Action
 from ledger.services.tools import tools_load
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.helpers import act, open_run
-from tests.test_browser import CHROMIUM, NO_CHROMIUM, NO_PLAYWRIGHT, TIMEOUT_MS, log_in, watch_csp
+from tests.test_browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, NO_PLAYWRIGHT, TIMEOUT_MS, log_in, watch_csp
 from tests.test_browser import browser, page  # noqa: F401 - fixtures
 from tests.test_notifications import body_parts, smtp  # noqa: F401 - the SMTP fixture
 
 sync_api = pytest.importorskip("playwright.sync_api", reason=NO_PLAYWRIGHT)
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not CHROMIUM.exists(), reason=NO_CHROMIUM)]
-DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+DOCS_IMG = (Path(__file__).resolve().parent.parent / "docs" / "img" if os.environ.get("UNWIND_DOCS_SCREENSHOTS")
+            else ARTIFACTS / "approval-links")
 PHONE = {"width": 390, "height": 844}
+
+
+@pytest.fixture(autouse=True)
+def _screenshot_folder():
+    DOCS_IMG.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture
