@@ -62,10 +62,9 @@ def slack_interactions(request):
     """A click on an Approve / Reject button of a Slack message (approvals/slack.py)."""
     try:
         slack.verify(body=request.body, headers=request.headers)
-        decided, who = slack.slack_decide(payload=request.POST.get("payload", ""))
+        decided = slack.slack_decide(payload=request.POST.get("payload", ""))
     except UnwindError as error:
         body = problem(status=error.status, code=error.code, title=error.title, detail=error.detail,
                        instance=request.path, **error.extra)
         return JsonResponse(body, status=error.status, content_type="application/problem+json")
-    slack.message_update(request=decided, outcome=slack.outcome_text(decided, who=who))
     return JsonResponse({"ok": True, "status": decided.status})

@@ -135,6 +135,7 @@ def on_approval_withdrawn(*, action: Action, reason: str) -> None:
                     status=ApprovalStatus.WITHDRAWN, decided_at=now, outcome_reason=reason[:2000]) != 1:
                 continue
             request.status, request.decided_at, request.outcome_reason = ApprovalStatus.WITHDRAWN, now, reason[:2000]
+            slack.on_request_changed(request.pk)
             audit.record("approval.withdrawn", actor="system:engine", request=request.pk, for_action=action.pk,
                          rows=[request])
 
@@ -154,6 +155,7 @@ def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
             return False
         request.refresh_from_db()
         action = Action.objects.select_related("tool").get(pk=request.action_id)
+        slack.on_request_changed(request.pk)
         audit.record("approval.voided", actor=actor, action=action, request=request.pk, tool=action.tool.name,
                      version=action.tool.version, reason=reason[:1000], rows=[request])
         if action.status == ActionStatus.AWAITING_APPROVAL:
@@ -234,6 +236,7 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
             ApprovalRequest.objects.filter(pk=request.pk).update(status=status, decided_at=now, outcome_reason=outcome)
             request.status, request.decided_at, request.outcome_reason = status, now, outcome
         # The request and the decision are fingerprinted as they now stand, so neither can be edited unseen.
+        slack.on_request_changed(request.pk)
         audit.record("approval.approve" if approve else "approval.reject", actor=actor, run=request.run,
                      action=request.action, request=request.pk, reason=reason[:1000], rows=[request, decision])
         if not approve:
@@ -255,6 +258,7 @@ def approvals_expire(*, now=None) -> int:
                 continue
             request.status, request.decided_at = ApprovalStatus.EXPIRED, now
             request.outcome_reason = "no decision before it expired"
+            slack.on_request_changed(request.pk)
             audit.record("approval.expired", actor="system:sweeper", action=request.action, request=request.pk,
                          rows=[request])
             action = Action.objects.select_related("tool").get(pk=request.action_id)

@@ -8,7 +8,8 @@ a rolled-back request posts nothing and a Slack outage loses nothing. A click co
   `manage.py slack_identity`; the payload's names and emails are never trusted);
 - the button's args hash is still the request's and its action's.
 The decision is then that person's, through `approval_decide`: quorum, separation of duties, expiry and
-void-on-policy-change hold as on the approval page. The message is updated with the outcome.
+void-on-policy-change hold as on the approval page. The message shows the outcome however the request was
+settled (Slack, an email link, the approval page, expiry, a void).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackIdentity, SlackMessage
@@ -166,8 +168,9 @@ def parse_click(payload: str) -> tuple[str, str, int, str]:
         raise ValidationFailed("not an Unwind approval button click", field="payload") from None
 
 
-def slack_decide(*, payload: str) -> tuple[ApprovalRequest, str]:
-    """The decision a verified click asks for, as the mapped person's, through `approval_decide`; with their name."""
+def slack_decide(*, payload: str) -> ApprovalRequest:
+    """The decision a verified click asks for, as the mapped person's, through `approval_decide` (which refreshes
+    the message after its commit)."""
     from approvals.services import approval_decide
 
     slack_user, decision, approval_id, args_hash = parse_click(payload)
@@ -183,26 +186,40 @@ def slack_decide(*, payload: str) -> tuple[ApprovalRequest, str]:
         raise StateConflict("this button was made for other arguments than the action has now; nothing was decided")
     who = identity.user.get_username()
     reason = "" if decision == Decision.APPROVE else f"rejected in Slack by {who} (Slack buttons carry no reason)"
-    decided = approval_decide(request=request, user=identity.user, approve=decision == Decision.APPROVE, reason=reason)
-    return decided, who
+    return approval_decide(request=request, user=identity.user, approve=decision == Decision.APPROVE, reason=reason)
 
 
-def outcome_text(request: ApprovalRequest, *, who: str) -> str:
+def outcome_text(request: ApprovalRequest) -> str:
+    """Where the request stands, in one line, whichever way it was decided (Slack, an email link, the page)."""
+    decisions = list(request.decisions.select_related("user").order_by("created_at", "pk"))
+    approvers = ", ".join(d.user.get_username() for d in decisions if d.decision == Decision.APPROVE)
+    rejecter = next((d.user.get_username() for d in decisions if d.decision == Decision.REJECT), "")
     if request.status == ApprovalStatus.APPROVED:
-        return f":white_check_mark: Approved (last by {who}). Unwind runs the action now."
+        return f":white_check_mark: Approved by {approvers}. Unwind runs the action now."
     if request.status == ApprovalStatus.REJECTED:
-        return f":x: Rejected by {who}: {request.outcome_reason}"
-    given = request.decisions.filter(decision=Decision.APPROVE).count()
-    return f":hourglass: {who} approved ({given} of {request.required}); it runs once enough people approve."
+        return f":x: Rejected by {rejecter}: {request.outcome_reason}"
+    if request.status != ApprovalStatus.PENDING:
+        return f"{request.status.capitalize()}: {request.outcome_reason or 'nothing was approved'}."
+    given = sum(d.decision == Decision.APPROVE for d in decisions)
+    return f":hourglass: {approvers} approved ({given} of {request.required}); it runs once enough people approve."
 
 
-def message_update(*, request: ApprovalRequest, outcome: str) -> None:
-    """Show the outcome where the buttons were (after the decision committed; a failure here changes nothing)."""
+def on_request_changed(request_id: int) -> None:
+    """In the transaction that decided, voided, expired or withdrew a request: refresh its Slack message after
+    the commit (nothing leaves the process for a change that rolls back)."""
+    if configured():
+        transaction.on_commit(lambda: message_refresh(request_id))
+
+
+def message_refresh(request_id: int) -> None:
+    """Show where the request stands where the buttons were (a failure here changes nothing)."""
     from slack_sdk.errors import SlackClientError
 
-    message = SlackMessage.objects.filter(request=request).exclude(ts="").first()
+    message = SlackMessage.objects.filter(request_id=request_id).exclude(ts="").select_related("request").first()
     if message is None:
         return
+    request = message.request
+    outcome = outcome_text(request)
     if request.status == ApprovalStatus.PENDING:  # a quorum still short: the buttons stay for the next person
         blocks = message_blocks(request)
         blocks.insert(-1, {"type": "context", "elements": [{"type": "mrkdwn", "text": outcome[:2900]}]})

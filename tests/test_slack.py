@@ -180,7 +180,7 @@ def test_approve_from_slack_as_the_mapped_person_and_the_message_shows_it(live, 
     update = slack_api.calls[-1]
     assert update["method"] == "chat.update" and update["args"]["ts"] == SlackMessage.objects.get().ts
     blocks = json.dumps(update["args"]["blocks"])
-    assert "Approved (last by alice)" in blocks and "unwind_approve" not in blocks  # the buttons are gone
+    assert "Approved by alice." in blocks and "unwind_approve" not in blocks  # the buttons are gone
     assert AuditEvent.objects.filter(kind="approval.approve", actor="user:alice").exists()
 
 
@@ -296,3 +296,29 @@ def test_a_signed_payload_that_is_not_a_button_click_is_a_clear_400(live, slack_
             "Content-Type": "application/x-www-form-urlencoded", "X-Slack-Request-Timestamp": stamp,
             "X-Slack-Signature": signature})
         assert answer.status_code == 400 and answer.json()["code"] == "validation_error"
+
+
+def test_without_a_signing_secret_every_click_is_refused(live, slack_api, settings):
+    approval = posted_request(live, slack_api)
+    map_user(live, "alice", "U0ALICE")
+    settings.UNWIND_SLACK_SIGNING_SECRET = ""
+    for secret in (SECRET, ""):
+        answer = click(live.url, user="U0ALICE", approval=approval, secret=secret or "x")
+        assert answer.status_code == 401 and answer.json()["code"] == "slack_signature_invalid"
+    assert requests.get(live.url, timeout=10).status_code == 405
+    assert state_of(approval)[:2] == ("pending", [])
+
+
+def test_the_message_shows_a_decision_made_elsewhere_and_a_void(live, slack_api):
+    approval = posted_request(live, slack_api)
+    approval_decide(request=approval, user=live.ben, approve=False, reason="not this customer")  # the page's path
+    update = slack_api.calls[-1]
+    assert update["method"] == "chat.update" and "Rejected by ben: not this customer" in json.dumps(update["args"])
+    assert "unwind_approve" not in json.dumps(update["args"]["blocks"])
+
+    waiting = posted_request(live, slack_api)
+    tool_upsert(tenant=live.acme, name="payments.charge", actor="user:ada",
+                spec=dict(in_process_policy()["tools"]["payments.charge"], description="a new policy"))
+    update = slack_api.calls[-1]
+    assert update["method"] == "chat.update" and update["args"]["ts"] == SlackMessage.objects.get(request=waiting).ts
+    assert "Voided: the policy of payments.charge changed" in json.dumps(update["args"]["blocks"])
