@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from approvals.models import ApprovalDecision, ApprovalRequest, Notification
+from approvals.models import ApprovalDecision, ApprovalLink, ApprovalRequest, Notification, SlackIdentity, SlackMessage
 from ledger.admin import ReadOnlyAdmin as LedgerReadOnlyAdmin
 
 
@@ -66,3 +66,31 @@ class NotificationAdmin(ReadOnlyAdmin):
     date_hierarchy = "created_at"
     readonly_fields = ("tenant", "kind", "recipients", "subject", "body_text", "body_html", "status", "attempts",
                        "next_attempt_at", "lease_expires_at", "last_error", "created_at", "sent_at")
+
+
+@admin.register(ApprovalLink)
+class ApprovalLinkAdmin(ReadOnlyAdmin):
+    """Who was sent which link and whether it was used; never the nonce or the token hashes."""
+
+    list_display = ("id", "request", "user", "created_at", "expires_at", "used_at", "used_for")
+    list_filter = ("used_for", "tenant")
+    search_fields = ("user__username",)
+    list_select_related = ("request", "user")
+    fields = readonly_fields = ("tenant", "request", "user", "notification", "args_hash", "tool", "created_at",
+                                "expires_at", "used_at", "used_for")
+
+
+@admin.register(SlackIdentity)
+class SlackIdentityAdmin(ReadOnlyAdmin):
+    note = "Slack users are mapped to people with `manage.py slack_identity` (audited), not here."
+    list_display = ("slack_user_id", "user", "tenant", "created_by", "created_at")
+    list_filter = ("tenant",)
+    search_fields = ("slack_user_id", "user__username")
+    list_select_related = ("user", "tenant")
+    readonly_fields = ("tenant", "user", "slack_user_id", "created_by", "created_at")
+
+
+@admin.register(SlackMessage)
+class SlackMessageAdmin(ReadOnlyAdmin):
+    list_display = ("id", "request", "channel", "ts", "posted_at", "attempts")
+    readonly_fields = ("request", "channel", "ts", "posted_at", "attempts", "last_error")

@@ -92,3 +92,70 @@ class Notification(models.Model):
     class Meta:
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="outbox_due")]
         ordering = ["-created_at"]
+
+
+class ApprovalLink(models.Model):
+    """One approver's approve and reject links for one request, sent in that person's email.
+
+    A link decides once, for that person only, on exactly the args hash and policy version it was made for,
+    before it expires; using either of the pair uses both. Its tokens are HMACs of `nonce` keyed with the
+    server's SECRET_KEY (approvals/link_service.py) and only their SHA-256 is stored: neither the database nor
+    the outbox row (which holds a placeholder, filled in when the mail leaves) can give a working link back.
+    """
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    request = models.ForeignKey(ApprovalRequest, on_delete=models.CASCADE, related_name="links")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approval_links")
+    notification = models.ForeignKey(Notification, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+                                     help_text="The email that carries this link; only it may fill the link in.")
+    nonce = models.CharField(max_length=64)
+    approve_hash = models.CharField(max_length=64, unique=True)
+    reject_hash = models.CharField(max_length=64, unique=True)
+    args_hash = models.CharField(max_length=64)
+    tool = models.ForeignKey("ledger.Tool", on_delete=models.PROTECT, null=True, related_name="+",
+                             help_text="The tool version (policy) the link was made under.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    used_at = models.DateTimeField(null=True, blank=True)
+    used_for = models.CharField(max_length=8, blank=True, choices=Decision.choices)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["request", "user"], name="one_link_pair_per_approver")]
+
+    def __str__(self):
+        return f"approval link {self.pk} of request {self.request_id} for user {self.user_id}"
+
+
+class SlackIdentity(models.Model):
+    """Who a Slack user is in Unwind, for deciding from a Slack message. Set by an admin
+    (`manage.py slack_identity`), never from a Slack payload: Slack only says which Slack user clicked."""
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="slack_identities")
+    slack_user_id = models.CharField(max_length=32)
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "slack_user_id"], name="one_person_per_slack_user"),
+            models.UniqueConstraint(fields=["tenant", "user"], name="one_slack_user_per_person"),
+        ]
+
+    def __str__(self):
+        return f"slack {self.slack_user_id} is user {self.user_id} in tenant {self.tenant_id}"
+
+
+class SlackMessage(models.Model):
+    """The Slack message that announced a request: where to post it (until posted) and where to update it."""
+
+    request = models.OneToOneField(ApprovalRequest, on_delete=models.CASCADE, related_name="slack_message")
+    channel = models.CharField(max_length=64)
+    ts = models.CharField(max_length=32, blank=True)
+    posted_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["posted_at", "next_attempt_at"], name="slack_outbox_due")]

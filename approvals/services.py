@@ -12,7 +12,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus
+from approvals import link_service, slack
+from approvals.models import (
+    ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
+)
 from ledger.audit import ledger_transaction, recording
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
@@ -71,6 +74,17 @@ def approvers_emails(tenant_id: int) -> list[str]:
                       .exclude(user__email="").values_list("user__email", flat=True)))
 
 
+def approvers(tenant_id: int) -> list:
+    """The people who may approve in the tenant and have an email address, one each, by address."""
+    roles = [r for r in Role.values if ROLE_ORDER[r] >= ROLE_ORDER[Role.APPROVER]]
+    members = (Membership.objects.filter(tenant_id=tenant_id, role__in=roles).exclude(user__email="")
+               .select_related("user").order_by("user__email", "user_id"))
+    by_email = {}
+    for membership in members:
+        by_email.setdefault(membership.user.email, membership.user)
+    return list(by_email.values())
+
+
 def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict) -> Notification | None:
     """Write an outbox row in the current transaction; a worker sends it after commit."""
     if not recipients:
@@ -98,9 +112,19 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
     with recording(action.tenant_id) as audit:
         audit.record("approval.requested", actor=requested_by, request=request.pk, for_action=action.pk, rows=[request])
     url = reverse("approvals:detail", args=[request.pk])
-    notify(tenant_id=action.tenant_id, kind="approval_requested", recipients=approvers_emails(action.tenant_id),
-           subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)", template="approvals/email/approval_requested",
-           context={"request": request, "action": action, "url": url})
+    for approver in approvers(action.tenant_id):
+        # One email per approver: each carries approve/reject links made for that person alone (link_service.py).
+        # Who may not decide (separation of duties) gets the email without links.
+        link = None if is_requester(request, approver) else link_service.link_create(request=request, user=approver)
+        context = {"request": request, "action": action, "url": url,
+                   "approve_url": link and link_service.placeholder(link, Decision.APPROVE),
+                   "reject_url": link and link_service.placeholder(link, Decision.REJECT)}
+        note = notify(tenant_id=action.tenant_id, kind="approval_requested", recipients=[approver.email],
+                      subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)",
+                      template="approvals/email/approval_requested", context=context)
+        if link is not None:
+            ApprovalLink.objects.filter(pk=link.pk).update(notification=note)
+    slack.on_approval_requested(request=request)
 
 
 def on_approval_withdrawn(*, action: Action, reason: str) -> None:
@@ -111,6 +135,7 @@ def on_approval_withdrawn(*, action: Action, reason: str) -> None:
                     status=ApprovalStatus.WITHDRAWN, decided_at=now, outcome_reason=reason[:2000]) != 1:
                 continue
             request.status, request.decided_at, request.outcome_reason = ApprovalStatus.WITHDRAWN, now, reason[:2000]
+            slack.on_request_changed(request.pk)
             audit.record("approval.withdrawn", actor="system:engine", request=request.pk, for_action=action.pk,
                          rows=[request])
 
@@ -130,6 +155,7 @@ def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
             return False
         request.refresh_from_db()
         action = Action.objects.select_related("tool").get(pk=request.action_id)
+        slack.on_request_changed(request.pk)
         audit.record("approval.voided", actor=actor, action=action, request=request.pk, tool=action.tool.name,
                      version=action.tool.version, reason=reason[:1000], rows=[request])
         if action.status == ActionStatus.AWAITING_APPROVAL:
@@ -210,6 +236,7 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
             ApprovalRequest.objects.filter(pk=request.pk).update(status=status, decided_at=now, outcome_reason=outcome)
             request.status, request.decided_at, request.outcome_reason = status, now, outcome
         # The request and the decision are fingerprinted as they now stand, so neither can be edited unseen.
+        slack.on_request_changed(request.pk)
         audit.record("approval.approve" if approve else "approval.reject", actor=actor, run=request.run,
                      action=request.action, request=request.pk, reason=reason[:1000], rows=[request, decision])
         if not approve:
@@ -231,6 +258,7 @@ def approvals_expire(*, now=None) -> int:
                 continue
             request.status, request.decided_at = ApprovalStatus.EXPIRED, now
             request.outcome_reason = "no decision before it expired"
+            slack.on_request_changed(request.pk)
             audit.record("approval.expired", actor="system:sweeper", action=request.action, request=request.pk,
                          rows=[request])
             action = Action.objects.select_related("tool").get(pk=request.action_id)
@@ -259,9 +287,11 @@ def notifications_send(*, now=None) -> int:
                 status=NotificationStatus.SENDING, lease_expires_at=lease) != 1:
             continue
         note = Notification.objects.get(pk=pk)
-        message = EmailMultiAlternatives(note.subject, note.body_text, settings.DEFAULT_FROM_EMAIL, note.recipients)
+        # Approval links exist only in the mail as it leaves, never in the stored row (link_service.py).
+        message = EmailMultiAlternatives(note.subject, link_service.links_fill(note, note.body_text),
+                                         settings.DEFAULT_FROM_EMAIL, note.recipients)
         if note.body_html:
-            message.attach_alternative(note.body_html, "text/html")
+            message.attach_alternative(link_service.links_fill(note, note.body_html), "text/html")
         try:
             message.send(fail_silently=False)
         except Exception as exc:  # noqa: BLE001 - any mail-server failure is retried later, never lost
@@ -283,6 +313,7 @@ def notifications_send(*, now=None) -> int:
 def on_sweep(*, now) -> None:
     approvals_expire(now=now)
     notifications_send(now=now)
+    slack.slack_messages_post(now=now)
 
 
 def on_compensation_failed(*, action: Action | None, forward: Action) -> None:

@@ -239,6 +239,15 @@ UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
 UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
+# How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
+UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
+# Slack (approvals/slack.py): with a bot token and a channel, each approval request is posted there with Approve /
+# Reject buttons; Slack's clicks come back to /integrations/slack/interactions/, signed with the signing secret.
+# The API base is a deployer's setting only (tests point it at a local stand-in for Slack).
+UNWIND_SLACK_BOT_TOKEN = env_str("UNWIND_SLACK_BOT_TOKEN", "")
+UNWIND_SLACK_SIGNING_SECRET = env_str("UNWIND_SLACK_SIGNING_SECRET", "")
+UNWIND_SLACK_CHANNEL = env_str("UNWIND_SLACK_CHANNEL", "")
+UNWIND_SLACK_API_URL = env_str("UNWIND_SLACK_API_URL", "https://slack.com/api/")
 # The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 

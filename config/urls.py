@@ -9,6 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("approvals.link_urls")),
     path("approvals/", include("approvals.urls")),
     path("console/", include("recovery.urls")),
     path("", include("ledger.urls")),

@@ -7,7 +7,9 @@ the schemas) is shared.
 The endpoints are enumerated from the URL resolver, so a new one fails here until it is mapped to the acme
 objects its parameters name. Left out, with the reason: the Django admin (staff only), the sandbox (the shared
 fake world, not tenant data), login/logout, the schema and docs, the health check, and the correction-trail
-share link (a signed capability URL; a forged one is tested below).
+share link (a signed capability URL; a forged one is tested below), an approver's emailed approval link (a
+capability for one person's one decision: tested below and in test_approval_links.py) and Slack's interaction
+endpoint (signed by Slack, not a session or key: test_slack.py).
 """
 import base64
 import re
@@ -28,7 +30,8 @@ from tests.helpers import act, fault, open_run
 
 MARKER = "zz-acme-secret"  # in every acme goal, argument and tool description: it must never reach globex
 ACME_TOOL = "acmeonly.tool"  # a tool only acme has (names are per tenant: globex may register its own)
-SKIP = ("admin/", "sandbox/", "accounts/", "api/schema/", "api/docs/", "healthz", "console/trail/")
+SKIP = ("admin/", "sandbox/", "accounts/", "api/schema/", "api/docs/", "healthz", "console/trail/", "approvals/link/",
+        "integrations/slack/")
 PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")
 METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -241,4 +244,24 @@ def test_globex_registering_a_tool_by_an_acme_tools_name_gets_its_own(acme, clie
     assert response.status_code == 201
     assert MARKER not in response.content.decode()
     assert Tool.objects.get(tenant=acme.globex, name=ACME_TOOL).description == "globex's"
+    assert state(acme) == before
+
+
+def test_globex_with_a_forged_or_an_acme_approval_link_changes_nothing(acme, client):
+    from approvals.link_service import links_fill, placeholder
+    from approvals.models import ApprovalLink, Notification
+
+    client.force_login(acme.mallory)
+    request = ApprovalRequest.objects.filter(tenant=acme.acme, status="pending").first()
+    link = ApprovalLink.objects.get(request=request, user=acme.alice)
+    note = Notification.objects.get(pk=link.notification_id)
+    genuine = links_fill(note, placeholder(link, "approve")).rsplit("/approvals/link/", 1)[1].strip("/")
+    before = state(acme)
+    for token in (genuine[:-2] + ("AA" if not genuine.endswith("AA") else "BB"), str(request.pk), "x" * 43):
+        for method in ("get", "post"):
+            response = getattr(client, method)(f"/approvals/link/{token}/")
+            assert response.status_code == 404 and MARKER not in response.content.decode(errors="replace")
+    for method in ("get", "post"):  # the genuine link is alice's: mallory, signed in, cannot use it
+        response = getattr(client, method)(f"/approvals/link/{genuine}/")
+        assert response.status_code == 403 and MARKER not in response.content.decode(errors="replace")
     assert state(acme) == before

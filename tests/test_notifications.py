@@ -101,19 +101,19 @@ def body_parts(message) -> tuple[str, str]:
 def test_approval_requested_mail_arrives_with_text_html_and_a_working_link(tools, smtp, settings):
     approval = charge_waiting(tools)
     assert smtp.messages == []  # written to the outbox only; the worker sends it
-    assert notifications_send() == 1
-    [envelope] = smtp.handler.envelopes
-    assert sorted(envelope.rcpt_tos) == ["ada@example.com", "alice@example.com", "ben@example.com", "oscar@example.com"]
-    [message] = smtp.messages
+    assert notifications_send() == 4  # one email per approver: each carries links made for that person alone
+    assert sorted(e.rcpt_tos for e in smtp.handler.envelopes) == [
+        ["ada@example.com"], ["alice@example.com"], ["ben@example.com"], ["oscar@example.com"]]
+    message = next(m for m in smtp.messages if m["To"] == "alice@example.com")
     assert message["Subject"] == "[Unwind] Approval needed: payments.charge (high risk)"
     text, html = body_parts(message)
     link = detail_link(settings, approval)
     assert link in text and f'href="{link}"' in html
     assert "amount_cents: 48200" in text and "the holds are in place" in text and "carol@example.com" in text
     assert "<code>amount_cents</code>: <code>48200</code>" in html
-    note = Notification.objects.get(kind="approval_requested")
+    note = Notification.objects.get(kind="approval_requested", recipients=["alice@example.com"])
     assert (note.status, note.attempts, note.last_error) == ("sent", 1, "") and note.sent_at is not None
-    assert notifications_send() == 0 and len(smtp.messages) == 1
+    assert notifications_send() == 0 and len(smtp.messages) == 4
 
     # The link opens the detail page after logging in.
     path = urlsplit(link).path
@@ -135,7 +135,7 @@ def test_a_rolled_back_change_sends_nothing(tools, smtp):
     with pytest.raises(RuntimeError):
         with transaction.atomic():
             act(run, "payments.charge", CHARGE)
-            assert Notification.objects.filter(kind="approval_requested").count() == 1  # same transaction
+            assert Notification.objects.filter(kind="approval_requested").count() == 4  # same transaction
             raise RuntimeError("the change fails after its outbox row was written")
     assert not Notification.objects.exists() and not ApprovalRequest.objects.exists()
     assert notifications_send() == 0
@@ -146,7 +146,7 @@ def test_a_mail_server_outage_loses_nothing_and_the_mail_arrives_once(tools, smt
     smtp.stop()
     approval = charge_waiting(tools)
     assert notifications_send() == 0
-    note = Notification.objects.get(kind="approval_requested")
+    note = Notification.objects.get(kind="approval_requested", recipients=["alice@example.com"])
     assert note.status == "pending" and note.attempts == 1 and note.sent_at is None
     assert note.last_error and note.next_attempt_at > timezone.now()
     assert notifications_send() == 0  # not due again before its backoff
@@ -154,9 +154,10 @@ def test_a_mail_server_outage_loses_nothing_and_the_mail_arrives_once(tools, smt
     assert note.attempts == 1
 
     smtp.start()
-    assert notifications_send(now=timezone.now() + timedelta(seconds=10)) == 1
+    assert notifications_send(now=timezone.now() + timedelta(seconds=10)) == 4
     assert notifications_send(now=timezone.now() + timedelta(hours=1)) == 0
-    [message] = smtp.messages
+    message = next(m for m in smtp.messages if m["To"] == "alice@example.com")
+    assert len(smtp.messages) == 4
     assert detail_link(settings, approval) in body_parts(message)[0]
     note.refresh_from_db()
     assert (note.status, note.attempts, note.last_error) == ("sent", 2, "")
@@ -176,9 +177,10 @@ def test_a_second_sender_never_sends_a_row_the_first_has_claimed(tools, smtp, mo
 
     monkeypatch.setattr(approvals.services, "EmailMultiAlternatives", RacingMessage)
     first = notifications_send()
-    assert (first, second["sent"]) == (1, 2)
-    links = sorted(re.search(r"http\S+/approvals/\d+/", body_parts(m)[0]).group(0) for m in smtp.messages)
-    assert links == sorted(detail_link(settings, a) for a in approvals_waiting)  # each exactly once
+    assert (first, second["sent"]) == (1, 11)  # 3 requests x 4 approvers
+    sent = sorted((re.search(r"http\S+/approvals/\d+/(?!\S)", body_parts(m)[0]).group(0), m["To"]) for m in smtp.messages)
+    approvers = ["ada@example.com", "alice@example.com", "ben@example.com", "oscar@example.com"]
+    assert sent == sorted((detail_link(settings, a), to) for a in approvals_waiting for to in approvers)  # each once
     assert set(Notification.objects.values_list("status", "attempts")) == {("sent", 1)}
 
 
@@ -204,15 +206,16 @@ def test_concurrent_senders_send_each_row_exactly_once(tools, smtp, settings):
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    assert errors == [] and sum(counts) == 8
-    links = sorted(re.search(r"http\S+/approvals/\d+/", body_parts(m)[0]).group(0) for m in smtp.messages)
-    assert links == sorted(detail_link(settings, a) for a in approvals_waiting)
+    assert errors == [] and sum(counts) == 32  # 8 requests x 4 approvers
+    sent = sorted((re.search(r"http\S+/approvals/\d+/(?!\S)", body_parts(m)[0]).group(0), m["To"]) for m in smtp.messages)
+    approvers = ["ada@example.com", "alice@example.com", "ben@example.com", "oscar@example.com"]
+    assert sent == sorted((detail_link(settings, a), to) for a in approvals_waiting for to in approvers)
     assert set(Notification.objects.values_list("status", "attempts")) == {("sent", 1)}
 
 
 def test_an_expired_request_tells_the_approvers(tools, smtp, settings, django_capture_on_commit_callbacks):
     approval = charge_waiting(tools)
-    assert notifications_send() == 1
+    assert notifications_send() == 4
     later = timezone.now() + timedelta(seconds=tools.acme.approval_ttl_seconds + 1)
     with django_capture_on_commit_callbacks(execute=True):
         assert approvals_expire(now=later) == 1

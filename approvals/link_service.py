@@ -1,0 +1,179 @@
+"""Approve from the inbox: each approver's email carries an approve and a reject link made for that person.
+
+A link is one decision, by the person it was sent to, on exactly the args hash and policy version it was made
+for, before it expires (the request's expiry, or UNWIND_APPROVAL_LINK_MAX_AGE sooner). The decision goes through
+`approval_decide` like any other, so quorum, separation of duties, expiry and void-on-policy-change hold as they
+do on the approval page. A link logs nobody in.
+
+Tokens: HMAC-SHA256 of the link's random nonce and its decision, keyed with SECRET_KEY (outside the database).
+The database keeps only each token's SHA-256; the outbox row keeps a placeholder that only the sender fills in,
+as the mail leaves. So someone who reads the database (or the outbox) cannot use or rebuild a link, and a retried
+send mails the same link again.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
+
+from approvals.models import ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification
+from ledger.errors import UnwindError
+from ledger.models import ROLE_ORDER, Role, Tool
+
+PLACEHOLDER = re.compile(r"\[\[approval-link:(\d+):(approve|reject)\]\]")
+
+
+class LinkRefused(UnwindError):
+    """A link that cannot decide. Nothing was changed by the attempt."""
+
+    code, status, title = "approval_link_refused", 409, "This link cannot decide"
+
+    def __init__(self, detail: str, *, code: str, status: int, title: str):
+        super().__init__(detail)
+        self.code, self.status, self.title = code, status, title
+
+
+def _token(nonce: str, decision: str) -> str:
+    digest = salted_hmac("unwind.approval-link", f"{nonce}:{decision}", algorithm="sha256").digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def link_url(token: str) -> str:
+    return reverse("approval_links:confirm", args=[token])
+
+
+def placeholder(link: ApprovalLink, decision: str) -> str:
+    """What the outbox row holds where the link goes: only `links_fill` turns it into a working URL."""
+    return f"[[approval-link:{link.pk}:{decision}]]"
+
+
+def link_create(*, request: ApprovalRequest, user) -> ApprovalLink:
+    """The approve/reject pair for one approver (in the caller's transaction, with the request it belongs to)."""
+    nonce = secrets.token_urlsafe(32)
+    expires = min(request.expires_at, timezone.now() + timedelta(seconds=settings.UNWIND_APPROVAL_LINK_MAX_AGE))
+    return ApprovalLink.objects.create(
+        tenant_id=request.tenant_id, request=request, user=user, nonce=nonce,
+        approve_hash=token_hash(_token(nonce, Decision.APPROVE)),
+        reject_hash=token_hash(_token(nonce, Decision.REJECT)),
+        args_hash=request.args_hash, tool_id=request.tool_id, expires_at=expires)
+
+
+def links_fill(note: Notification, text: str) -> str:
+    """The mail as it leaves: each placeholder of a link that belongs to this very notification becomes its URL.
+    A placeholder an agent slipped into its arguments can name only the same recipient's own link, or nothing."""
+    ids = {int(pk) for pk, _ in PLACEHOLDER.findall(text)}
+    if not ids:
+        return text
+    nonces = dict(ApprovalLink.objects.filter(pk__in=ids, notification=note).values_list("pk", "nonce"))
+    base = settings.UNWIND_BASE_URL.rstrip("/")
+
+    def fill(match: re.Match) -> str:
+        nonce = nonces.get(int(match.group(1)))
+        return base + link_url(_token(nonce, match.group(2))) if nonce else "(link withheld)"
+
+    return PLACEHOLDER.sub(fill, text)
+
+
+# --- using a link ---------------------------------------------------------------------------------
+
+def _refuse(detail: str, code: str, status: int, title: str):
+    raise LinkRefused(detail, code=code, status=status, title=title)
+
+
+def link_find(token: str) -> tuple[ApprovalLink, str]:
+    """The link a token opens and the decision it carries; refused when no link has it (unknown or tampered)."""
+    if not isinstance(token, str) or not 20 <= len(token) <= 100:
+        _refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
+                "or decide on the approval page.", "approval_link_invalid", 404, "Link not valid")
+    digest = token_hash(token)
+    links = ApprovalLink.objects.select_related("request__action__tool", "request__tenant", "request__run__agent",
+                                                "request__tool", "user", "tool")
+    link = links.filter(approve_hash=digest).first()
+    if link is not None:
+        return link, Decision.APPROVE
+    link = links.filter(reject_hash=digest).first()
+    if link is None:
+        _refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
+                "or decide on the approval page.", "approval_link_invalid", 404, "Link not valid")
+    return link, Decision.REJECT
+
+
+def link_check(link: ApprovalLink, *, browser_user) -> None:
+    """Why this link cannot decide now, as a refusal; None when it can. `approval_decide` checks again under lock."""
+    request = link.request
+    now = timezone.now()
+    if link.used_at is not None:
+        _refuse(f"This link was already used {timezone.localtime(link.used_at):%Y-%m-%d %H:%M %Z}. Each link decides "
+                "once; open the approval page to see where the request stands.", "approval_link_used", 410,
+                "Link already used")
+    if browser_user is not None and browser_user.is_authenticated and browser_user.pk != link.user_id:
+        _refuse(f"This link was sent to {link.user.get_username()}, but this browser is signed in as "
+                f"{browser_user.get_username()}. A link decides only for the person it was sent to; decide on the "
+                "approval page as yourself instead.", "approval_link_other_person", 403, "Link for someone else")
+    _check_person(link)
+    if request.status == ApprovalStatus.VOIDED:
+        _refuse(f"This request was voided: {request.outcome_reason}. Nothing can be approved.", "approval_voided",
+                409, "Request voided")
+    if request.status != ApprovalStatus.PENDING:
+        _refuse(f"This request is already {request.status}; nothing is left to decide.", "approval_link_decided",
+                409, "Already decided")
+    if link.expires_at <= now or request.expires_at <= now:
+        _refuse("This link has expired. An approval not given in time counts as a rejection.",
+                "approval_link_expired", 410, "Link expired")
+    if link.args_hash != request.args_hash or request.args_hash != request.action.args_hash:
+        _refuse("The action's arguments changed after this link was sent: it was made for other arguments and "
+                "cannot approve these.", "approval_voided", 409, "Arguments changed")
+    if link.tool_id != request.tool_id or not Tool.objects.filter(pk=link.tool_id, is_current=True).exists():
+        _refuse("The tool's policy changed after this link was sent: nobody approved the new policy, so this link "
+                "cannot decide.", "approval_voided", 409, "Policy changed")
+
+
+def _check_person(link: ApprovalLink) -> None:
+    """The page would only refuse later what `approval_decide` refuses: say so before showing a button."""
+    from approvals.services import is_requester, role_of
+
+    role = role_of(link.user, link.request.tenant_id)
+    if role is None or ROLE_ORDER[role] < ROLE_ORDER[Role.APPROVER]:
+        _refuse(f"{link.user.get_username()} no longer has the approver role in {link.request.tenant.name}, so this "
+                "link cannot decide.", "permission_denied", 403, "Not an approver")
+    if is_requester(link.request, link.user):
+        _refuse("You asked for this action, or it acts on your behalf, so someone else must decide (separation of "
+                "duties).", "permission_denied", 403, "Someone else must decide")
+    if link.request.decisions.filter(user=link.user).exists():
+        _refuse("You have already decided on this request; each person counts once.", "approval_link_decided", 409,
+                "Already decided")
+
+
+def link_use(*, link: ApprovalLink, decision: str, browser_user, reason: str = "") -> ApprovalRequest:
+    """Record the link's person's decision through `approval_decide` and use the link up, in one transaction:
+    a refused decision leaves the link unused and nothing else changed. A void found on the way stands (and the
+    link with it, as there is nothing left to decide)."""
+    from approvals.services import ApprovalVoided, approval_decide
+
+    link_check(link, browser_user=browser_user)
+    voided = None
+    with transaction.atomic():
+        if ApprovalLink.objects.filter(pk=link.pk, used_at__isnull=True).update(
+                used_at=timezone.now(), used_for=decision) != 1:
+            _refuse("This link was already used. Each link decides once.", "approval_link_used", 410,
+                    "Link already used")
+        try:
+            decided = approval_decide(request=link.request, user=link.user, approve=decision == Decision.APPROVE,
+                                      reason=reason)
+        except ApprovalVoided as error:
+            voided = error
+    if voided is not None:
+        raise voided
+    return decided

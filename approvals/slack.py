@@ -1,0 +1,231 @@
+"""Approve from Slack: an approval request is posted to a channel with Approve / Reject buttons.
+
+Posting is an outbox (`SlackMessage`, written in the request's transaction, posted by the worker's sweep), so
+a rolled-back request posts nothing and a Slack outage loses nothing. A click comes back to
+`POST /integrations/slack/interactions/` (approvals/links.py), signed by Slack; it counts only when:
+- the signature and timestamp verify against UNWIND_SLACK_SIGNING_SECRET (else 401, nothing read further);
+- the Slack user is mapped to an Unwind person of the request's tenant (`SlackIdentity`, set by an admin with
+  `manage.py slack_identity`; the payload's names and emails are never trusted);
+- the button's args hash is still the request's and its action's.
+The decision is then that person's, through `approval_decide`: quorum, separation of duties, expiry and
+void-on-policy-change hold as on the approval page. The message shows the outcome however the request was
+settled (Slack, an email link, the approval page, expiry, a void).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackIdentity, SlackMessage
+from ledger import egress
+from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
+
+log = logging.getLogger("unwind.approvals.slack")
+MAX_POST_ATTEMPTS = 8
+ACTION_IDS = {"unwind_approve": Decision.APPROVE, "unwind_reject": Decision.REJECT}
+
+
+class SlackSignatureInvalid(UnwindError):
+    code, status, title = "slack_signature_invalid", 401, "Slack signature not valid"
+
+
+class SlackUserUnmapped(PermissionDenied):
+    code, title = "slack_user_unmapped", "Slack user not mapped to a person"
+
+
+def configured() -> bool:
+    return bool(settings.UNWIND_SLACK_BOT_TOKEN and settings.UNWIND_SLACK_CHANNEL
+                and settings.UNWIND_SLACK_SIGNING_SECRET)
+
+
+def api_base() -> str:
+    """The Slack API base URL: a deployer's setting only, held to egress's URL rules (http(s), no credentials,
+    no control characters) so that a typo cannot send the bot token somewhere unintended."""
+    url = settings.UNWIND_SLACK_API_URL
+    try:
+        egress.origin_of(url)
+    except egress.Refused as error:
+        raise ImproperlyConfigured(f"UNWIND_SLACK_API_URL {error}") from None
+    return url if url.endswith("/") else url + "/"
+
+
+def client():
+    from slack_sdk import WebClient
+
+    return WebClient(token=settings.UNWIND_SLACK_BOT_TOKEN, base_url=api_base(), timeout=10)
+
+
+# --- the message ----------------------------------------------------------------------------------
+
+def _code(value) -> str:
+    return "`" + json.dumps(value, ensure_ascii=False, sort_keys=True)[:300].replace("`", "'") + "`"
+
+
+def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]:
+    """Block Kit: the preview (tool, target, args, risk, why) and, while it waits, Approve / Reject buttons."""
+    preview = request.preview or {}
+    target = preview.get("target") or {}
+    intent = preview.get("intent") or {}
+    why = intent.get("reasoning") or intent.get("goal") or preview.get("run_goal") or "(no reason given)"
+    args = "\n".join(f"• `{name}`: {_code(value)}" for name, value in (preview.get("args") or {}).items()) or "none"
+    what = "Undo with" if request.is_compensation else "Approval needed:"
+    blocks = [
+        {"type": "section", "text": {
+            "type": "mrkdwn", "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
+        {"type": "section", "fields": [
+            {"type": "mrkdwn", "text": f"*Target*\n{target.get('type') or 'target'} {target.get('id') or '(new)'}"},
+            {"type": "mrkdwn", "text": f"*On behalf of*\n{preview.get('on_behalf_of') or '(nobody named)'}"},
+        ]},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Arguments*\n{args}"[:2900]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Why*\n{why}"[:2900]}},
+    ]
+    if outcome:
+        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": outcome[:2900]}]})
+        return blocks
+    value = json.dumps({"approval": request.pk, "args_hash": request.args_hash})
+    blocks.append({"type": "actions", "block_id": f"unwind_approval_{request.pk}", "elements": [
+        {"type": "button", "action_id": "unwind_approve", "style": "primary", "value": value,
+         "text": {"type": "plain_text", "text": "Approve"}},
+        {"type": "button", "action_id": "unwind_reject", "style": "danger", "value": value,
+         "text": {"type": "plain_text", "text": "Reject"}},
+    ]})
+    return blocks
+
+
+def summary(request: ApprovalRequest) -> str:
+    return f"Approval needed: {(request.preview or {}).get('tool')} ({request.risk} risk), request {request.pk}"
+
+
+def on_approval_requested(*, request: ApprovalRequest) -> None:
+    """In the request's transaction: the outbox row the sweep posts to Slack."""
+    if configured():
+        SlackMessage.objects.create(request=request, channel=settings.UNWIND_SLACK_CHANNEL,
+                                    next_attempt_at=timezone.now())
+
+
+def slack_messages_post(*, now=None) -> int:
+    """Post due messages. Each try is claimed by a conditional update on its attempt count (and pushed back
+    while it runs), so two workers never both post one; a failure is retried with backoff, up to a limit."""
+    if not configured():
+        return 0
+    from slack_sdk.errors import SlackClientError
+
+    now = now or timezone.now()
+    posted = 0
+    due = SlackMessage.objects.filter(posted_at__isnull=True, attempts__lt=MAX_POST_ATTEMPTS,
+                                      next_attempt_at__lte=now).values_list("pk", "attempts")[:50]
+    for pk, attempts in list(due):
+        if SlackMessage.objects.filter(pk=pk, posted_at__isnull=True, attempts=attempts).update(
+                attempts=attempts + 1, next_attempt_at=now + timedelta(seconds=min(600, 2 ** (attempts + 1)))) != 1:
+            continue
+        message = SlackMessage.objects.select_related("request").get(pk=pk)
+        request = message.request
+        # Decided before it could be posted (an outage, a quick approver): post the outcome, without buttons.
+        outcome = "" if request.status == ApprovalStatus.PENDING else f"Already {request.status}."
+        try:
+            answer = client().chat_postMessage(channel=message.channel, text=summary(request),
+                                               blocks=message_blocks(request, outcome=outcome))
+        except (SlackClientError, OSError) as error:
+            SlackMessage.objects.filter(pk=pk).update(last_error=f"{error.__class__.__name__}: {error}"[:2000])
+            log.warning("slack message %s not posted (attempt %s): %s", pk, attempts + 1, error)
+            continue
+        SlackMessage.objects.filter(pk=pk).update(ts=answer["ts"], channel=answer.get("channel") or message.channel,
+                                                  posted_at=timezone.now(), last_error="")
+        posted += 1
+    return posted
+
+
+# --- a click --------------------------------------------------------------------------------------
+
+def verify(*, body: bytes, headers) -> None:
+    """Slack's v0 signature over the raw body and its timestamp (stale after five minutes): else 401."""
+    from slack_sdk.signature import SignatureVerifier
+
+    if not settings.UNWIND_SLACK_SIGNING_SECRET:
+        raise SlackSignatureInvalid("Slack is not configured here (no UNWIND_SLACK_SIGNING_SECRET)")
+    timestamp, signature = headers.get("X-Slack-Request-Timestamp", ""), headers.get("X-Slack-Signature", "")
+    verifier = SignatureVerifier(settings.UNWIND_SLACK_SIGNING_SECRET)
+    if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12 and signature
+            and verifier.is_valid(body=body, timestamp=timestamp, signature=signature)):
+        raise SlackSignatureInvalid("the request's Slack signature or timestamp is not valid (or is stale)")
+
+
+def parse_click(payload: str) -> tuple[str, str, int, str]:
+    """(Slack user id, decision, approval id, args hash) of a block_actions payload; refused when it is not one."""
+    try:
+        data = json.loads(payload)
+        action = data["actions"][0]
+        value = json.loads(action["value"])
+        decision = ACTION_IDS[action["action_id"]]
+        return str(data["user"]["id"]), decision, int(value["approval"]), str(value["args_hash"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise ValidationFailed("not an Unwind approval button click", field="payload") from None
+
+
+def slack_decide(*, payload: str) -> ApprovalRequest:
+    """The decision a verified click asks for, as the mapped person's, through `approval_decide` (which refreshes
+    the message after its commit)."""
+    from approvals.services import approval_decide
+
+    slack_user, decision, approval_id, args_hash = parse_click(payload)
+    request = ApprovalRequest.objects.select_related("action", "run").filter(pk=approval_id).first()
+    if request is None:
+        raise NotFound(f"there is no approval request {approval_id}")
+    identity = SlackIdentity.objects.select_related("user").filter(
+        tenant_id=request.tenant_id, slack_user_id=slack_user).first()
+    if identity is None:
+        raise SlackUserUnmapped(f"Slack user {slack_user} is not mapped to anyone who may decide this; an admin maps "
+                                "people with `manage.py slack_identity`")
+    if args_hash != request.args_hash or args_hash != request.action.args_hash:
+        raise StateConflict("this button was made for other arguments than the action has now; nothing was decided")
+    who = identity.user.get_username()
+    reason = "" if decision == Decision.APPROVE else f"rejected in Slack by {who} (Slack buttons carry no reason)"
+    return approval_decide(request=request, user=identity.user, approve=decision == Decision.APPROVE, reason=reason)
+
+
+def outcome_text(request: ApprovalRequest) -> str:
+    """Where the request stands, in one line, whichever way it was decided (Slack, an email link, the page)."""
+    decisions = list(request.decisions.select_related("user").order_by("created_at", "pk"))
+    approvers = ", ".join(d.user.get_username() for d in decisions if d.decision == Decision.APPROVE)
+    rejecter = next((d.user.get_username() for d in decisions if d.decision == Decision.REJECT), "")
+    if request.status == ApprovalStatus.APPROVED:
+        return f":white_check_mark: Approved by {approvers}. Unwind runs the action now."
+    if request.status == ApprovalStatus.REJECTED:
+        return f":x: Rejected by {rejecter}: {request.outcome_reason}"
+    if request.status != ApprovalStatus.PENDING:
+        return f"{request.status.capitalize()}: {request.outcome_reason or 'nothing was approved'}."
+    given = sum(d.decision == Decision.APPROVE for d in decisions)
+    return f":hourglass: {approvers} approved ({given} of {request.required}); it runs once enough people approve."
+
+
+def on_request_changed(request_id: int) -> None:
+    """In the transaction that decided, voided, expired or withdrew a request: refresh its Slack message after
+    the commit (nothing leaves the process for a change that rolls back)."""
+    if configured():
+        transaction.on_commit(lambda: message_refresh(request_id))
+
+
+def message_refresh(request_id: int) -> None:
+    """Show where the request stands where the buttons were (a failure here changes nothing)."""
+    from slack_sdk.errors import SlackClientError
+
+    message = SlackMessage.objects.filter(request_id=request_id).exclude(ts="").select_related("request").first()
+    if message is None:
+        return
+    request = message.request
+    outcome = outcome_text(request)
+    if request.status == ApprovalStatus.PENDING:  # a quorum still short: the buttons stay for the next person
+        blocks = message_blocks(request)
+        blocks.insert(-1, {"type": "context", "elements": [{"type": "mrkdwn", "text": outcome[:2900]}]})
+    else:
+        blocks = message_blocks(request, outcome=outcome)
+    try:
+        client().chat_update(channel=message.channel, ts=message.ts, text=outcome[:300], blocks=blocks)
+    except (SlackClientError, OSError) as error:
+        log.warning("slack message of request %s not updated: %s", request.pk, error)
