@@ -70,7 +70,9 @@ def test_an_operator_reads_the_demo_email_in_the_outbox_on_a_desktop_and_a_phone
         {"customer": "cus_77", "amount_cents": 9900, "currency": "EUR"})  # an approval request, emailed
     log_in(page, live_server.url, "oscar", "/console/outbox/")
     rows = page.locator(".outbox-row")
-    sync_api.expect(rows).to_have_count(2)
+    # The trail, and the approval request: one email per person who may approve in acme (alice, ben, oscar, ada).
+    sync_api.expect(rows).to_have_count(5)
+    sync_api.expect(rows.filter(has_text="Approval needed")).to_have_count(4)
     sync_api.expect(rows.first).to_contain_text("Approval needed")
     page.screenshot(path=str(DOCS_IMG / "outbox-desktop.png"), full_page=True)
     page.get_by_role("link", name="What happened to your request").click()
