@@ -54,7 +54,12 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
+    "display",
 )
+# Policy fields a Tool gained after chains were already recorded: each joins a row's fingerprint only when it is set,
+# so the fingerprint of a version written before the field existed (and of any version that leaves it empty) is
+# the one its chain recorded.
+TOOL_LATER_FIELDS = ("display",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks
 # it instead: the current version of every tool is its newest.
 TOOL_UNFINGERPRINTED_FIELDS = ("id", "tenant", "created_at", "updated_at", "is_current")
@@ -64,8 +69,10 @@ def _plain(value):
     return value.isoformat() if isinstance(value, datetime) else value
 
 
-def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
-    return digest(label, obj.pk, *[_plain(getattr(obj, name)) for name in fields])
+def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], later: tuple[str, ...] = ()) -> str:
+    values = [_plain(getattr(obj, name)) for name in fields if name not in later]
+    values += [[name, _plain(getattr(obj, name))] for name in later if getattr(obj, name)]
+    return digest(label, obj.pk, *values)
 
 
 def action_fingerprint(action: Action) -> str:
@@ -86,6 +93,7 @@ class Fingerprinted:
     fields: tuple[str, ...]
     kinds: frozenset[str]
     tenant_lookup: str
+    later: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -96,9 +104,11 @@ _fingerprinted: dict[str, Fingerprinted] = {}
 
 
 def register_fingerprinted(model: type[models.Model], *, fields: tuple[str, ...], kinds: tuple[str, ...],
-                           tenant_lookup: str = "tenant_id") -> None:
-    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them)."""
-    spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup)
+                           tenant_lookup: str = "tenant_id", later: tuple[str, ...] = ()) -> None:
+    """Called at AppConfig.ready() by the apps that own the model (the ledger imports none of them).
+
+    `later` names fields added after rows were fingerprinted: they count only when set (see TOOL_LATER_FIELDS)."""
+    spec = Fingerprinted(model, tuple(fields), frozenset(kinds), tenant_lookup, tuple(later))
     _fingerprinted[spec.label] = spec
 
 
@@ -110,14 +120,15 @@ def row_fingerprint(obj: models.Model) -> str:
     spec = _fingerprinted.get(obj._meta.label_lower)
     if spec is None:
         raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
-    return _fingerprint(spec.label, obj, spec.fields)
+    return _fingerprint(spec.label, obj, spec.fields, spec.later)
 
 
 def tool_fingerprint(tool: Tool) -> str:
     return row_fingerprint(tool)
 
 
-register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"))
+register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"),
+                       later=TOOL_LATER_FIELDS)
 register_fingerprinted(TenantPolicyVersion, fields=("version", "approval_threshold", "approval_ttl_seconds", "actor"),
                        kinds=("tenant.defaults",))
 

@@ -177,6 +177,8 @@ class Tool(models.Model):
     timeout_seconds = models.FloatField(default=10.0)
     max_attempts = models.PositiveSmallIntegerField(default=3)
     backoff_seconds = models.FloatField(default=0.2)
+    display = models.JSONField(default=dict, blank=True,
+                               help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger import egress, mapping, registry, schemas
+from ledger.display import parse_display
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     RISK_ORDER, ActionClass, ApprovalRule, CompensationStrategy, Executor, Risk, SagaRole, Tool,
@@ -20,7 +21,7 @@ from ledger.models import (
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry",
+    "compensation", "timeout", "retry", "display",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -222,6 +223,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
                                      minimum=MAX_ATTEMPTS[0], maximum=MAX_ATTEMPTS[1], integer=True)
     fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff",
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
+    fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
     return fields
 
 

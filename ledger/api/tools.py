@@ -41,6 +41,7 @@ def policy_of(tool: Tool) -> dict:
         "snapshot": tool.snapshot, "verify": tool.verify, "lookup": tool.lookup, "compensation": tool.compensation,
         "timeout": tool.timeout_seconds,
         "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
+        "display": tool.display,
     }
 
 
@@ -90,6 +91,8 @@ class ToolPolicy(serializers.Serializer):
     timeout = serializers.FloatField(required=False, min_value=TIMEOUT_SECONDS[0], max_value=TIMEOUT_SECONDS[1],
                                      help_text="Seconds (or a duration like 30s, 2m).")
     retry = RetryPolicy(required=False)
+    display = serializers.JSONField(required=False, help_text='How pages show argument values, e.g. '
+                                    '{"amount_cents": {"money": {"currency": "EUR", "minor_units": 2}}} (docs/api.md).')
 
 
 class ToolOut(serializers.Serializer):
