@@ -36,12 +36,21 @@ UNSETTLED = {ActionStatus.FAILED, ActionStatus.LOST, ActionStatus.REJECTED, Acti
 RESTING = {RunStatus.NEEDS_ATTENTION, RunStatus.COMPENSATED, RunStatus.CLOSED}
 
 
-def can_be_compensated(action: Action) -> bool:
-    """Whether Unwind would ever undo this step: a retriable step (after the pivot), a read-only call and a step
-    whose policy declares no compensation are never undone, so the strip draws no compensation for them."""
-    return (action.saga_role != SagaRole.RETRIABLE
+def can_be_compensated(action: Action, *, after_pivot: bool = False) -> bool:
+    """Whether Unwind would ever undo this step on its own: a retriable step after the run's pivot (the run only
+    moves forward from there), a read-only call and a step whose policy declares no compensation are never
+    undone, so the strip draws no compensation for them (unless one actually ran: facts beat rules)."""
+    return (not (after_pivot and action.saga_role == SagaRole.RETRIABLE)
             and action.tool.action_class != ActionClass.READ_ONLY
             and (action.compensation_plan or {}).get("strategy") not in (None, "", CompensationStrategy.NONE))
+
+
+def mark_undoable(actions: list[Action]) -> None:
+    """Set `undoable` on each forward action of a run (`actions` in order), as `can_be_compensated` says."""
+    pivot_seq = next((a.seq for a in actions if a.kind == ActionKind.FORWARD and a.saga_role == SagaRole.PIVOT), None)
+    for action in actions:
+        after_pivot = pivot_seq is not None and action.seq > pivot_seq
+        action.undoable = action.kind == ActionKind.FORWARD and can_be_compensated(action, after_pivot=after_pivot)
 
 
 @dataclass
@@ -63,6 +72,11 @@ class Step:
     compensation: Box | None
     undoable: bool
     marker: str = ""
+
+    @property
+    def ready(self) -> bool:
+        """Its effect stands and it could be undone: drawn as a dashed "undo ready, not run" box."""
+        return self.compensation is None and self.undoable and self.forward.status == ActionStatus.SUCCEEDED
 
 
 @dataclass
@@ -86,6 +100,8 @@ class Strip:
 
 def saga_strip(run: Run, actions: list[Action], *, stop_action_id: int | None = None) -> Strip:
     """The strip for `actions` (a run's actions in order, `undone_by` attached as `run_timeline` does)."""
+    if any(not hasattr(a, "undoable") for a in actions):
+        mark_undoable(actions)
     forwards = [a for a in actions if a.kind == ActionKind.FORWARD]
     steps = []
     for action in forwards:
@@ -93,9 +109,8 @@ def saga_strip(run: Run, actions: list[Action], *, stop_action_id: int | None = 
         if undone_by is None:
             undone_by = [a for a in actions if a.compensates_id == action.pk]
         latest = undone_by[-1] if undone_by else None
-        undoable = can_be_compensated(action)
-        steps.append(Step(forward=Box.of(action), compensation=Box.of(latest) if latest and undoable else None,
-                          undoable=undoable))
+        steps.append(Step(forward=Box.of(action), compensation=Box.of(latest) if latest else None,
+                          undoable=action.undoable))
     marker_words = "stopped here" if run.status in RESTING else "waiting here"
     stop = _stop_step(steps, stop_action_id)
     if stop is not None and run.status != RunStatus.COMPLETED:

@@ -20,7 +20,7 @@ from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
 from recovery.models import ItemStatus, RecoveryItem
-from recovery.saga import can_be_compensated, saga_strip
+from recovery.saga import mark_undoable, saga_strip
 
 AGE_BUCKETS: dict[str, tuple[str, timedelta | None, timedelta | None]] = {
     "1h": ("under an hour", None, timedelta(hours=1)),
@@ -262,11 +262,11 @@ def run_timeline(run: Run) -> dict:
         action.attempt_list = list(action.attempt_set.all())
         action.approval_list = list(action.approval_requests.all())
         action.diff = snapshot_diff(action.before, action.after)
-        action.undoable = can_be_compensated(action)
         action.shown_args = [{"name": name, **shown_value(value, name=name, display=action.tool.display, args=action.args)}
                              for name, value in sorted((action.args or {}).items())] if isinstance(action.args, dict) else []
         action.undone_by = []
         action.undoes = None
+    mark_undoable(actions)
     for action in actions:
         if action.compensates_id is not None and action.compensates_id in by_id:
             action.undoes = by_id[action.compensates_id]

@@ -196,8 +196,8 @@ def test_strip_groups_by_role_and_draws_no_compensation_after_the_pivot(tools):
     strip = strip_of(run)
     assert [(g.role, [s.forward.action.seq for s in g.steps]) for g in strip.groups] == [("pivot", [1]), ("retriable", [2])]
     charge, email = strip.steps
-    assert charge.undoable and charge.compensation is None  # could be undone, was not
-    assert not email.undoable and email.compensation is None
+    assert charge.undoable and charge.ready and charge.compensation is None  # could be undone, was not
+    assert not email.undoable and not email.ready and email.compensation is None  # retriable after the pivot
     assert email.marker == "stopped here" and not charge.marker
     assert (email.forward.icon, email.forward.words) == ("✕", "failed")
 
@@ -209,8 +209,19 @@ def test_strip_pairs_each_compensation_with_its_step(tools):
     assert create.compensation.action.compensates_id == create.forward.action.pk
     assert provision.compensation.action.compensates_id == provision.forward.action.pk
     assert create.compensation.action.seq > provision.compensation.action.seq  # undone newest first
-    assert email.compensation is None and not email.undoable and email.marker == "stopped here"
+    # No pivot in this run, so the retriable email could be corrected, but it failed: nothing to undo.
+    assert email.compensation is None and not email.ready and email.marker == "stopped here"
     assert strip.compensations == 2
+
+
+def test_strip_shows_a_retriable_steps_compensation_when_the_run_had_no_pivot(tools):
+    from tests.test_console_scenarios import email_correction_run
+
+    strip = strip_of(email_correction_run(tools))
+    sent, refused = strip.steps
+    assert sent.forward.action.saga_role == "retriable" and sent.undoable
+    assert sent.compensation is not None and sent.compensation.status == "succeeded"  # the correction email
+    assert refused.compensation is None and not refused.ready
 
 
 def test_what_failed_is_the_compensation_when_undoing_failed(tools):
@@ -260,3 +271,18 @@ def test_saga_strip_without_undone_by_lists_finds_compensations(tools):
     actions = list(run.actions.select_related("tool").order_by("seq"))
     strip = saga_strip(run, actions)
     assert [s.compensation is not None for s in strip.steps] == [True, True, False]
+
+
+def test_agent_text_in_values_is_shown_as_text_never_markup(tools):
+    """Arguments are the agent's words: the page shows them as text (escaped), also inside the money tooltip."""
+    spec = dict(in_process_policy()["tools"]["crm.update_ticket"], approval="manual")
+    tool_upsert(tenant=tools.acme, name="crm.update_ticket", spec=spec, actor="test")
+    from tests.test_console_scenarios import new_ticket
+
+    run = open_run(tools)
+    action = act(run, "crm.update_ticket", {"ticket_id": new_ticket(), "priority": "high",
+                                            "note": '<img src=x onerror="alert(1)">'})
+    request = ApprovalRequest.objects.get(action=action)
+    html = client_for(tools.alice).get(f"/approvals/{request.pk}/").content.decode()
+    assert '<img src=x' not in html
+    assert '&lt;img src=x onerror=&quot;alert(1)&quot;&gt;' in html
