@@ -166,6 +166,11 @@ def test_every_staff_page_fits_a_phone(tools, live_server, phone):
         sync_api.expect(phone.get_by_role("button", name="Approve")).to_be_visible()
         fits(phone, f"approval detail ({name})")
     phone.goto(f"{base}/approvals/{charge_request.pk}/")
+    # On a phone the decision follows what will happen and its diff instead of waiting below every other panel.
+    approve_at = phone.get_by_role("button", name="Approve").bounding_box()["y"]
+    assert approve_at < phone.get_by_role("heading", name="Why the agent asks").bounding_box()["y"]
+    assert approve_at > phone.get_by_role("heading", name="Before → proposed").bounding_box()["y"]
+    assert approve_at > phone.locator("#what-heading").bounding_box()["y"]
     shoot(phone, "approval-phone")
     phone.get_by_role("button", name="Log out").click()
 
