@@ -73,7 +73,8 @@ def _parse_money(money: Any, *, where: str) -> dict:
         parsed["currency_from"] = source
     units = money.get("minor_units", 2)
     if isinstance(units, bool) or not isinstance(units, int) or not MINOR_UNITS[0] <= units <= MINOR_UNITS[1]:
-        _fail(f"{where}.minor_units", f"must be a whole number from {MINOR_UNITS[0]} to {MINOR_UNITS[1]}, not {units!r}")
+        low, high = MINOR_UNITS
+        _fail(f"{where}.minor_units", f"must be a whole number from {low} to {high}, not {units!r}")
     parsed["minor_units"] = units
     return parsed
 

@@ -233,6 +233,13 @@ def run_get(*, access: Access, pk: int) -> Run | None:
     return Run.objects.filter(tenant_id__in=access.tenant_ids, pk=pk).select_related("tenant", "agent").first()
 
 
+def _shown_args(action: Action) -> list[dict]:
+    """The action's arguments as its tool version's display hints show them (money as "€920.00")."""
+    args = action.args if isinstance(action.args, dict) else {}
+    return [{"name": name, **shown_value(value, name=name, display=action.tool.display, args=args)}
+            for name, value in sorted(args.items())]
+
+
 def snapshot_diff(before, after) -> list[dict]:
     """Field-by-field comparison of two snapshots, for the timeline's before/after view."""
     if not isinstance(before, dict) and not isinstance(after, dict):
@@ -262,8 +269,7 @@ def run_timeline(run: Run) -> dict:
         action.attempt_list = list(action.attempt_set.all())
         action.approval_list = list(action.approval_requests.all())
         action.diff = snapshot_diff(action.before, action.after)
-        action.shown_args = [{"name": name, **shown_value(value, name=name, display=action.tool.display, args=action.args)}
-                             for name, value in sorted((action.args or {}).items())] if isinstance(action.args, dict) else []
+        action.shown_args = _shown_args(action)
         action.undone_by = []
         action.undoes = None
     mark_undoable(actions)

@@ -56,8 +56,8 @@ def test_a_bad_display_hint_names_its_field(display, field, words):
 def test_display_hints_are_normalised():
     assert parse_display({"a": {"money": {"currency": " eur "}}}, where="d") == {
         "a": {"money": {"currency": "EUR", "minor_units": 2}}}
-    assert parse_display({"a": {"money": {"currency_from": "args.cur", "currency": "USD", "minor_units": 0}}},
-                         where="d") == {"a": {"money": {"currency_from": "args.cur", "currency": "USD", "minor_units": 0}}}
+    both = {"currency_from": "args.cur", "currency": "USD", "minor_units": 0}
+    assert parse_display({"a": {"money": both}}, where="d") == {"a": {"money": both}}
 
 
 @pytest.mark.parametrize(("amount", "money", "args", "shown"), [
@@ -194,7 +194,8 @@ def strip_of(run):
 def test_strip_groups_by_role_and_draws_no_compensation_after_the_pivot(tools):
     run = step_failed_run(tools)
     strip = strip_of(run)
-    assert [(g.role, [s.forward.action.seq for s in g.steps]) for g in strip.groups] == [("pivot", [1]), ("retriable", [2])]
+    groups = [(g.role, [s.forward.action.seq for s in g.steps]) for g in strip.groups]
+    assert groups == [("pivot", [1]), ("retriable", [2])]
     charge, email = strip.steps
     assert charge.undoable and charge.ready and charge.compensation is None  # could be undone, was not
     assert not email.undoable and not email.ready and email.compensation is None  # retriable after the pivot
@@ -242,7 +243,8 @@ def test_drift_comparison_reads_before_after_and_now(tools):
     item = open_item(run)
     drift = selectors.drift_comparison(selectors.item_failure(item))
     rows = {row["field"]: row for row in drift["rows"]}
-    assert (rows["priority"]["before"], rows["priority"]["after"], rows["priority"]["now"]) == ("normal", "high", "urgent")
+    priority = rows["priority"]
+    assert (priority["before"], priority["after"], priority["now"]) == ("normal", "high", "urgent")
     assert rows["priority"]["drifted"] and rows["priority"]["agent_changed"]
     assert not rows["status"]["drifted"] and not rows["status"]["agent_changed"]
     assert drift["drifted_fields"] == ["priority"]

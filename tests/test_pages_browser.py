@@ -41,7 +41,8 @@ OVERFLOWING = """limit => [...document.querySelectorAll('body *')].filter(e => {
     const box = e.getBoundingClientRect();
     if (box.width === 0 || box.right <= limit + 1) return false;
     for (let up = e.parentElement; up; up = up.parentElement) {  // inside a box that scrolls on its own: fine
-        if (up !== document.body && up !== document.documentElement && getComputedStyle(up).overflowX !== 'visible') return false;
+        const own = up !== document.body && up !== document.documentElement;
+        if (own && getComputedStyle(up).overflowX !== 'visible') return false;
     }
     return true;
 }).slice(0, 5).map(e => e.tagName + '.' + e.className + ' → ' + Math.round(e.getBoundingClientRect().right) + ' px')"""
@@ -54,8 +55,8 @@ def fits(page_, what: str) -> None:
     sticking_out = page_.evaluate(OVERFLOWING, PHONE["width"])
     assert width <= PHONE["width"] and viewport == PHONE["width"] and not sticking_out, (
         f"{what}: {width} px wide in a {viewport} px window; sticking out: {sticking_out}")
-    nav_rows = page_.evaluate(
-        "new Set([...document.querySelectorAll('header.top nav a')].map(a => Math.round(a.getBoundingClientRect().top))).size")
+    nav_rows = page_.evaluate("new Set([...document.querySelectorAll('header.top nav a')]"
+                              ".map(a => Math.round(a.getBoundingClientRect().top))).size")
     assert nav_rows <= 1, f"{what}: the navigation wraps to {nav_rows} rows"
 
 
