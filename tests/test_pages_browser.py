@@ -3,8 +3,10 @@
 Every staff page fits a 390 px phone without sideways scrolling, with real content on it (a long tool name,
 long arguments); the saga strip shows a run's shape; a drifted target is compared side by side; money reads
 as money; approvers land on their inbox. Content-Security-Policy violations fail every test here (the
-`page` fixture of tests/test_browser.py). `pages-*` screenshots are written to docs/img/ for the README.
+`page` fixture of tests/test_browser.py). With UNWIND_DOCS_SCREENSHOTS=1 the `pages-*` screenshots are written
+to docs/img/ for the README (on SQLite, so the ids in them stay small).
 """
+import os
 import re
 from pathlib import Path
 
@@ -61,8 +63,11 @@ def fits(page_, what: str) -> None:
 
 
 def shoot(page_, name: str) -> None:
-    DOCS_IMG.mkdir(parents=True, exist_ok=True)
-    page_.screenshot(path=str(DOCS_IMG / f"pages-{name}.png"), full_page=True)
+    """A full-page screenshot: into docs/img/ when UNWIND_DOCS_SCREENSHOTS=1 (to refresh the README's pictures),
+    otherwise among the test's artifacts, so that a test run leaves the work tree as it was."""
+    folder = DOCS_IMG if os.environ.get("UNWIND_DOCS_SCREENSHOTS") == "1" else page_.shots.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    page_.screenshot(path=str(folder / f"pages-{name}.png"), full_page=True)
 
 
 # --- data, through the real services ------------------------------------------------------------------
