@@ -14,7 +14,8 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
 from approvals.services import is_requester
 from ledger import mapping
-from ledger.models import ROLE_ORDER, Action, CompensationStrategy, Membership, Role, Tenant, Tool
+from ledger.display import shown_value
+from ledger.models import ROLE_ORDER, Action, ActionStatus, CompensationStrategy, Membership, Role, Tenant, Tool
 from ledger.policy import approvals_needed
 
 INBOX_PAGE_SIZE = 20
@@ -115,27 +116,47 @@ def pretty(value) -> str:
 class PreviewView:
     """The stored preview of a request, arranged for reading."""
 
-    args: list[tuple[str, str]]
+    args: list[dict]
     target: str
     diff: list[dict]
     no_diff_reason: str
     compensation: str
     undoes: str
     intent: dict
+    heading: str
+
+
+# What the "what the action does" panel is called as the step moves on: a request is read before the
+# step runs and long after it (a decided request is a record), so its heading follows the step's state.
+HEADINGS = {
+    ActionStatus.SUCCEEDED: "What happened", ActionStatus.FAILED: "What was tried",
+    ActionStatus.LOST: "What was tried", ActionStatus.RUNNING: "What is happening",
+    ActionStatus.RETRY_SCHEDULED: "What is being tried", ActionStatus.COMPENSATING: "What is being undone",
+    ActionStatus.COMPENSATED: "What was undone", ActionStatus.COMPENSATION_FAILED: "What happened (undoing it failed)",
+    ActionStatus.REJECTED: "What was asked (not done)", ActionStatus.EXPIRED: "What was asked (not done)",
+    ActionStatus.SKIPPED: "What was asked (not done)",
+}
+
+
+def heading_for(action) -> str:
+    return HEADINGS.get(action.status, "What will happen")
 
 
 def preview_view(approval: ApprovalRequest) -> PreviewView:
     preview = approval.preview or {}
     args = preview.get("args") or {}
+    display = approval.action.tool.display or {}
     return PreviewView(
-        args=[(name, pretty(value)) for name, value in sorted(args.items())],
+        args=[{"name": name, **shown_value(value, name=name, display=display, args=args)}
+              for name, value in sorted(args.items())],
         target=describe_target(preview, approval.action.tool),
-        diff=diff_rows(preview.get("before"), preview.get("proposed") or {}),
+        diff=diff_rows(preview.get("before"), preview.get("proposed") or {}, display=display, args=args),
         no_diff_reason=no_diff_reason(preview, approval),
         compensation="" if approval.is_compensation else compensation_words(
             preview, plan=approval.action.compensation_plan or {}, tenant=approval.tenant, risk=approval.risk),
         undoes=undoes_words(preview.get("undoes")),
         intent=intent_of(preview.get("intent") or {}),
+        heading=heading_for(approval.action),
     )
 
 
@@ -149,18 +170,18 @@ def describe_target(preview: dict, tool: Tool) -> str:
     return "no single target (the tool does not name one)"
 
 
-def diff_rows(before, proposed: dict) -> list[dict]:
+def diff_rows(before, proposed: dict, *, display: dict | None = None, args: dict | None = None) -> list[dict]:
     """The before-snapshot against the proposed args on the same keys."""
     if not isinstance(before, dict):
         return []
     rows = []
     for name in sorted(before):
-        old = before[name]
+        old = shown_value(before[name], name=name, display=display or {}, args=args or {})
         if name in proposed:
-            rows.append({"field": name, "before": pretty(old), "after": pretty(proposed[name]),
-                         "changed": old != proposed[name]})
+            new = shown_value(proposed[name], name=name, display=display or {}, args=args or {})
+            rows.append({"field": name, "before": old, "after": new, "changed": before[name] != proposed[name]})
         else:
-            rows.append({"field": name, "before": pretty(old), "after": None, "changed": False})
+            rows.append({"field": name, "before": old, "after": None, "changed": False})
     return rows
 
 

@@ -169,7 +169,7 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # --- end: passwords ----------------------------------------------------------------------------------------
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "/"
+LOGIN_REDIRECT_URL = "home"  # recovery.views.home: approvers to their inbox, operators to the queue
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"

@@ -54,7 +54,7 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
-    "on_refusal", "describe",
+    "on_refusal", "describe", "display",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
@@ -62,7 +62,7 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
 # `args_text` is what the tool receives and `content_key` what later calls are matched on: editing either must show
 # like editing `args`.
-ADDED_LATER = {"on_refusal": "answer", "describe": {}, "run_idle_timeout_seconds": 3600,
+ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
                "args_text": "", "content_key": "", "repeat_of_id": None}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)

@@ -198,6 +198,8 @@ class Tool(models.Model):
     on_refusal = models.CharField(
         max_length=16, choices=OnRefusal.choices, default=OnRefusal.ANSWER,
         help_text="A refusal (4xx but 408/425/429) answers the agent and keeps the run open, or unwinds it.")
+    display = models.JSONField(default=dict, blank=True,
+                               help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

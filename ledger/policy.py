@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger import describe, egress, mapping, registry, schemas
+from ledger.display import parse_display
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy, Executor, OnRefusal, Risk,
@@ -21,7 +22,7 @@ from ledger.models import (
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry", "on_refusal", "describe",
+    "compensation", "timeout", "retry", "on_refusal", "describe", "display",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -240,6 +241,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     fields["backoff_seconds"] = _duration(retry.get("backoff", 0.2), f"{where}.retry.backoff",
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
+    fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
     return fields
 
 

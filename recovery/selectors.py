@@ -15,11 +15,13 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from ledger.audit import FINGERPRINT_KEYS
+from ledger.display import shown_value
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
 from ledger.services.execution import REFUSED
 from recovery.models import ItemStatus, RecoveryItem
+from recovery.saga import mark_undoable, saga_strip
 
 AGE_BUCKETS: dict[str, tuple[str, timedelta | None, timedelta | None]] = {
     "1h": ("under an hour", None, timedelta(hours=1)),
@@ -144,10 +146,45 @@ def items_for_bulk(*, access: Access, ids: list[int]) -> list[RecoveryItem]:
                 .select_related("tenant", "run").order_by("-created_at", "-id"))
 
 
-def item_failing_attempts(item: RecoveryItem) -> list[Attempt]:
-    if item.action_id is None:
-        return []
-    return list(Attempt.objects.filter(action_id=item.action_id).order_by("number"))
+def item_failure(item: RecoveryItem) -> dict | None:
+    """The attempt that failed, for "What failed and why": the compensation's when undoing the step failed.
+
+    A recovery item points at the forward step; when that step stands but its compensation failed (drift, a
+    refused or erroring undo), the forward call's attempts all succeeded and say nothing about the failure.
+    """
+    forward = item.action
+    if forward is None:
+        return None
+    failing = forward
+    if forward.status in (ActionStatus.COMPENSATION_FAILED, ActionStatus.COMPENSATING):
+        failing = (Action.objects.filter(compensates=forward, kind=ActionKind.COMPENSATION)
+                   .select_related("tool").order_by("-seq").first()) or forward
+    return {"forward": forward, "action": failing, "is_compensation": failing.pk != forward.pk,
+            "attempts": list(Attempt.objects.filter(action_id=failing.pk).order_by("number"))}
+
+
+def drift_comparison(failure: dict | None) -> dict | None:
+    """For a compensation refused because of drift: each field before the step, as the agent left it, and now.
+
+    "Now" is what the drift check read when it refused to overwrite (recorded on the compensation's failure
+    event); nothing is read from the tool to draw this page.
+    """
+    if not failure or not failure["is_compensation"] or failure["action"].error_class != "drift":
+        return None
+    forward, compensation = failure["forward"], failure["action"]
+    event = (AuditEvent.objects.filter(tenant_id=compensation.tenant_id, action_ref=compensation.pk,
+                                       kind="compensation.failed").order_by("-seq").first())
+    now = (event.data or {}).get("current") if event is not None else None
+    before, after = forward.before, forward.after
+    if not all(isinstance(v, dict) for v in (before, after, now)):
+        return {"rows": [{"field": "state", "before": before, "after": after, "now": now,
+                          "agent_changed": before != after, "drifted": after != now}],
+                "read_at": event.created_at if event else None, "forward": forward, "compensation": compensation}
+    fields = list(dict.fromkeys([*before, *after, *now]))
+    rows = [{"field": f, "before": before.get(f), "after": after.get(f), "now": now.get(f),
+             "agent_changed": before.get(f) != after.get(f), "drifted": after.get(f) != now.get(f)} for f in fields]
+    return {"rows": rows, "read_at": event.created_at, "forward": forward, "compensation": compensation,
+            "drifted_fields": [r["field"] for r in rows if r["drifted"]]}
 
 
 def compensation_preview(run: Run) -> list[Action]:
@@ -198,6 +235,13 @@ def run_get(*, access: Access, pk: int) -> Run | None:
     return Run.objects.filter(tenant_id__in=access.tenant_ids, pk=pk).select_related("tenant", "agent").first()
 
 
+def _shown_args(action: Action) -> list[dict]:
+    """The action's arguments as its tool version's display hints show them (money as "€920.00")."""
+    args = action.args if isinstance(action.args, dict) else {}
+    return [{"name": name, **shown_value(value, name=name, display=action.tool.display, args=args)}
+            for name, value in sorted(args.items())]
+
+
 def snapshot_diff(before, after) -> list[dict]:
     """Field-by-field comparison of two snapshots, for the timeline's before/after view."""
     if not isinstance(before, dict) and not isinstance(after, dict):
@@ -227,8 +271,10 @@ def run_timeline(run: Run) -> dict:
         action.attempt_list = list(action.attempt_set.all())
         action.approval_list = list(action.approval_requests.all())
         action.diff = snapshot_diff(action.before, action.after)
+        action.shown_args = _shown_args(action)
         action.undone_by = []
         action.undoes = None
+    mark_undoable(actions)
     for action in actions:
         if action.compensates_id is not None and action.compensates_id in by_id:
             action.undoes = by_id[action.compensates_id]
@@ -256,11 +302,14 @@ def run_timeline(run: Run) -> dict:
         entries.append({"at": event.created_at, "order": 2, "kind": "audit", "event": event,
                         "data": audit_summary(event)})
     entries.sort(key=lambda e: (e["at"], e["order"]))
+    open_item = next((i for i in items if i.status == ItemStatus.OPEN), None)
     return {
         "actions": actions,
-        "entries": entries,
+        "strip": saga_strip(run, actions, stop_action_id=open_item.action_id if open_item else None),
+        "entries": [e for e in entries if e["kind"] != "audit"],
+        "audit": [e for e in entries if e["kind"] == "audit"],
         "items": items,
-        "open_item": next((i for i in items if i.status == ItemStatus.OPEN), None),
+        "open_item": open_item,
         "audit_truncated": truncated,
     }
 

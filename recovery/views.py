@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger import selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
-from ledger.models import Run, RunStatus
+from ledger.models import Role, Run, RunStatus
 from recovery import selectors, services
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
@@ -46,6 +46,22 @@ def _role_refusal(access: selectors.Access, tenant_id: int) -> str:
             f"you are {'a ' + role if role else 'not a member'}, so you can read this page but not act on it.")
 
 
+# --- where a person lands ----------------------------------------------------------------------------
+
+@login_required
+def home(request):
+    """Where "/" and a login without `next` lead: approvers to their inbox, everyone else to the recovery queue.
+
+    An approver's work is the inbox; the queue is an operator's (an approver can read it but act on nothing
+    there). Someone who operates in any tenant lands on the queue, whatever else they are elsewhere.
+    """
+    access = selectors.access_for(request.user)
+    approves = any(role == Role.APPROVER for role in access.roles.values())
+    if approves and not access.operates_anywhere:
+        return redirect("approvals:inbox")
+    return redirect("recovery:queue")
+
+
 # --- recovery queue ---------------------------------------------------------------------------------
 
 @login_required
@@ -72,7 +88,8 @@ def _item_context(access, item: RecoveryItem) -> dict:
     run = item.run
     return {
         "item": item, "run": run,
-        "attempts": selectors.item_failing_attempts(item),
+        "failure": (failure := selectors.item_failure(item)),
+        "drift": selectors.drift_comparison(failure),
         "plans": selectors.compensation_preview(run),
         "timeline": selectors.run_timeline(run),
         "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,

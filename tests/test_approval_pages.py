@@ -139,9 +139,12 @@ def test_detail_shows_the_exact_preview(tools):
     body = text(response)
     assert response.status_code == 200
     assert "<code>payments.charge</code>" in body and "Charge a customer&#x27;s card" in body
-    shown = (("amount_cents", "48200"), ("currency", "&quot;EUR&quot;"), ("customer", "&quot;cus_ana&quot;"))
+    # Values read as facts: money by the tool's display hint (the raw value in the tooltip), strings as text.
+    shown = (("amount_cents", '<span class="value hinted" title="48200">€482.00</span>'),
+             ("currency", '<span class="value">EUR</span>'), ("customer", '<span class="value">cus_ana</span>'))
     for name, value in shown:
-        assert re.search(rf"<code>{name}</code></th><td><pre>{value}</pre>", body), name
+        assert f'<dt><code>{name}</code></dt><dd data-arg="{name}">{value}</dd>' in body, name
+    assert 'id="what-heading">What will happen</h2>' in body
     assert "a new charge: its id (charge_id) is known once the call returns" in body
     assert ("If this is undone later, Unwind will call payments.refund with charge_id = the charge_id this call "
             "returns. That call is high risk and will itself wait for 1 approval(s).") in body
@@ -161,10 +164,10 @@ def test_detail_diffs_the_before_state_against_the_proposed_change(tools):
     assert action.status == "awaiting_approval"
     body = text(detail(login(tools.alice), ApprovalRequest.objects.get(action=action)))
     assert "ticket T-182" in body
-    assert re.search(r'<code>priority</code></th> <td><pre class="diff-old">&quot;normal&quot;</pre></td> '
-                     r'<td><pre class="diff-new">&quot;high&quot;</pre>', body)
-    assert re.search(r"<code>status</code></th> <td><pre class=\"\">&quot;open&quot;</pre></td> "
-                     r"<td><span class=\"muted\">not part of this call</span>", body)
+    assert ('<code>priority</code></th> <td class="diff-old"><span class="value">normal</span></td> '
+            '<td class="diff-new"><span class="value">high</span>') in body
+    assert ('<code>status</code></th> <td><span class="value">open</span></td> '
+            '<td><span class="muted">not part of this call</span>') in body
     assert ("Unwind will restore the state from before it by calling crm.update_ticket with note = &quot;Restored by "
             "Unwind: the earlier change was undone.&quot;, priority = &quot;normal&quot;, status = &quot;open&quot;, "
             "ticket_id = &quot;T-182&quot;") in body

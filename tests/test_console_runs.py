@@ -77,9 +77,15 @@ def test_run_timeline_shows_everything_in_order(tools):
     assert "failed_transient" in html and "http_504" in html  # attempts with their errors
     assert "ms</td>" in html  # latency
     assert "Checkpoint <code>unwind_started</code>" in html and "Checkpoint <code>compensated</code>" in html
-    assert "run.opened" in html and "run.compensated" in html  # audit events
-    # One timeline sorted by time: the run opens first, the final checkpoint comes last.
-    assert html.index("run.opened") < html.index("Checkpoint <code>unwind_started</code>") < html.index("run.compensated")
+    # The audit events sit behind a toggle after the timeline, in their chain's order.
+    audit = html[html.index('<details class="audit"'):]
+    assert "run.opened" in audit and "run.compensated" in audit
+    assert audit.index("run.opened") < audit.index("run.compensated")
+    assert "run.opened" not in html[:html.index('<details class="audit"')]
+    # The timeline is sorted by time: the run's first step first, the final checkpoint last.
+    timeline = html[html.index('<ol class="timeline">'):html.index('<details class="audit"')]
+    assert timeline.index("step 1") < timeline.index("Checkpoint <code>unwind_started</code>") \
+        < timeline.index("Checkpoint <code>compensated</code>")
     # The correction trail is on the page; a viewer sees which links share it, and cannot make one.
     assert "Correction trail" in html and "Share links that open this trail" in html
     assert "Make a share link" not in html and "/console/trail/" not in html

@@ -304,7 +304,7 @@ def test_the_policy_page_lists_versions_with_their_diff_for_members_only(tools):
     page = victor.get("/console/policy/", {"tenant": "acme", "tool": "payments.charge"})
     assert page.status_code == 200
     html = page.content.decode()
-    assert '<a href="/console/policy/">Policy</a>' in html  # in the console's navigation
+    assert '<a href="/console/policy/" aria-current="page">Policy</a>' in html  # in the navigation, marked current
     charge = re.search(r'data-subject="payments.charge" data-version="2">(.*?)</article>', html, re.S).group(1)
     assert "current" in charge and "by user:adam" in charge
     assert "endpoint" in charge and "sandbox.payments.charge" in charge and "/sandbox/elsewhere" in charge

@@ -42,7 +42,8 @@ def compensation_as_written(plan: dict) -> dict:
 def policy_of(tool: Tool) -> dict:
     """A tool's policy in the shape PUT accepts, so what GET shows can be sent back as is."""
     return {
-        "description": tool.description, "describe": tool.describe, "args_schema": tool.args_schema, "action_class": tool.action_class,
+        "description": tool.description, "describe": tool.describe, "args_schema": tool.args_schema,
+        "action_class": tool.action_class,
         "saga_role": tool.saga_role, "risk": tool.risk, "approval": tool.approval,
         "approvals_required": tool.approvals_required, "executor": tool.executor, "endpoint": tool.endpoint,
         "target": {"type": tool.target_type, "from": tool.target_from},
@@ -52,6 +53,7 @@ def policy_of(tool: Tool) -> dict:
         "timeout": tool.timeout_seconds,
         "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
         "on_refusal": tool.on_refusal,
+        "display": tool.display,
     }
 
 
@@ -123,6 +125,8 @@ class ToolPolicy(serializers.Serializer):
     on_refusal = serializers.ChoiceField(
         OnRefusal.choices, required=False,
         help_text="A refusal (a 4xx but 408/425/429): answer the agent and keep the run open (default), or unwind.")
+    display = serializers.JSONField(required=False, help_text='How pages show argument values, e.g. '
+                                    '{"amount_cents": {"money": {"currency": "EUR", "minor_units": 2}}} (docs/api.md).')
 
 
 class ToolOut(serializers.Serializer):

@@ -7,6 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('ledger', '0007_h_args_received_args_and_content_key'),
+        ('ledger', '0007_h_pages_tool_display'),
         ('ledger', '0007_h_refuse_on_refusal_idle_deadline'),
         ('ledger', '0007_h_trail_tool_describe'),
     ]
