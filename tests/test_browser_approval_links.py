@@ -89,7 +89,7 @@ def test_approve_from_the_email_on_a_desktop_with_no_password(live, smtp, settin
     page.goto(url)
     sync_api.expect(page.locator("h1")).to_contain_text("Approve payments.charge")
     sync_api.expect(page.locator("main")).to_contain_text("the holds are in place")
-    sync_api.expect(page.locator("main")).to_contain_text("48200")
+    sync_api.expect(page.locator("main")).to_contain_text("€482.00")  # the tool's display hint: money, not cents
     page.screenshot(path=str(DOCS_IMG / "approve-link-desktop.png"), full_page=True)
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"  # opening it decided nothing
 
