@@ -15,7 +15,7 @@ demo demo-check test run worker migrate chaos bench schema: export UNWIND_INSECU
 demo demo-check: export DATABASE_URL ?= sqlite:///var/demo.sqlite3
 DEMO_KEEP := $(if $(filter 1 yes true,$(KEEP)),--keep,)
 
-.PHONY: demo demo-check test test-pg migrate run worker chaos bench schema clean help
+.PHONY: demo demo-check test test-deps test-pg migrate run worker chaos bench schema clean help
 
 help:
 	@echo "make demo        install, migrate, seed, serve with a worker, run the scenarios; Ctrl-C stops all"
@@ -46,6 +46,8 @@ demo: $(STAMP)
 
 demo-check: $(STAMP)
 	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --check --port $(PORT) $(DEMO_KEEP)
+
+test-deps: $(TEST_STAMP)
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
