@@ -40,13 +40,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.agent_loop import credentials, outage  # noqa: E402
-from examples.scripted_brain import Plan, Seen, Step, parse  # noqa: E402
+from examples.scripted_brain import EXPECTED, TOOLS, Plan, Seen, onboarding, parse  # noqa: E402
 from unwind_client import Unwind  # noqa: E402
 from unwind_client.adapters import AgentRun, server_tools  # noqa: E402
 from unwind_client.openai_agents import function_tools, run_agent  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TOOLS = ["hr.create_user", "licenses.provision", "email.send", "payments.charge", "crm.update_ticket"]
 
 
 class ScriptedModel(Model):
@@ -87,19 +86,6 @@ def history(items: str | list) -> list[Seen]:
         elif item.get("type") == "function_call_output" and item["call_id"] in calls:
             calls[item["call_id"]].output = parse(item["output"])
     return [call for call in calls.values() if call.output is not None]
-
-
-def onboarding(email: str, name: str, *, charge: bool = False) -> Plan:
-    """Create the user, then a license and the welcome email, or the annual plan's charge."""
-    user = Step("hr_create_user", lambda seen: {"email": email, "name": name})
-    if charge:
-        return Plan([user, Step("payments_charge", lambda seen: {"customer": "acme-corp", "amount_cents": 120000,
-                                                                 "currency": "EUR"})], done=f"{name} is onboarded.")
-    return Plan([
-        user,
-        Step("licenses_provision", lambda seen: {"user_id": seen["hr_create_user"]["id"]}),
-        Step("email_send", lambda seen: {"to": email, "subject": "Welcome", "body": f"Welcome aboard, {name}."}),
-    ], done=f"{name} is onboarded.")
 
 
 def agent_for(plan: Plan, tools: list) -> Agent:
@@ -152,8 +138,6 @@ def settled(agent_run: AgentRun, say: Callable[[str], None]) -> str:
     say(f"  run {run.id}: {run.status}. {run.trail()['headline']}")
     return run.status
 
-
-EXPECTED = {"onboard": "completed", "unwind": "compensated", "approval": "completed"}
 
 
 def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> int:

@@ -12,6 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# The sandbox tools the examples' agents get, and how each example task's run should end.
+TOOLS = ["hr.create_user", "licenses.provision", "email.send", "payments.charge", "crm.update_ticket"]
+EXPECTED = {"onboard": "completed", "unwind": "compensated", "approval": "completed"}
+
 # The adapters' answers that are not a tool's result (unwind_client.adapters.AgentRun.call).
 NOT_A_RESULT = {"pending_approval", "in_progress", "rejected", "refused", "failed", "run_over"}
 
@@ -73,3 +77,16 @@ def parse(output: Any) -> Any:
         except ValueError:
             return output
     return output
+
+
+def onboarding(email: str, name: str, *, charge: bool = False) -> Plan:
+    """Create the user, then a license and the welcome email, or the annual plan's charge."""
+    user = Step("hr_create_user", lambda seen: {"email": email, "name": name})
+    if charge:
+        return Plan([user, Step("payments_charge", lambda seen: {"customer": "acme-corp", "amount_cents": 120000,
+                                                                 "currency": "EUR"})], done=f"{name} is onboarded.")
+    return Plan([
+        user,
+        Step("licenses_provision", lambda seen: {"user_id": seen["hr_create_user"]["id"]}),
+        Step("email_send", lambda seen: {"to": email, "subject": "Welcome", "body": f"Welcome aboard, {name}."}),
+    ], done=f"{name} is onboarded.")

@@ -11,7 +11,8 @@ import sys
 import pytest
 import requests
 
-from examples.openai_agents_agent import ScriptedModel, onboarding
+from examples.openai_agents_agent import ScriptedModel
+from examples.scripted_brain import onboarding
 from examples.scripted_brain import Plan, Step
 from ledger.models import Run, Tool
 from ledger.services.tenancy import deploy_key_create
@@ -283,3 +284,17 @@ def test_importing_the_client_needs_neither_framework():
                               "import unwind_client.openai_agents"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "pip install 'unwind[openai-agents]'" in missing.stderr
 
+
+
+def test_the_example_agent_onboards_unwinds_and_waits_for_approval(http_tools, settings):
+    from examples import openai_agents_agent
+
+    settings.UNWIND_THROTTLE_RATE = "100000/min"
+    lines = []
+    code = openai_agents_agent.main(["--url", http_tools.live_server.url, "--key", http_tools.key,
+                                     "--approver", "alice:pw-alice", "--operator", "oscar:pw-oscar"], say=lines.append)
+    output = "\n".join(lines)
+    assert code == 0, output
+    assert "model: Ashu Kumar is onboarded." in output and "model: error: email.send failed" in output
+    assert "model: pending approval at " in output and "alice approved" in output
+    assert sorted(Run.objects.values_list("status", flat=True)) == ["compensated", "completed", "completed"]
