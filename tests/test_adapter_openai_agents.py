@@ -212,13 +212,18 @@ def test_run_agent_rolls_back_when_runner_raises(unwind, tools, http_tools):
     assert len(calls(http_tools, "hr.create_user")) == 1 and len(calls(http_tools, "hr.delete_user")) == 1
 
 
-def test_a_wrong_key_raises_instead_of_talking_to_the_model(unwind, tools, http_tools):
-    bad = Unwind(http_tools.live_server.url, "uw_nope_nope", backoff=0.01)
-    plan = Plan([Step("hr_create_user", lambda seen: {"email": "x@company.com", "name": "X"})])
-    with pytest.raises(Exception) as raised:
-        asyncio.run(run_agent(agent(plan, tools), "go", unwind=bad))
-    assert "authentication_failed" in str(raised.value) or isinstance(raised.value, Refused)
-    assert calls(http_tools, "hr.create_user") == []
+def test_a_key_refused_mid_run_raises_instead_of_talking_to_the_model(unwind, tools, http_tools):
+    agent_run = AgentRun(unwind, goal="the key is revoked halfway")
+    [create] = server_tools(unwind, ["hr.create_user"])
+    assert agent_run.call(create, {"email": "a@company.com", "name": "A"}).kind == "ok"
+    unwind.session.headers["Authorization"] = "Bearer uw_nope_nope"  # as after the key was revoked
+    plan = Plan([Step("hr_create_user", lambda seen: {"email": "b@company.com", "name": "B"})])
+    with pytest.raises(agents.exceptions.UserError) as raised:  # the SDK wraps what a tool raises
+        asyncio.run(Runner.run(agent(plan, tools), "go", context=agent_run))
+    refused = raised.value.__cause__
+    assert isinstance(refused, Refused) and (refused.status, refused.code) == (401, "authentication_failed")
+    assert plan.turns == []  # the model was never told: a misconfigured agent stops
+    assert len(calls(http_tools, "hr.create_user")) == 1
 
 
 # --- functions the agent runs itself, with their compensations declared beside them -------------------------------
