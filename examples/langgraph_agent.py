@@ -2,6 +2,7 @@
 """A LangGraph agent whose every tool call goes through the Unwind run of its thread, against `make demo`.
 
     make demo                                   # in one terminal
+    .venv/bin/pip install -q -e '.[langgraph]'    # the framework (make test installs it too)
     .venv/bin/python examples/langgraph_agent.py
 
 The graph is the usual agent loop (a model node, a ToolNode, `tools_condition` between them); its chat model is

@@ -2,6 +2,7 @@
 """An OpenAI Agents SDK agent whose every tool call goes through Unwind, against `make demo`.
 
     make demo                                   # in one terminal
+    .venv/bin/pip install -q -e '.[openai-agents]'    # the framework (make test installs it too)
     .venv/bin/python examples/openai_agents_agent.py
 
 The agent's model is scripted (`ScriptedModel`, no API key, no network to a model provider): it follows each
