@@ -233,7 +233,7 @@ DELETED: list = []
 
 
 @unwind_tool("chat.delete", description="Delete a chat message.", saga_role="compensatable", risk="low")
-def delete_message(message_id: str) -> dict:
+async def delete_message(message_id: str) -> dict:  # an async body runs as well as a plain one
     DELETED.append(message_id)
     return {"deleted": message_id}
 
@@ -278,6 +278,28 @@ def test_client_executed_functions_run_in_the_agent_and_are_undone_by_it(unwind,
     assert failed["status"] == "failed" and "chat service down" in failed["error_message"]
     assert DELETED == ["m-2", "m-1"]  # the adapter ran the compensations Unwind asked for, newest first
     assert agent_run.run.refresh().status == "compensated"
+
+
+def test_another_tenants_agent_cannot_call_the_tools_through_the_adapter(http_tools, settings):
+    settings.UNWIND_THROTTLE_RATE = "100000/min"
+    acme = Unwind(http_tools.live_server.url, http_tools.key, backoff=0.01)
+    intruder = Unwind(http_tools.live_server.url, http_tools.other_key, backoff=0.01)  # globex's agent
+    assert server_tools(intruder) == []  # it lists none of acme's tools
+    with pytest.raises(LookupError, match="hr.create_user"):
+        server_tools(intruder, ["hr.create_user"])
+    plan = Plan([Step("hr_create_user", lambda seen: {"email": "x@company.com", "name": "X"})])
+    result, agent_run = asyncio.run(run_agent(agent(plan, function_tools(server_tools(acme, TOOLS))), "go",
+                                              unwind=intruder))  # acme's schemas, globex's key
+    [refused] = outputs(result)
+    assert refused["code"] == "unknown_tool" and refused["message"].startswith("refused (unknown_tool):")
+    assert calls(http_tools, "hr.create_user") == []
+    assert agent_run.run.refresh().data["actions"] == []
+
+
+def test_a_tool_that_may_wait_for_a_person_says_so_to_the_model(tools):
+    described = {tool.name: tool.description for tool in tools}
+    assert described["payments_charge"].endswith("A call may wait for a person's approval.")
+    assert "approval" not in described["hr_create_user"]
 
 
 def test_importing_the_client_needs_neither_framework():

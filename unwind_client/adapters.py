@@ -19,6 +19,7 @@ lists them, schema and description included. The adapters (`unwind_client.openai
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
@@ -103,7 +104,10 @@ class UnwindTool:
         return getattr(self.compensation, "undo", None)
 
     def execute(self, args: dict) -> Any:
-        """Run the body with the arguments as the model sent them (keyword arguments)."""
+        """Run the body with the arguments as the model sent them (keyword arguments). An `async def` body runs to
+        its end here: the adapters call this from a worker thread, which has no event loop of its own."""
+        if inspect.iscoroutinefunction(self.function):
+            return asyncio.run(self.function(**args))
         return self(**args)
 
     @property
