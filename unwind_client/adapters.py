@@ -216,9 +216,10 @@ class AgentRun:
     """One Unwind run for one agent run: opened on the first tool call, completed by `commit()`, cancelled (unwound)
     by `rollback()`. As a context manager: committed when the block ends normally, rolled back on an exception.
 
-    `client_tools` are the declarations whose compensations the agent runs itself (client-executed tools): after a
-    failure or a rollback, the adapter runs the compensations Unwind asks for, newest first, and reports them.
-    """
+    `tools` are declarations whose compensations the agent runs itself (client-executed tools; the tools it calls
+    and their declared compensations are added as they are called): after a failure or a rollback, the adapter
+    runs the compensations Unwind asks for, newest first, and reports them. `run_id` attaches to an open run (the
+    next agent run after a person decided, say)."""
 
     def __init__(self, unwind: Unwind, *, goal: str = "", on_behalf_of: str = "", plan: list[str] | None = None,
                  intent: dict | None = None, wait: float = 30.0, tools: Iterable[UnwindTool] = (),
