@@ -185,3 +185,25 @@ def test_the_example_graph_onboards_unwinds_and_waits_for_approval(http_tools, s
     assert dict(Run.objects.values_list("goal", "status")) == {
         "Onboard Ashu Kumar": "completed", "Onboard Sam Lee": "compensated",
         "Onboard Zoë Martin on the annual plan": "completed"}
+
+
+def test_the_prebuilt_react_agent_with_the_adapters_tool_node_run_asynchronously(unwind, tools, http_tools):
+    import asyncio
+    import warnings
+
+    from langgraph.prebuilt import create_react_agent
+
+    from unwind_client.langgraph import tool_node
+
+    threads = UnwindThreads(unwind)
+    config = thread("react")
+    plan = Plan([Step("hr_create_user", lambda seen: {"email": "r@company.com", "name": "R"}),
+                 Step("licenses_provision", lambda seen: {"user_id": seen["hr_create_user"]["id"]})], done="ok")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # langgraph 1.x points to langchain's create_agent; the prebuilt one works
+        graph = create_react_agent(ScriptedChatModel(plan=plan), tools=tool_node(tools, threads))
+    with threads.run(config, goal="react") as agent_run:
+        state = asyncio.run(graph.ainvoke({"messages": [("user", "go")]}, config))
+    assert state["messages"][-1].content == "ok"
+    assert forward(agent_run.run) == {"hr.create_user": "succeeded", "licenses.provision": "succeeded"}
+    assert agent_run.run.status == "completed" and len(calls(http_tools, "licenses.provision")) == 1
