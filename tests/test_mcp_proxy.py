@@ -315,6 +315,27 @@ def test_a_name_resolving_to_loopback_is_refused_at_connect_time(upstream, setti
     assert outcome.result == {"booking_id": "bk-3C", "seat": "3C"}
 
 
+@pytest.mark.slow
+def test_every_connection_is_checked_not_only_the_configured_url(upstream, settings):
+    """The MCP client's connections go through GuardedBackend: one to a host and port outside the allowed origins
+    (where a redirect or a second URL could lead) is refused before it is opened."""
+    import anyio
+
+    backend = mcp_upstream.GuardedBackend()
+    with pytest.raises(Exception, match="is not an allowed tool origin"):
+        anyio.run(backend.connect_tcp, "127.0.0.1", upstream.upstream.port + 1 if upstream.upstream.port < 65535 else 1)
+    assert "is not an allowed tool origin" in backend.refused
+
+    allowed = mcp_upstream.GuardedBackend()
+
+    async def connect_and_close():
+        stream = await allowed.connect_tcp("127.0.0.1", upstream.upstream.port)
+        await stream.aclose()
+
+    anyio.run(connect_and_close)
+    assert allowed.refused is None
+
+
 def _resolves_to_loopback(name: str) -> bool:
     try:
         return all(info[4][0].startswith("127.") for info in socket.getaddrinfo(name, 80))

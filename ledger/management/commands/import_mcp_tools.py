@@ -76,6 +76,8 @@ def proposal(server: str, tool) -> tuple[str, dict, list[str]]:
         comments.append("# the upstream says it only reads: proposed as read_only (nothing to undo; may come anywhere "
                         "in a run). Check that it is so.")
     else:
+        if tool.annotations is not None and tool.annotations.destructive_hint is True:
+            comments.append("# the upstream says it is destructive: weigh a higher risk, and what could undo it")
         comments.extend(TODO.rstrip("\n").split("\n"))
     return unwind_name(server, tool.name), fields, comments
 
