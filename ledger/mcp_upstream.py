@@ -41,7 +41,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ledger import egress
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-SERVER_KEYS = {"url", "headers", "command", "args", "env"}
+SERVER_KEYS = {"url", "headers", "command", "args", "env", "tenants"}
 # MCP tool names (spec 2025-11-25): 1 to 128 of letters, digits, _ - . /
 UPSTREAM_TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
 
@@ -58,6 +58,10 @@ class Server:
     command: str = ""
     args: tuple = ()
     env: dict = field(default_factory=dict)
+    tenants: tuple | None = None  # the tenants whose policy may name it; None: every tenant
+
+    def serves(self, tenant: str) -> bool:
+        return self.tenants is None or tenant in self.tenants
 
     @property
     def transport(self) -> str:
@@ -80,6 +84,10 @@ def _server(name: Any, spec: Any) -> Server:
     if unknown:
         raise ImproperlyConfigured(f"{where}.{sorted(unknown)[0]} is not a server setting "
                                    f"(known: {', '.join(sorted(SERVER_KEYS))})")
+    tenants = spec.get("tenants")
+    if tenants is not None and (not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants)):
+        raise ImproperlyConfigured(f"{where}.tenants must be a list of tenant slugs")
+    tenants = tuple(tenants) if tenants is not None else None
     if bool(spec.get("url")) == bool(spec.get("command")):
         raise ImproperlyConfigured(f"{where} needs exactly one of url (streamable HTTP) or command (stdio)")
     if spec.get("url"):
@@ -90,13 +98,15 @@ def _server(name: Any, spec: Any) -> Server:
             egress.origin_of(url)  # absolute http(s) only: an MCP endpoint is no path under the tool base URL
         except egress.Refused as why:
             raise ImproperlyConfigured(f"{where}.url {why}") from None
-        return Server(name=name, url=url, headers=_strings(spec.get("headers", {}), f"{where}.headers"))
+        return Server(name=name, url=url, headers=_strings(spec.get("headers", {}), f"{where}.headers"),
+                      tenants=tenants)
     if "headers" in spec:
         raise ImproperlyConfigured(f"{where}.headers belong to a streamable HTTP server (url)")
     command, args = spec["command"], spec.get("args", [])
     if not isinstance(command, str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ImproperlyConfigured(f"{where}: command must be a string and args a list of strings")
-    return Server(name=name, command=command, args=tuple(args), env=_strings(spec.get("env", {}), f"{where}.env"))
+    return Server(name=name, command=command, args=tuple(args), env=_strings(spec.get("env", {}), f"{where}.env"),
+                  tenants=tenants)
 
 
 def servers() -> dict[str, Server]:

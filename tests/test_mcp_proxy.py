@@ -242,6 +242,25 @@ def test_a_policy_naming_an_undeclared_server_is_refused_when_written(upstream):
     assert Tool.objects.count() == before
 
 
+@pytest.mark.slow
+def test_a_server_declared_for_one_tenant_is_not_another_tenants(upstream, settings):
+    """A server's URL, headers (credentials) or command belong to the tenants the deployer declared it for:
+    another tenant's admin cannot name it in policy, and a call under a policy written before is not sent."""
+    settings.UNWIND_MCP_SERVERS = {**settings.UNWIND_MCP_SERVERS,
+                                   "crm": {"url": upstream.upstream.url, "tenants": ["acme"]}}
+    mallory = person(upstream, "mallory")
+    before = Tool.objects.filter(tenant=upstream.globex).count()
+    answer = mallory.post(f"{mallory.base}/api/v1/policy", json=policy("crm"), timeout=30)
+    assert_refused_field(answer, "tools.seats.cancel.executor.server", "is not declared for tenant 'globex'")
+    assert Tool.objects.filter(tenant=upstream.globex).count() == before
+    assert load(upstream, policy("crm")).status_code == 200, "acme's admin may"
+
+    with pytest.raises(ToolError, match="is not declared for tenant 'globex'") as refused:
+        mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k1", timeout=5, tenant="globex")
+    assert refused.value.not_sent
+    assert upstream.upstream.calls() == []
+
+
 @pytest.mark.parametrize("extra, field", [
     ({"command": "/bin/sh", "args": ["-c", "touch {marker}"]}, "command"),
     ({"args": ["-c", "touch {marker}"]}, "args"),
@@ -288,7 +307,7 @@ def test_a_url_outside_the_allowed_origins_is_refused_before_connecting(upstream
     assert load(upstream, policy("crm")).status_code == 200
     settings.UNWIND_TOOL_ORIGINS = []
     with pytest.raises(ToolError) as refused:
-        mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k1", timeout=5)
+        mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k1", timeout=5, tenant="acme")
     assert "is not an allowed tool origin" in refused.value.message
     assert refused.value.not_sent and not refused.value.transient and not refused.value.refused
     assert upstream.upstream.calls() == []
@@ -305,13 +324,13 @@ def test_a_name_resolving_to_loopback_is_refused_at_connect_time(upstream, setti
     settings.UNWIND_TOOL_ORIGINS = [f"http://{alias}:{port}"]
     settings.UNWIND_MCP_SERVERS = {"crm": {"url": f"http://{alias}:{port}/mcp"}}
     with pytest.raises(ToolError) as refused:
-        mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k1", timeout=5)
+        mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k1", timeout=5, tenant="acme")
     assert "an address tools may not be reached at" in refused.value.message, refused.value.message
     assert refused.value.not_sent and not refused.value.transient
     assert upstream.upstream.calls() == []
 
     settings.UNWIND_TOOL_PRIVATE_NETWORKS = ["127.0.0.0/8"]
-    outcome = mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k2", timeout=10)
+    outcome = mcp_call(endpoint="crm/book", args={"seat": "3C"}, idempotency_key="k2", timeout=10, tenant="acme")
     assert outcome.result == {"booking_id": "bk-3C", "seat": "3C"}
 
 

@@ -141,7 +141,7 @@ def call_tool(action: Action) -> ToolOutcome:
                            target=action.target_id or None, tenant=tool.tenant.slug)
     if tool.executor == Executor.MCP:
         return mcp_call(endpoint=tool.endpoint, args=sent_args(action), idempotency_key=action.tool_key,
-                        timeout=tool.timeout_seconds)
+                        timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
 
