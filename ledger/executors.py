@@ -228,7 +228,7 @@ def python_read(*, path: str, target: str, tenant: str) -> Any:
         raise ToolError(f"{path} raised {exc.__class__.__name__}: {exc}", transient=False) from None
 
 
-def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float) -> ToolOutcome:
+def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float, tenant: str) -> ToolOutcome:
     """Call a tool of an upstream MCP server (policy `executor: {kind: mcp, server, tool}`, ledger/mcp_upstream.py).
 
     The args go as the agent sent them; Unwind's idempotency key travels in the request's `_meta` as
@@ -251,6 +251,8 @@ def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float)
         server = mcp_upstream.server(server_name)
     except mcp_upstream.NotDeclared as why:
         raise ToolError(str(why), transient=False, not_sent=True) from None
+    if not server.serves(tenant):
+        raise ToolError(f"{where} is not declared for tenant {tenant!r}", transient=False, not_sent=True)
     meta = {"unwind/idempotency_key": idempotency_key}
     try:
         result = mcp_upstream.call_tool(server, tool, dict(args), meta=meta, timeout=timeout)
