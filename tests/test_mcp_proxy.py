@@ -232,6 +232,17 @@ def test_a_call_whose_outcome_is_lost_goes_to_a_person_and_is_not_sent_again(ups
     assert len(upstream.upstream.calls("slow")) == 1, "one effect: never re-sent without knowing"
 
 
+@pytest.mark.slow
+def test_an_mcp_tool_reads_back_as_written_and_a_put_of_it_changes_nothing(upstream):
+    assert load(upstream, policy("crm")).status_code == 200
+    admin = person(upstream)
+    shown = admin.get(f"{admin.base}/api/v1/tools/seats.book", timeout=30).json()
+    assert shown["policy"]["executor"] == mcp("crm", "book") and "endpoint" not in shown["policy"]
+    assert shown["policy"]["idempotency"]["honours_key"] is False, "an upstream MCP tool ignores the key by default"
+    again = admin.put(f"{admin.base}/api/v1/tools/seats.book", json=shown["policy"], timeout=30)
+    assert again.status_code == 200 and again.json()["version"] == shown["version"], again.text
+
+
 # --- what policy may and may not name ------------------------------------------------------------------------
 
 def test_a_policy_naming_an_undeclared_server_is_refused_when_written(upstream):
