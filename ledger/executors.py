@@ -67,6 +67,18 @@ class ToolRefused(ToolError):
         super().__init__(message, transient=False, status=status, body=body, refused=True)
 
 
+class UpstreamIsError(ToolError):
+    """An upstream MCP tool answered `isError: true`: a refusal, like an HTTP 4xx. Its error class, where it is not
+    answered to the agent as `refused` (attempts, `on_refusal: unwind`), is `mcp_is_error`."""
+
+    def __init__(self, message: str, *, body: Any = None):
+        super().__init__(message, transient=False, body=body, refused=True)
+
+    @property
+    def error_class(self) -> str:
+        return "mcp_is_error"
+
+
 def refusal_status(status: int) -> bool:
     """A 4xx that says the request was not carried out for good (408, 425 and 429 ask to try again later)."""
     return 400 <= status < 500 and status not in (408, 425, 429)
@@ -268,6 +280,5 @@ def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float,
     except Exception as exc:  # noqa: BLE001 - the connection broke after the request may have left
         raise ToolError(f"{where} broke off: {mcp_upstream._describe(exc)}", transient=True) from None
     if result.is_error:
-        raise ToolError(f"{endpoint}: {mcp_upstream.error_text(result)}", transient=False, refused=True,
-                        body=mcp_upstream.result_value(result))
+        raise UpstreamIsError(f"{endpoint}: {mcp_upstream.error_text(result)}", body=mcp_upstream.result_value(result))
     return ToolOutcome(result=mcp_upstream.result_value(result))

@@ -198,10 +198,11 @@ def test_a_later_failure_calls_the_upstream_compensation_twin(upstream):
     assert propose(client, run_id, "seats.book", {"seat": "3C"}).json()["status"] == "succeeded"
 
     failed = propose(client, run_id, "cards.charge", {"card": "declined", "amount": 120})
-    assert failed.status_code == 422, failed.text  # on_refusal: unwind — the agent is told, and the run unwinds
-    problem = failed.json()
-    assert problem["code"] == "tool_refused" and "insufficient funds" in problem["reason"], problem
-    settled = wait(client, problem["action_id"])
+    assert failed.status_code == 201, failed.text  # on_refusal: unwind, as for an HTTP tool's 4xx
+    body = failed.json()
+    assert body["status"] == "failed" and body["error"]["error_class"] == "mcp_is_error", body
+    assert "insufficient funds" in body["error"]["message"]
+    settled = wait(client, body["id"])
     assert settled["run_status"] == "compensated", settled
     assert upstream.upstream.calls("cancel") == [
         {"tool": "cancel", "args": {"booking_id": "bk-3C"},
