@@ -281,4 +281,9 @@ def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float,
         raise ToolError(f"{where} broke off: {mcp_upstream._describe(exc)}", transient=True) from None
     if result.is_error:
         raise UpstreamIsError(f"{endpoint}: {mcp_upstream.error_text(result)}", body=mcp_upstream.result_value(result))
-    return ToolOutcome(result=mcp_upstream.result_value(result))
+    value = mcp_upstream.result_value(result)
+    cap = settings.UNWIND_TOOL_MAX_RESPONSE_BYTES
+    if len(json.dumps(value, ensure_ascii=False).encode()) > cap:
+        raise ToolError(f"{where} answered with a result larger than {cap} bytes (UNWIND_TOOL_MAX_RESPONSE_BYTES); "
+                        f"it was not kept", transient=False, applied=True)
+    return ToolOutcome(result=value)

@@ -67,6 +67,11 @@ def slow(note: str, ctx: Context) -> str:
     return "done"
 
 
+@app.tool(description="Answer `size` characters.")
+def big(size: int) -> str:
+    return "x" * size
+
+
 @app.tool(description="List the seats still free.", annotations=ToolAnnotations(read_only_hint=True))
 def free_seats() -> list[str]:
     return [f"{row}{seat}" for row in (11, 12) for seat in "ABC" if f"{row}{seat}" not in TAKEN]

@@ -244,6 +244,16 @@ def test_an_mcp_tool_reads_back_as_written_and_a_put_of_it_changes_nothing(upstr
     assert again.status_code == 200 and again.json()["version"] == shown["version"], again.text
 
 
+@pytest.mark.slow
+def test_a_result_larger_than_the_cap_is_not_kept(upstream, settings):
+    settings.UNWIND_TOOL_MAX_RESPONSE_BYTES = 2048
+    assert mcp_call(endpoint="crm/big", args={"size": 1000}, idempotency_key="k1", timeout=10,
+                    tenant="acme").result == {"result": "x" * 1000}, "a str result is wrapped as structuredContent"
+    with pytest.raises(ToolError, match="larger than 2048 bytes") as refused:
+        mcp_call(endpoint="crm/big", args={"size": 5000}, idempotency_key="k2", timeout=10, tenant="acme")
+    assert refused.value.maybe_applied and not refused.value.transient
+
+
 # --- what policy may and may not name ------------------------------------------------------------------------
 
 def test_a_policy_naming_an_undeclared_server_is_refused_when_written(upstream):
@@ -386,7 +396,7 @@ def test_import_mcp_tools_writes_a_proposal_that_loads_after_review_and_needs_ap
     proposal = yaml.safe_load(text)
     assert proposal["tenant"] == "acme"
     tools = proposal["tools"]
-    assert set(tools) == {"crm.book", "crm.cancel", "crm.charge", "crm.slow", "crm.free_seats"}
+    assert set(tools) == {"crm.book", "crm.cancel", "crm.charge", "crm.slow", "crm.big", "crm.free_seats"}
     assert all(spec["approval"] == "manual" for spec in tools.values())
     assert tools["crm.book"]["executor"] == mcp("crm", "book")
     assert tools["crm.book"]["description"] == "Book a seat on the flight."
