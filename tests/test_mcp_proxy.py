@@ -323,6 +323,19 @@ def test_settings_refuse_a_server_url_outside_the_allowed_origins(settings):
     mcp_upstream.check_settings()
 
 
+def test_the_servers_setting_is_a_json_object_or_a_clear_error(monkeypatch):
+    from config.env import env_json_object
+
+    monkeypatch.setenv("UNWIND_MCP_SERVERS", '{"crm": {"url": "https://crm.example/mcp"}}')
+    assert env_json_object("UNWIND_MCP_SERVERS", {}) == {"crm": {"url": "https://crm.example/mcp"}}
+    for text, words in (('["crm"]', "must be a JSON object, not list"), ("crm=https://x", "must be a JSON object:")):
+        monkeypatch.setenv("UNWIND_MCP_SERVERS", text)
+        with pytest.raises(ImproperlyConfigured, match=words):
+            env_json_object("UNWIND_MCP_SERVERS", {})
+    monkeypatch.delenv("UNWIND_MCP_SERVERS")
+    assert env_json_object("UNWIND_MCP_SERVERS", {}) == {}
+
+
 @pytest.mark.slow
 def test_a_url_outside_the_allowed_origins_is_refused_before_connecting(upstream, settings):
     """The origin is checked again on every call: taken off UNWIND_TOOL_ORIGINS, the server is not reached."""
