@@ -63,10 +63,6 @@ class Server:
     def serves(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
 
-    @property
-    def transport(self) -> str:
-        return "streamable-http" if self.url else "stdio"
-
 
 def _strings(value: Any, where: str) -> dict:
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
@@ -210,6 +206,9 @@ def guarded_http_client(server: Server, backend: GuardedBackend, timeout: float)
     import httpx2
 
     transport = httpx2.AsyncHTTPTransport(trust_env=False)
+    # httpx2's transport takes no network backend, so its pool is replaced by one that has ours (same settings
+    # as the default, certificates verified). tests/test_mcp_proxy.py's connect-time test fails if this stops
+    # taking effect.
     transport._pool = httpcore2.AsyncConnectionPool(ssl_context=httpx2.create_ssl_context(trust_env=False),
                                                     network_backend=backend)
     return httpx2.AsyncClient(transport=transport, headers=server.headers, trust_env=False, follow_redirects=False,
