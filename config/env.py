@@ -3,6 +3,7 @@
 Each reader fails at start with a sentence that names the variable and says what was wrong, so a
 misconfigured deployment never boots half-right.
 """
+import json
 import os
 import re
 from urllib.parse import parse_qs, unquote, urlparse
@@ -60,6 +61,20 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_json_object(name: str, default: dict) -> dict:
+    """A JSON object (`{"crm": {...}}`), for settings with structure; what is inside is checked where it is used."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a JSON object: {exc}.") from None
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f"{name} must be a JSON object, not {type(value).__name__}.")
+    return value
 
 
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")

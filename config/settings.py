@@ -7,7 +7,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config.audit_keys import load_audit_keys
 from config.env import (
-    database_from_url, env_bool, env_choice, env_float, env_int, env_list, env_proxy_ssl_header, env_str,
+    database_from_url, env_bool, env_choice, env_float, env_int, env_json_object, env_list, env_proxy_ssl_header,
+    env_str,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -218,6 +219,10 @@ UNWIND_TOOL_PRIVATE_NETWORKS = env_list("UNWIND_TOOL_PRIVATE_NETWORKS", [])
 UNWIND_TOOL_MAX_RESPONSE_BYTES = env_int("UNWIND_TOOL_MAX_RESPONSE_BYTES", 1024 * 1024, minimum=1024)
 # Modules imported at start whose @registry.tool / @registry.reader callables policy may name by key.
 UNWIND_PYTHON_TOOL_MODULES = env_list("UNWIND_PYTHON_TOOL_MODULES", [])
+# Upstream MCP servers whose tools policy may name (`executor: {kind: mcp, server, tool}`), as a JSON object of
+# name → {"url": ..., "headers": {...}} (streamable HTTP, at an allowed tool origin) or {"command": ..., "args":
+# [...], "env": {...}} (stdio). Declared here only: policy names a server, never a URL or a command (ledger/mcp_upstream.py).
+UNWIND_MCP_SERVERS = env_json_object("UNWIND_MCP_SERVERS", {})
 # The key Unwind signs its tool requests with (ledger/signing.py); a tool that shares it can check them.
 UNWIND_TOOL_SIGNING_KEY = env_str("UNWIND_TOOL_SIGNING_KEY", "") or ("unwind-tool-signing:" + SECRET_KEY)
 

@@ -8,12 +8,13 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit, egress, events
+        from ledger import audit, egress, events, mcp_upstream
 
         # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
         for module in settings.UNWIND_PYTHON_TOOL_MODULES:
             import_module(module)
         egress.check_settings()
+        mcp_upstream.check_settings()
         # Signed chain heads are exported by the worker's sweep, off the request path.
         events.subscribe("sweep", audit.checkpoint_on_sweep)

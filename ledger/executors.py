@@ -67,6 +67,18 @@ class ToolRefused(ToolError):
         super().__init__(message, transient=False, status=status, body=body, refused=True)
 
 
+class UpstreamIsError(ToolError):
+    """An upstream MCP tool answered `isError: true`: a refusal, like an HTTP 4xx. Its error class, where it is not
+    answered to the agent as `refused` (attempts, `on_refusal: unwind`), is `mcp_is_error`."""
+
+    def __init__(self, message: str, *, body: Any = None):
+        super().__init__(message, transient=False, body=body, refused=True)
+
+    @property
+    def error_class(self) -> str:
+        return "mcp_is_error"
+
+
 def refusal_status(status: int) -> bool:
     """A 4xx that says the request was not carried out for good (408, 425 and 429 ask to try again later)."""
     return 400 <= status < 500 and status not in (408, 425, 429)
@@ -226,3 +238,52 @@ def python_read(*, path: str, target: str, tenant: str) -> Any:
         raise
     except Exception as exc:  # noqa: BLE001 - the reader's own bug: the target cannot be read
         raise ToolError(f"{path} raised {exc.__class__.__name__}: {exc}", transient=False) from None
+
+
+def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float, tenant: str) -> ToolOutcome:
+    """Call a tool of an upstream MCP server (policy `executor: {kind: mcp, server, tool}`, ledger/mcp_upstream.py).
+
+    The args go as the agent sent them; Unwind's idempotency key travels in the request's `_meta` as
+    `unwind/idempotency_key` (an upstream that reads it can deduplicate; one that does not declares
+    `idempotency.honours_key: false`, the default for MCP tools, and a lost outcome goes to a person).
+
+    A result with `isError: true` is a refusal: the tool answered and did not do it. No session (the origin or
+    address refused, nothing listening, a command that will not start) is permanent or transient but never
+    sent; a timeout or a connection lost after the request left leaves the outcome unknown (transient).
+    A JSON-RPC error (an unknown tool, arguments the server rejects) is permanent: the same call fails again.
+    """
+    from mcp.shared.exceptions import MCPError
+    from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
+
+    from ledger import mcp_upstream
+
+    server_name, tool = mcp_upstream.split_endpoint(endpoint)
+    where = f"MCP server {server_name!r} tool {tool!r}"
+    try:
+        server = mcp_upstream.server(server_name)
+    except mcp_upstream.NotDeclared as why:
+        raise ToolError(str(why), transient=False, not_sent=True) from None
+    if not server.serves(tenant):
+        raise ToolError(f"{where} is not declared for tenant {tenant!r}", transient=False, not_sent=True)
+    meta = {"unwind/idempotency_key": idempotency_key}
+    try:
+        result = mcp_upstream.call_tool(server, tool, dict(args), meta=meta, timeout=timeout)
+    except mcp_upstream.Unreachable as why:
+        raise ToolError(f"{where} could not be reached: {why}", transient=not why.refused, not_sent=True) from None
+    except TimeoutError:
+        raise ToolError(f"{where} did not answer within {timeout:g}s", transient=True) from None
+    except MCPError as exc:
+        # The connection closed, the request timed out or the server failed inside: the tool may have acted.
+        unknown = exc.error.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT, INTERNAL_ERROR)
+        raise ToolError(f"{where} answered error {exc.error.code}: {exc.error.message}", transient=unknown,
+                        applied=None if unknown else False) from None
+    except Exception as exc:  # noqa: BLE001 - the connection broke after the request may have left
+        raise ToolError(f"{where} broke off: {mcp_upstream._describe(exc)}", transient=True) from None
+    if result.is_error:
+        raise UpstreamIsError(f"{endpoint}: {mcp_upstream.error_text(result)}", body=mcp_upstream.result_value(result))
+    value = mcp_upstream.result_value(result)
+    cap = settings.UNWIND_TOOL_MAX_RESPONSE_BYTES
+    if len(json.dumps(value, ensure_ascii=False).encode()) > cap:
+        raise ToolError(f"{where} answered with a result larger than {cap} bytes (UNWIND_TOOL_MAX_RESPONSE_BYTES); "
+                        f"it was not kept", transient=False, applied=True)
+    return ToolOutcome(result=value)

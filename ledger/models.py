@@ -45,6 +45,7 @@ class Executor(models.TextChoices):
     HTTP = "http", "HTTP endpoint"
     PYTHON = "python", "in-process Python callable"
     CLIENT = "client", "executed by the agent"
+    MCP = "mcp", "a tool of an upstream MCP server"
 
 
 class CompensationStrategy(models.TextChoices):
@@ -183,7 +184,7 @@ class Tool(models.Model):
     approval = models.CharField(max_length=16, choices=ApprovalRule.choices, default=ApprovalRule.THRESHOLD)
     approvals_required = models.PositiveSmallIntegerField(default=1)
     executor = models.CharField(max_length=16, choices=Executor.choices, default=Executor.HTTP)
-    endpoint = models.CharField(max_length=500, blank=True, help_text="URL (http) or dotted path (python).")
+    endpoint = models.CharField(max_length=500, blank=True, help_text="URL (http), registry key (python) or server/tool (mcp).")
     target_type = models.CharField(max_length=60, blank=True)
     target_from = models.CharField(max_length=120, blank=True, help_text="Where the target id comes from, e.g. args.ticket_id")
     key_fields = models.JSONField(default=list, blank=True, help_text="Arg paths that identify the logical action; empty = all args.")

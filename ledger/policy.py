@@ -132,6 +132,62 @@ def _reader(value: Any, where: str) -> str:
     return _tool_url(value, where) if egress.is_url(value) else _registered(value, "reader", where)
 
 
+def _endpoint(executor: str, executor_spec: dict, prefix: str, where: str) -> str:
+    """An http tool's URL or a python tool's registry key (a client tool has none)."""
+    named = next((key for key in ("endpoint", "url", "path") if executor_spec.get(key)), None)
+    endpoint = executor_spec.get(named, "") if named else ""
+    field = f"{prefix}.{named}"
+    if executor != Executor.CLIENT and not endpoint:
+        _fail(f"{where}.executor", f"a {executor} tool needs an endpoint (url or path)")
+    if endpoint and not isinstance(endpoint, str):
+        _fail(field, f"must be a string, not {type(endpoint).__name__}")
+    if executor == Executor.HTTP:
+        if not egress.is_url(endpoint):
+            _fail(field, f"must be an http(s) URL or a path starting with /, not {endpoint[:80]!r}")
+        _tool_url(endpoint, field)
+    elif executor == Executor.PYTHON:
+        _registered(endpoint, "tool", field)
+    return str(endpoint)
+
+
+MCP_EXECUTOR_KEYS = {"kind", "server", "tool"}
+SETTINGS_ONLY = ("command", "args", "env", "cwd", "url", "headers")
+
+
+def _mcp_executor(executor: Any, spec: dict, where: str) -> str:
+    """`{kind: mcp, server: NAME, tool: NAME}` → "server/tool". The server must be one a deployer declared in
+    UNWIND_MCP_SERVERS: policy names it and never says where it lives or what command starts it."""
+    from ledger import mcp_upstream
+
+    prefix = f"{where}.executor"
+    if not isinstance(executor, dict):
+        _fail(prefix, "an mcp tool names its upstream server and tool: {kind: mcp, server: NAME, tool: NAME}")
+    for key in (key for key in SETTINGS_ONLY if key in executor):
+        _fail(f"{prefix}.{key}", "is not taken from policy: a deployer declares upstream MCP servers (their URL, "
+                                 "headers, or the command, args and env that start them) in UNWIND_MCP_SERVERS, and "
+                                 "policy names a server by its name")
+    unknown = set(executor) - MCP_EXECUTOR_KEYS
+    if unknown:
+        _fail(f"{prefix}.{sorted(unknown)[0]}", "is not an mcp executor setting (known: kind, server, tool)")
+    for key in ("endpoint", "url", "path"):
+        if key in spec:
+            _fail(f"{where}.{key}", "is not used by an mcp tool: its executor names the server and tool")
+    server, tool = executor.get("server"), executor.get("tool")
+    if not isinstance(server, str) or not server:
+        _fail(f"{prefix}.server", f"must name a declared MCP server, not {server!r}")
+    try:
+        declared = mcp_upstream.server(server)
+    except mcp_upstream.NotDeclared as why:
+        _fail(f"{prefix}.server", str(why))
+    refusal = mcp_upstream.origin_refusal(declared)
+    if refusal:
+        _fail(f"{prefix}.server", f"the server's URL {refusal}")
+    if not isinstance(tool, str) or not mcp_upstream.UPSTREAM_TOOL_NAME.match(tool):
+        _fail(f"{prefix}.tool", f"must be the upstream tool's name (1 to 128 letters, digits and _ - . /), "
+                                f"not {str(tool)[:80]!r}")
+    return mcp_upstream.endpoint(server, tool)
+
+
 TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}$")
 
 
@@ -165,20 +221,10 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
         executor_spec, prefix = spec, where
         kind = executor
     fields["executor"] = _choice(kind, Executor, f"{where}.executor")
-    named = next((key for key in ("endpoint", "url", "path") if executor_spec.get(key)), None)
-    endpoint = executor_spec.get(named, "") if named else ""
-    field = f"{prefix}.{named}"
-    if fields["executor"] != Executor.CLIENT and not endpoint:
-        _fail(f"{where}.executor", f"a {fields['executor']} tool needs an endpoint (url or path)")
-    if endpoint and not isinstance(endpoint, str):
-        _fail(field, f"must be a string, not {type(endpoint).__name__}")
-    if fields["executor"] == Executor.HTTP:
-        if not egress.is_url(endpoint):
-            _fail(field, f"must be an http(s) URL or a path starting with /, not {endpoint[:80]!r}")
-        _tool_url(endpoint, field)
-    elif fields["executor"] == Executor.PYTHON:
-        _registered(endpoint, "tool", field)
-    fields["endpoint"] = str(endpoint)
+    if fields["executor"] == Executor.MCP:
+        fields["endpoint"] = _mcp_executor(executor, spec, where)
+    else:
+        fields["endpoint"] = _endpoint(fields["executor"], executor_spec, prefix, where)
 
     target = _dict(spec.get("target", {}), f"{where}.target")
     fields["target_type"] = str(target.get("type", ""))
@@ -192,7 +238,8 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     if not isinstance(key_fields, list) or not all(isinstance(k, str) for k in key_fields):
         _fail(f"{where}.idempotency.key_fields", "must be a list of argument names")
     fields["key_fields"] = key_fields
-    honours = idem.get("honours_key", True)
+    # An upstream MCP tool knows nothing of Unwind's key unless its policy says it reads it (from `_meta`).
+    honours = idem.get("honours_key", fields["executor"] != Executor.MCP)
     if not isinstance(honours, bool):
         _fail(f"{where}.idempotency.honours_key", "must be true or false")
     fields["honours_idempotency_key"] = honours

@@ -12,7 +12,7 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from ledger import selectors
+from ledger import mcp_upstream, selectors
 from ledger.api.auth import (
     GOVERNANCE_AUTHENTICATION, AgentsCannotGovern, CanReadTools, IsMemberOrDeployKey, caller_of, tenant_for,
 )
@@ -39,13 +39,21 @@ def compensation_as_written(plan: dict) -> dict:
     return {**shown, "tool": plan["inline"]}
 
 
+def executor_as_written(tool: Tool) -> dict:
+    """An mcp tool's executor is written {kind: mcp, server, tool} (policy never takes its endpoint as text)."""
+    if tool.executor == Executor.MCP:
+        server, name = mcp_upstream.split_endpoint(tool.endpoint)
+        return {"executor": {"kind": Executor.MCP.value, "server": server, "tool": name}}
+    return {"executor": tool.executor, "endpoint": tool.endpoint}
+
+
 def policy_of(tool: Tool) -> dict:
     """A tool's policy in the shape PUT accepts, so what GET shows can be sent back as is."""
     return {
         "description": tool.description, "describe": tool.describe, "args_schema": tool.args_schema,
         "action_class": tool.action_class,
         "saga_role": tool.saga_role, "risk": tool.risk, "approval": tool.approval,
-        "approvals_required": tool.approvals_required, "executor": tool.executor, "endpoint": tool.endpoint,
+        "approvals_required": tool.approvals_required, **executor_as_written(tool),
         "target": {"type": tool.target_type, "from": tool.target_from},
         "idempotency": {"key_fields": tool.key_fields, "honours_key": tool.honours_idempotency_key},
         "snapshot": tool.snapshot, "verify": tool.verify, "lookup": tool.lookup,
@@ -99,7 +107,8 @@ class ToolPolicy(serializers.Serializer):
     approvals_required = serializers.IntegerField(required=False, min_value=APPROVALS_REQUIRED[0],
                                                   max_value=APPROVALS_REQUIRED[1])
     executor = serializers.ChoiceField(Executor.choices, required=False,
-                                       help_text="Also accepted as an object: {kind, url|path}.")
+                                       help_text="Also accepted as an object: {kind, url|path}, and for a tool of an "
+                                                 "upstream MCP server only so: {kind: mcp, server, tool}.")
     endpoint = serializers.CharField(
         required=False, help_text="http: a path (resolved against UNWIND_TOOL_BASE_URL) or a URL at an allowed origin "
                                   "(UNWIND_TOOL_ORIGINS); python: a key a deployer registered in code (ledger.registry).")

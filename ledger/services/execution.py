@@ -20,7 +20,9 @@ from django.utils import timezone
 from ledger import egress, events, failpoints, mapping, received, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
-from ledger.executors import ToolError, ToolOutcome, http_call, http_read, python_call, python_read, resolve_url
+from ledger.executors import (
+    ToolError, ToolOutcome, http_call, http_read, mcp_call, python_call, python_read, resolve_url,
+)
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
     OnRefusal, Run, RunStatus as R, SagaRole, Tool,
@@ -137,6 +139,9 @@ def call_tool(action: Action) -> ToolOutcome:
     if tool.executor == Executor.PYTHON:
         return python_call(path=tool.endpoint, args=sent_args(action), idempotency_key=action.tool_key,
                            target=action.target_id or None, tenant=tool.tenant.slug)
+    if tool.executor == Executor.MCP:
+        return mcp_call(endpoint=tool.endpoint, args=sent_args(action), idempotency_key=action.tool_key,
+                        timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
 

@@ -32,6 +32,21 @@ def _check_compensation_tools(tenant: Tenant, tools: dict[str, dict], *, where: 
             raise ValidationFailed(f"{field}: {plan['tool']!r} is not a registered tool (define it too)", field=field)
 
 
+def _check_mcp_servers(tenant: Tenant, tools: dict[str, dict], *, where: str) -> None:
+    """A deployer may declare an upstream MCP server for some tenants only (`tenants` in UNWIND_MCP_SERVERS): its
+    URL, its credentials (headers) or its command are theirs, and another tenant's policy may not name it."""
+    from ledger import mcp_upstream
+
+    for name, fields in tools.items():
+        if fields["executor"] != Executor.MCP:
+            continue
+        server = mcp_upstream.server(mcp_upstream.split_endpoint(fields["endpoint"])[0])
+        if not server.serves(tenant.slug):
+            field = f"{where}.{name}.executor.server"
+            raise ValidationFailed(f"{field}: {server.name!r} is not declared for tenant {tenant.slug!r} "
+                                   f"(UNWIND_MCP_SERVERS {server.name}.tenants)", field=field)
+
+
 def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit: AuditLog,
                    via: str = "") -> tuple[Tool, bool]:
     """Insert the next version of `name` unless `fields` equal the current one. Returns (current version, created).
@@ -91,6 +106,7 @@ def _tool_with_twin(*, tenant: Tenant, name: str, spec: dict) -> dict[str, dict]
         _, spec = function_tool(spec, where=f"tools.{name}", name=name)
     tools = with_inline_twins({name: parse_tool(name, spec, where=f"tools.{name}")}, lambda tool: f"tools.{tool}")
     _check_compensation_tools(tenant, tools, where="tools")
+    _check_mcp_servers(tenant, tools, where="tools")
     _check_inline_twins(tenant, tools, where="tools")
     return tools
 
@@ -166,6 +182,7 @@ def tools_load(*, tenant: Tenant, document: dict, actor: str) -> list[Tool]:
     parsed = parse_document(document)
     where = "agentSafety.policies" if "agentSafety" in document else "tools"
     _check_compensation_tools(tenant, parsed.tools, where=where)
+    _check_mcp_servers(tenant, parsed.tools, where=where)
     _check_inline_twins(tenant, parsed.tools, where=where)
     with ledger_transaction(tenant.pk) as audit:
         if parsed.defaults:
