@@ -4,9 +4,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from mcp_gateway.views import mcp_endpoint
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/recovery/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("mcp", mcp_endpoint, name="mcp"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("approvals.link_urls")),
