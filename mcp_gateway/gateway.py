@@ -23,7 +23,7 @@ from ledger import selectors
 from ledger.api import inline, links
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
     ValidationFailed
-from ledger.models import ACTIVE_ACTION_STATUSES, RUN_FINAL, Action, ActionKind, ActionStatus as A, Agent, \
+from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
 from ledger.policy import approvals_needed
 from ledger.services.actions import action_propose
@@ -32,6 +32,7 @@ from ledger.services.runs import run_cancel, run_complete, run_open
 from mcp_gateway.models import McpSession
 
 RESERVED_PREFIX = "unwind_"
+OPEN = (R.RUNNING, R.AWAITING_APPROVAL)  # a run the session may still act in
 DEFAULT_GOAL = "MCP session"
 MAX_STATUS_WAIT = 30.0
 POLL_INTERVAL = 0.1
@@ -133,11 +134,15 @@ def input_schema_of(tool: Tool) -> dict:
 GATEWAY_TOOLS = [
     {"name": "unwind_begin",
      "description": "Start this session's run with a goal and who it is for (shown to approvers and kept in the "
-                    "ledger). Optional: the first tool call opens a run with a default goal. Refused while a run is "
-                    "open; finish it with unwind_commit or unwind_rollback first.",
+                    "ledger), or continue an open run of yours (run_id). Optional: the first tool call opens a run "
+                    "with a default goal. Refused while a run is open; finish it with unwind_commit or "
+                    "unwind_rollback first.",
      "input_schema": {"type": "object", "additionalProperties": False, "properties": {
          "goal": {"type": "string", "maxLength": 10000, "description": "What the run is for."},
-         "on_behalf_of": {"type": "string", "maxLength": 200, "description": "The person the agent acts for."}}}},
+         "on_behalf_of": {"type": "string", "maxLength": 200, "description": "The person the agent acts for."},
+         "run_id": {"type": "integer", "minimum": 1,
+                    "description": "Instead of a new run, continue this open run of yours (e.g. after reconnecting "
+                                   "in a new MCP session): calls it already made answer with their outcome."}}}},
     {"name": "unwind_commit",
      "description": "Complete this session's run: its steps stand. Refused while a step is still in flight.",
      "input_schema": {"type": "object", "additionalProperties": False, "properties": {}}},
@@ -183,10 +188,10 @@ def approval_of(caller: Caller, action: Action) -> dict | None:
 
 
 def undone_steps(run: Run) -> list[dict]:
-    """The run's compensations, newest first: what the unwind took back and how it went."""
+    """The run's compensations in the order they ran (newest step first): what was taken back, and how it went."""
     compensations = Action.objects.filter(run=run, kind=ActionKind.COMPENSATION).select_related("tool", "compensates")
     return [{"step": c.compensates.seq if c.compensates else None, "undone_by": c.tool.name, "status": c.status}
-            for c in compensations.order_by("-seq")]
+            for c in compensations.order_by("seq")]
 
 
 def action_answer(caller: Caller, action: Action, *, replayed: bool = False, matched_by: str | None = None) -> Answer:
@@ -271,16 +276,34 @@ def check_only(args: dict, allowed: set[str]) -> None:
 
 
 def begin(caller: Caller, args: dict) -> Answer:
+    """Open the session's run with a goal, or (`run_id`) take up an open run of this agent, e.g. after the client
+    started a new MCP session: its calls then join that run, and a re-sent call answers with the recorded outcome."""
     agent = agent_of(caller)
     session = session_of(caller, agent)
-    check_only(args, {"goal", "on_behalf_of"})
+    check_only(args, {"goal", "on_behalf_of", "run_id"})
     goal, on_behalf_of = text_arg(args, "goal", 10000), text_arg(args, "on_behalf_of", 200)
-    if session.run_id is not None and session.run.status not in RUN_FINAL:
+    if session.run_id is not None and session.run.status in OPEN:
         raise StateConflict(f"this session's run {session.run_id} is {session.run.status.replace('_', ' ')}; finish "
                             "it with unwind_commit or unwind_rollback before beginning another", run_id=session.run_id)
+    if args.get("run_id") is not None:
+        return resume(session, agent, args["run_id"])
     run = open_run(session, agent, goal=goal or f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of=on_behalf_of)
     return Answer(run_answer(run, message=f"run {run.pk} is open; tool calls of this session go into it. It is unwound "
                                           f"if the session stays idle {run.idle_timeout_seconds} s."))
+
+
+def resume(session: McpSession, agent: Agent, run_id) -> Answer:
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise ValidationFailed("run_id must be the id of an open run of this agent", field="run_id")
+    run = Run.objects.filter(pk=run_id, tenant_id=agent.tenant_id, agent=agent).first()
+    if run is None:
+        raise NotFound(f"there is no run {run_id}")  # another agent's run is not told apart from a missing one
+    if run.status != R.RUNNING:
+        raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; only a running run can be taken up",
+                           run_status=run.status)
+    McpSession.objects.filter(pk=session.pk).update(run=run)
+    return Answer(run_answer(run, message=f"this session now continues run {run.pk}; a call it already made answers "
+                                          "with its recorded outcome"))
 
 
 def session_run(caller: Caller) -> tuple[McpSession, Agent, Run]:
