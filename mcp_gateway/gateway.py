@@ -199,7 +199,7 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
     action = selectors.action_reload(action)
     run = action.run
     base = {"action_id": action.pk, "tool": action.tool.name, "status": action.status, "run_id": run.pk,
-            "run_status": run.status, "replayed": replayed, "matched_by": matched_by}
+            "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None}
     if action.status == A.SUCCEEDED:
         return Answer({**base, "result": action.result})
     if action.status == A.FAILED and action.error_class == REFUSED:

@@ -325,3 +325,23 @@ def test_an_idle_session_is_unwound(gateway, settings):
     run.refresh_from_db()
     assert run.status == "compensated"
     assert created["result"]["id"] not in {u["id"] for u in world_state(tenant=acme())["users"]}
+
+
+def test_the_example_session_runs_against_the_server(gateway):
+    """examples/mcp_session.py, as a newcomer runs it against `make demo` (here: the live server and acme's people)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    ended = subprocess.run(
+        [sys.executable, "examples/mcp_session.py", "--url", gateway.url, "--key", gateway.world.key,
+         "--approver", "alice:pw-alice", "--operator", "oscar:pw-oscar"],
+        cwd=root, capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 0, ended.stderr[-3000:]
+    assert "send the welcome email (the email service is down): TOOL ERROR" in ended.stdout
+    assert "still holds that user: False" in ended.stdout
+    runs = list(Run.objects.order_by("pk").values_list("status", flat=True))
+    assert runs == ["completed", "compensated", "compensated"], ended.stdout
+    assert len(effects("payments.charge")) == 1
+    assert [u["email"] for u in world_state(tenant=acme())["users"]] == [USER["email"]]  # the committed run's user
