@@ -9,7 +9,7 @@ from __future__ import annotations
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT
+from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
 from ledger.api.problems import problem
 from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
 from mcp_gateway.bridge import bridge
@@ -33,6 +33,13 @@ def key_of(request) -> str | None:
     return token
 
 
+class KeyHolder:
+    """What the REST API's per-key throttle reads of a request: the agent (one budget per key, MCP and REST)."""
+
+    def __init__(self, agent):
+        self.auth = agent
+
+
 @csrf_exempt  # no cookie is ever accepted here: the caller is whoever holds the Bearer key
 def mcp_endpoint(request):
     token = key_of(request)
@@ -47,6 +54,12 @@ def mcp_endpoint(request):
                                   "cannot use MCP)")
         return refusal(request, status=401, code="authentication_failed", title="Authentication failed",
                        detail="unknown or revoked API key")
+    throttle = AgentKeyThrottle()
+    if not throttle.allow_request(KeyHolder(agent), None):
+        response = refusal(request, status=429, code="throttled", title="Too many requests",
+                           detail="this agent key is over UNWIND_THROTTLE_RATE (shared with the REST API); retry later")
+        response["Retry-After"] = str(int(throttle.wait() or 1))
+        return response
     if request.method not in ("POST", "DELETE"):
         response = refusal(request, status=405, code="method_not_allowed", title="Method not allowed",
                            detail="this MCP endpoint takes POST (and DELETE to end a session); it offers no "

@@ -345,3 +345,17 @@ def test_the_example_session_runs_against_the_server(gateway):
     assert runs == ["completed", "compensated", "compensated"], ended.stdout
     assert len(effects("payments.charge")) == 1
     assert [u["email"] for u in world_state(tenant=acme())["users"]] == [USER["email"]]  # the committed run's user
+
+
+def test_an_agent_key_over_its_rate_is_throttled(gateway, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.UNWIND_THROTTLE_RATE = "3/min"
+    headers = {"Authorization": f"Bearer {gateway.world.key}", "Accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}}
+    answers = [requests.post(gateway.url, json=initialize, headers=headers, timeout=10) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    assert answers[-1].json()["code"] == "throttled" and int(answers[-1].headers["Retry-After"]) >= 1
+    assert "mcp-session-id" not in {k.lower() for k in answers[-1].headers}
