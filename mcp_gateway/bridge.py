@@ -123,11 +123,15 @@ class Bridge:
             finally:
                 loop.call_soon_threadsafe(disconnected.set)
 
-        response = StreamingHttpResponse(chunks(), status=start["status"])
-        for name, value in start.get("headers", []):
-            name = name.decode("latin-1")
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in start.get("headers", [])]
+        streamed = any(name.lower() == "content-type" and value.startswith("text/event-stream")
+                       for name, value in headers)
+        # An event stream is passed on as it comes (progress, then the result); any other answer is short: whole.
+        response = (StreamingHttpResponse(chunks(), status=start["status"]) if streamed else
+                    HttpResponse(b"".join(chunks()), status=start["status"]))
+        for name, value in headers:
             if name.lower() not in HOP_BY_HOP:
-                response[name] = value.decode("latin-1")
+                response[name] = value
         return response
 
 

@@ -20,6 +20,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from ledger import selectors
+from ledger.audit import ledger_transaction
 from ledger.api import inline, links
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
     ValidationFailed
@@ -259,7 +260,13 @@ def run_for_call(session: McpSession, agent: Agent) -> Run:
     """The session's run, opened with the documented defaults on the first call (and after a commit or rollback)."""
     if session.run_id is not None:
         return session.run
-    return open_run(session, agent, goal=f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of="")
+    # Two first calls of one session at once (a client may pipeline) must not open two runs: the session's row is
+    # locked (after the tenant's chain head, like every ledger write) and read again.
+    with ledger_transaction(agent.tenant_id):
+        locked = McpSession.objects.select_for_update().select_related("run").get(pk=session.pk)
+        if locked.run_id is not None:
+            return locked.run
+        return open_run(locked, agent, goal=f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of="")
 
 
 def text_arg(args: dict, name: str, limit: int) -> str:

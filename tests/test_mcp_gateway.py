@@ -358,3 +358,13 @@ def test_an_agent_key_over_its_rate_is_throttled(gateway, settings):
     assert [a.status_code for a in answers] == [200, 200, 200, 429]
     assert answers[-1].json()["code"] == "throttled" and int(answers[-1].headers["Retry-After"]) >= 1
     assert "mcp-session-id" not in {k.lower() for k in answers[-1].headers}
+
+
+def test_first_calls_sent_at_once_share_one_run(gateway):
+    async def script(mcp):
+        return await asyncio.gather(*[call(mcp, "hr.create_user", {"email": f"u{n}@example.com", "name": f"U{n}"})
+                                      for n in range(4)])
+
+    answers = session(gateway.url, gateway.world.key, script)
+    assert all(not is_error for is_error, _, _ in answers)
+    assert len({payload["run_id"] for _, payload, _ in answers}) == 1 and Run.objects.count() == 1
