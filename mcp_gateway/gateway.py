@@ -263,9 +263,9 @@ def run_for_call(session: McpSession, agent: Agent) -> Run:
     # Two first calls of one session at once (a client may pipeline) must not open two runs: the session's row is
     # locked (after the tenant's chain head, like every ledger write) and read again.
     with ledger_transaction(agent.tenant_id):
-        locked = McpSession.objects.select_for_update().select_related("run").get(pk=session.pk)
+        locked = McpSession.objects.select_for_update().get(pk=session.pk)
         if locked.run_id is not None:
-            return locked.run
+            return Run.objects.get(pk=locked.run_id)
         return open_run(locked, agent, goal=f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of="")
 
 
