@@ -5,9 +5,12 @@ from django.urls import include, path
 
 from recovery.views import home
 
+from mcp_gateway.views import mcp_endpoint
+
 urlpatterns = [
     path("", home, name="home"),
     path("admin/", admin.site.urls),
+    path("mcp", mcp_endpoint, name="mcp"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("approvals.link_urls")),

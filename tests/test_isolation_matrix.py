@@ -148,7 +148,7 @@ def sweep(world, clients: dict, *, shared: tuple[str, ...] = ()) -> tuple[int, l
     checked = 0
     for persona, client in clients.items():
         for route, namespace, name, methods in routes():
-            page = not (route.startswith("api/") or route == "metrics")
+            page = not (route.startswith("api/") or route in ("metrics", "mcp"))
             for url in urls(world, route, namespace):
                 for method in methods:
                     body = body_for(name, world)
@@ -162,6 +162,8 @@ def sweep(world, clients: dict, *, shared: tuple[str, ...] = ()) -> tuple[int, l
                     allowed = {403, 404, 405} if parametrised else {200, 400, 403, 404, 405}
                     if name in shared and method == "get":
                         allowed = {200}
+                    if route == "mcp":  # agents only: a person's session or password is no key there (401);
+                        allowed = allowed | {401, 406}  # the MCP SDK refuses a request not accepting its answers
                     if page and persona != "mallory (session)":  # pages take a session, nothing else
                         allowed = {302}
                         if not response.get("Location", "").startswith("/accounts/login/"):

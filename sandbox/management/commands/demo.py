@@ -240,6 +240,7 @@ class Command(BaseCommand):
         line(f"  email the demo sent (outbox)       {base_url}/console/outbox/   files: var/demo-mail/")
         line(f"  API docs                           {base_url}/api/docs/   agent key: var/demo-agent.key")
         line("  inject a fault, watch an unwind    docs/demo.md")
+        line(f"  MCP server for agents              {base_url}/mcp   run examples/mcp_session.py; docs/mcp.md")
         line("")
         line(f"Log in at {base_url}/accounts/login/ as:")
         line(f"  {'user':10s} {'password':15s} {'role':10s} what to try")

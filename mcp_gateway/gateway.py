@@ -1,0 +1,446 @@
+"""What an MCP session does in the ledger: the synchronous half of the gateway (the SDK's handlers call it in threads).
+
+An MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
+first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
+unwound by the worker's sweep once the session has been idle longer than `UNWIND_MCP_SESSION_IDLE`. Every step is
+the REST API's: `action_propose`, executed inline within `UNWIND_INLINE_WAIT` (or by the worker), with the same
+policy, approvals, ordering law and content matching, so a call re-sent after a reconnect answers with the
+recorded outcome (the MCP request id is never an idempotency key: a reconnecting client sends a new one).
+
+Answers are `Answer`s: a JSON payload, and whether it is a tool error (`isError`) carrying a problem's `code`.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+from django.utils import timezone
+
+from ledger import selectors
+from ledger.audit import ledger_transaction
+from ledger.api import inline, links
+from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
+    ValidationFailed
+from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
+    ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
+from ledger.policy import approvals_needed
+from ledger.services.actions import action_propose
+from ledger.services.execution import REFUSED
+from ledger.services.runs import run_cancel, run_complete, run_open
+from mcp_gateway.models import McpSession
+
+RESERVED_PREFIX = "unwind_"
+OPEN = (R.RUNNING, R.AWAITING_APPROVAL)  # a run the session may still act in
+DEFAULT_GOAL = "MCP session"
+MAX_STATUS_WAIT = 30.0
+POLL_INTERVAL = 0.1
+
+ROLE_WORDS = {
+    SagaRole.COMPENSATABLE: "compensatable: if a later step fails, Unwind undoes it",
+    SagaRole.PIVOT: "pivot: the point of no return; once it succeeds, earlier steps are no longer undone, and a run "
+                    "has at most one",
+    SagaRole.RETRIABLE: "retriable: comes after the pivot and is retried until it succeeds",
+}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is on the session: the agent its key authenticated, the session, and where links should point."""
+
+    agent_id: int
+    session_id: str
+    transport: str
+    base_url: str
+
+
+@dataclass
+class Answer:
+    """A tool result: `payload` as JSON, `is_error` for a refusal or failure, `waiting` while a step is pending."""
+
+    payload: dict
+    is_error: bool = False
+    waiting: int | None = field(default=None)  # the action id a caller may wait on
+
+    def text(self) -> str:
+        return json.dumps(self.payload, indent=1, default=str, ensure_ascii=False)
+
+
+def in_thread(work, *args, **kwargs):
+    """Run ORM work in a worker thread: that thread's connection is closed after, so none outlives a request."""
+    close_old_connections()
+    try:
+        return work(*args, **kwargs)
+    finally:
+        connections.close_all()
+
+
+# --- who may use the session -----------------------------------------------------------------------------
+
+def agent_of(caller: Caller) -> Agent:
+    """The session's agent, read again on every call: a key revoked mid-session stops working at once."""
+    agent = Agent.objects.select_related("tenant").filter(pk=caller.agent_id).first()
+    if agent is None or agent.revoked_at is not None:
+        raise PermissionDenied("the agent key of this session was revoked; reconnect with a valid key")
+    return agent
+
+
+def session_of(caller: Caller, agent: Agent) -> McpSession:
+    """The session's row (created on first use); one held by another agent is never used (answered as missing)."""
+    session, _ = McpSession.objects.get_or_create(
+        session_id=caller.session_id,
+        defaults={"transport": caller.transport, "tenant_id": agent.tenant_id, "agent": agent})
+    if session.agent_id != agent.pk:
+        raise NotFound("no such MCP session")
+    McpSession.objects.filter(pk=session.pk).update(last_activity_at=timezone.now())
+    return session
+
+
+# --- tools/list ------------------------------------------------------------------------------------------
+
+def listed_tools(agent: Agent) -> list[Tool]:
+    """The tenant's current tools an MCP client can call: client-executed tools need the agent to run them and
+    report (the REST API), and names starting with `unwind_` are the gateway's own."""
+    return list(Tool.objects.filter(tenant_id=agent.tenant_id, is_current=True)
+                .exclude(executor=Executor.CLIENT).exclude(name__startswith=RESERVED_PREFIX).order_by("name"))
+
+
+def approval_words(tool: Tool, threshold: str) -> str:
+    needed = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
+                              threshold=threshold)
+    if not needed:
+        return "runs without approval"
+    people = "a person approves" if needed == 1 else f"{needed} people approve"
+    why = "always" if tool.approval == ApprovalRule.MANUAL else f"its risk ({tool.risk}) is at the tenant's threshold"
+    return f"needs approval ({why}): it waits until {people}; the result then says pending, with the approval URL"
+
+
+def description_of(tool: Tool, threshold: str) -> str:
+    """The tool's own description, then what Unwind adds: its saga role, risk and whether approval may be needed."""
+    role = "read-only: changes nothing" if tool.action_class == "read_only" else ROLE_WORDS.get(tool.saga_role,
+                                                                                                  tool.saga_role)
+    own = (tool.description or tool.name).strip()
+    return (f"{own}\n\nThrough Unwind: saga role {role}. Risk {tool.risk}; {approval_words(tool, threshold)}. "
+            f"Calls join this session's run (opened on the first call; see unwind_begin).")
+
+
+def input_schema_of(tool: Tool) -> dict:
+    schema = dict(tool.args_schema or {})
+    schema.setdefault("type", "object")
+    return schema
+
+
+GATEWAY_TOOLS = [
+    {"name": "unwind_begin",
+     "description": "Start this session's run with a goal and who it is for (shown to approvers and kept in the "
+                    "ledger), or continue an open run of yours (run_id). Optional: the first tool call opens a run "
+                    "with a default goal. Refused while a run is open; finish it with unwind_commit or "
+                    "unwind_rollback first.",
+     "input_schema": {"type": "object", "additionalProperties": False, "properties": {
+         "goal": {"type": "string", "maxLength": 10000, "description": "What the run is for."},
+         "on_behalf_of": {"type": "string", "maxLength": 200, "description": "The person the agent acts for."},
+         "run_id": {"type": "integer", "minimum": 1,
+                    "description": "Instead of a new run, continue this open run of yours (e.g. after reconnecting "
+                                   "in a new MCP session): calls it already made answer with their outcome."}}}},
+    {"name": "unwind_commit",
+     "description": "Complete this session's run: its steps stand. Refused while a step is still in flight.",
+     "input_schema": {"type": "object", "additionalProperties": False, "properties": {}}},
+    {"name": "unwind_rollback",
+     "description": "Cancel this session's run: steps still pending are skipped and what was done is undone, newest "
+                    "first (before the pivot; after it, a person is asked).",
+     "input_schema": {"type": "object", "additionalProperties": False, "properties": {
+         "reason": {"type": "string", "maxLength": 1000, "description": "Why, kept in the ledger."}}}},
+    {"name": "unwind_status",
+     "description": "The run's status and its steps. With action_id, waits up to wait seconds (at most 30) for that "
+                    "step to settle, e.g. while it awaits approval, and answers with its outcome.",
+     "input_schema": {"type": "object", "additionalProperties": False, "properties": {
+         "action_id": {"type": "integer", "minimum": 1},
+         "wait": {"type": "number", "minimum": 0, "maximum": MAX_STATUS_WAIT}}}},
+]
+GATEWAY_NAMES = {tool["name"] for tool in GATEWAY_TOOLS}
+
+
+def tool_list(caller: Caller) -> list[dict]:
+    agent = agent_of(caller)
+    threshold = agent.tenant.approval_threshold
+    tools = [{"name": t.name, "description": description_of(t, threshold), "input_schema": input_schema_of(t)}
+             for t in listed_tools(agent)]
+    return [*tools, *GATEWAY_TOOLS]
+
+
+# --- answers -----------------------------------------------------------------------------------------------
+
+def problem(error: UnwindError, **more) -> Answer:
+    return Answer({"code": error.code, "message": error.detail, **error.extra, **more}, is_error=True)
+
+
+def absolute(caller: Caller, path: str) -> str:
+    return caller.base_url.rstrip("/") + path
+
+
+def approval_of(caller: Caller, action: Action) -> dict | None:
+    found = links.approvals_for([action]).get(action.pk)
+    if found is None:
+        return None
+    return {"id": found["id"], "status": found["status"], "expires_at": found["expires_at"],
+            "url": absolute(caller, found["page"])}
+
+
+def undone_steps(run: Run) -> list[dict]:
+    """The run's compensations in the order they ran (newest step first): what was taken back, and how it went."""
+    compensations = Action.objects.filter(run=run, kind=ActionKind.COMPENSATION).select_related("tool", "compensates")
+    return [{"step": c.compensates.seq if c.compensates else None, "undone_by": c.tool.name, "status": c.status}
+            for c in compensations.order_by("seq")]
+
+
+def action_answer(caller: Caller, action: Action, *, replayed: bool = False, matched_by: str | None = None) -> Answer:
+    """The answer for a step as it stands: done, pending (with how to wait), or a tool error with its code."""
+    action = selectors.action_reload(action)
+    run = action.run
+    base = {"action_id": action.pk, "tool": action.tool.name, "status": action.status, "run_id": run.pk,
+            "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None}
+    if action.status == A.SUCCEEDED:
+        return Answer({**base, "result": action.result})
+    if action.status == A.FAILED and action.error_class == REFUSED:
+        return Answer({"code": "tool_refused", "message": f"{action.tool.name} refused the call, so nothing was done "
+                                                          f"({action.error_message}). The run stays open: call again "
+                                                          "with other arguments, or unwind_rollback.",
+                       "reason": action.error_message, **base}, is_error=True)
+    if action.status in (A.FAILED, A.LOST):
+        unwound = run.status in (R.UNWINDING, R.COMPENSATED)
+        what = ("Unwind undid the run's earlier steps (undone)" if run.status == R.COMPENSATED else
+                "Unwind is undoing the run's earlier steps" if unwound else
+                "the run needs a person's attention")
+        return Answer({"code": "step_failed", "message": f"{action.tool.name} failed ({action.error_message or action.status}); "
+                                                         f"{what}. This run takes no more steps: call unwind_begin to "
+                                                         "start a new one.",
+                       "error_class": action.error_class, "undone": undone_steps(run), **base}, is_error=True)
+    if action.status in (A.REJECTED, A.EXPIRED):
+        code = "rejected" if action.status == A.REJECTED else "approval_expired"
+        return Answer({"code": code, "message": f"{action.tool.name} was not approved ({action.decision_reason or action.status}) "
+                                                f"and was not done. The run stays open unless it says otherwise.",
+                       "reason": action.decision_reason, **base}, is_error=True)
+    if action.status in ACTIVE_ACTION_STATUSES:
+        approval = approval_of(caller, action) if action.status == A.AWAITING_APPROVAL else None
+        how = (f"call unwind_status with action_id {action.pk} (and wait, up to {MAX_STATUS_WAIT:g} s), or call this "
+               "tool again with the same arguments: both answer with the outcome once it is known, and the step is "
+               "done at most once")
+        message = (f"{action.tool.name} is waiting for a person's approval: {approval['url']}; {how}."
+                   if approval else f"{action.tool.name} is still {action.status.replace('_', ' ')}; {how}.")
+        return Answer({**base, "pending": True, "approval": approval, "message": message}, waiting=action.pk)
+    return Answer({"code": "not_done", "message": f"{action.tool.name} is {action.status.replace('_', ' ')} and was not "
+                                                  "done as asked.", **base}, is_error=True)
+
+
+def run_answer(run: Run, *, message: str = "") -> dict:
+    steps = Action.objects.filter(run=run).select_related("tool").order_by("seq")
+    return {"run_id": run.pk, "run_status": run.status, "goal": run.goal, "on_behalf_of": run.on_behalf_of,
+            "idle_timeout": run.idle_timeout_seconds, "message": message,
+            "steps": [{"action_id": s.pk, "seq": s.seq, "kind": s.kind, "tool": s.tool.name, "status": s.status}
+                      for s in steps]}
+
+
+# --- the session's run ---------------------------------------------------------------------------------------
+
+def idle_timeout(agent: Agent) -> int:
+    return min(settings.UNWIND_MCP_SESSION_IDLE, agent.tenant.run_idle_timeout_seconds)
+
+
+def open_run(session: McpSession, agent: Agent, *, goal: str, on_behalf_of: str) -> Run:
+    run = run_open(tenant=agent.tenant, agent=agent, goal=goal, on_behalf_of=on_behalf_of,
+                   actor=f"agent:{agent.name}", idle_timeout=idle_timeout(agent))
+    McpSession.objects.filter(pk=session.pk).update(run=run)
+    session.run = run
+    return run
+
+
+def run_for_call(session: McpSession, agent: Agent) -> Run:
+    """The session's run, opened with the documented defaults on the first call (and after a commit or rollback)."""
+    if session.run_id is not None:
+        return session.run
+    # Two first calls of one session at once (a client may pipeline) must not open two runs: the session's row is
+    # locked (after the tenant's chain head, like every ledger write) and read again.
+    with ledger_transaction(agent.tenant_id):
+        locked = McpSession.objects.select_for_update().get(pk=session.pk)
+        if locked.run_id is not None:
+            return Run.objects.get(pk=locked.run_id)
+        return open_run(locked, agent, goal=f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of="")
+
+
+def text_arg(args: dict, name: str, limit: int) -> str:
+    value = args.get(name, "")
+    if not isinstance(value, str) or len(value) > limit:
+        raise ValidationFailed(f"{name} must be a string of at most {limit} characters", field=name)
+    return value
+
+
+def check_only(args: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(args) - allowed)
+    if unknown:
+        raise ValidationFailed(f"{unknown[0]!r} is not an argument of this tool", field=unknown[0])
+
+
+def begin(caller: Caller, args: dict) -> Answer:
+    """Open the session's run with a goal, or (`run_id`) take up an open run of this agent, e.g. after the client
+    started a new MCP session: its calls then join that run, and a re-sent call answers with the recorded outcome."""
+    agent = agent_of(caller)
+    session = session_of(caller, agent)
+    check_only(args, {"goal", "on_behalf_of", "run_id"})
+    goal, on_behalf_of = text_arg(args, "goal", 10000), text_arg(args, "on_behalf_of", 200)
+    if session.run_id is not None and session.run.status in OPEN:
+        raise StateConflict(f"this session's run {session.run_id} is {session.run.status.replace('_', ' ')}; finish "
+                            "it with unwind_commit or unwind_rollback before beginning another", run_id=session.run_id)
+    if args.get("run_id") is not None:
+        return resume(session, agent, args["run_id"])
+    run = open_run(session, agent, goal=goal or f"{DEFAULT_GOAL} {session.session_id[:8]}", on_behalf_of=on_behalf_of)
+    return Answer(run_answer(run, message=f"run {run.pk} is open; tool calls of this session go into it. It is unwound "
+                                          f"if the session stays idle {run.idle_timeout_seconds} s."))
+
+
+def resume(session: McpSession, agent: Agent, run_id) -> Answer:
+    if isinstance(run_id, bool) or not isinstance(run_id, int):
+        raise ValidationFailed("run_id must be the id of an open run of this agent", field="run_id")
+    run = Run.objects.filter(pk=run_id, tenant_id=agent.tenant_id, agent=agent).first()
+    if run is None:
+        raise NotFound(f"there is no run {run_id}")  # another agent's run is not told apart from a missing one
+    if run.status != R.RUNNING:
+        raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; only a running run can be taken up",
+                           run_status=run.status)
+    McpSession.objects.filter(pk=session.pk).update(run=run)
+    return Answer(run_answer(run, message=f"this session now continues run {run.pk}; a call it already made answers "
+                                          "with its recorded outcome"))
+
+
+def session_run(caller: Caller) -> tuple[McpSession, Agent, Run]:
+    agent = agent_of(caller)
+    session = session_of(caller, agent)
+    if session.run_id is None:
+        raise StateConflict("this session has no open run: call a tool (or unwind_begin) first")
+    return session, agent, Run.objects.get(pk=session.run_id)
+
+
+def commit(caller: Caller, args: dict) -> Answer:
+    check_only(args, set())
+    session, agent, run = session_run(caller)
+    run = run_complete(run=run, actor=f"agent:{agent.name}")
+    McpSession.objects.filter(pk=session.pk).update(run=None)
+    return Answer(run_answer(run, message=f"run {run.pk} is completed; the next tool call opens a new run."))
+
+
+def rollback(caller: Caller, args: dict) -> Answer:
+    check_only(args, {"reason"})
+    reason = text_arg(args, "reason", 1000)
+    session, agent, run = session_run(caller)
+    run = run_cancel(run=run, actor=f"agent:{agent.name}", reason=reason or "unwind_rollback over MCP")
+    if run.status == R.UNWINDING:
+        inline.unwind_within(run.pk, tenant_id=run.tenant_id, wait=settings.UNWIND_INLINE_WAIT)
+    run.refresh_from_db()
+    McpSession.objects.filter(pk=session.pk).update(run=None)
+    return Answer({**run_answer(run, message=f"run {run.pk} was cancelled: it is {run.status.replace('_', ' ')}; the "
+                                             "next tool call opens a new run."), "undone": undone_steps(run)})
+
+
+def status(caller: Caller, args: dict) -> Answer:
+    """The run, or (with action_id) one of the agent's steps; waiting is the caller's (see server.wait_for)."""
+    check_only(args, {"action_id", "wait"})
+    status_wait(args)
+    agent = agent_of(caller)
+    action_id = args.get("action_id")
+    if action_id is not None:
+        if isinstance(action_id, bool) or not isinstance(action_id, int):
+            raise ValidationFailed("action_id must be an integer", field="action_id")
+        action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=action_id)
+        return action_answer(caller, action)
+    session = session_of(caller, agent)
+    if session.run_id is None:
+        return Answer({"run_id": None, "message": "no run is open; the next tool call (or unwind_begin) opens one"})
+    return Answer(run_answer(Run.objects.get(pk=session.run_id)))
+
+
+def status_wait(args: dict) -> float:
+    wait = args.get("wait", 0)
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= MAX_STATUS_WAIT:
+        raise ValidationFailed(f"wait must be a number of seconds from 0 to {MAX_STATUS_WAIT:g}", field="wait")
+    return float(wait)
+
+
+# --- tools/call ----------------------------------------------------------------------------------------------
+
+def call(caller: Caller, name: str, args: dict) -> Answer:
+    """A tool call of the session: a proposed action in its run, executed as the REST API does."""
+    agent = agent_of(caller)
+    session = session_of(caller, agent)
+    tool = Tool.objects.filter(tenant_id=agent.tenant_id, name=name, is_current=True).first()
+    if tool is not None and (tool.executor == Executor.CLIENT or name.startswith(RESERVED_PREFIX)):
+        return Answer({"code": "not_callable_over_mcp",
+                       "message": f"{name} is executed by the agent itself (executor: client); use the REST API, "
+                                  "which lets the agent report its outcome"}, is_error=True)
+    run = run_for_call(session, agent)
+    try:
+        with inline.tenant_slot(run.tenant_id) as slot:
+            proposal = action_propose(run=run, tool_name=name, args=args, actor=f"agent:{agent.name}",
+                                      intent={"goal": run.goal}, inline=slot is not None, queued=slot is None)
+            if proposal.claimed and slot is not None:
+                inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
+                                      slot=slot)
+            elif proposal.claimed:
+                inline.hand_to_worker(proposal.action, owner=proposal.owner)
+    except StillInFlight as busy:
+        # The same call re-sent (after a reconnect, or to wait): answer as the step already recorded.
+        action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=busy.extra["action_id"])
+        return action_answer(caller, action, replayed=True, matched_by=busy.extra.get("matched_by", "key"))
+    except RunNotActive as stopped:
+        return problem(stopped, run_id=run.pk, hint="call unwind_begin to start a new run")
+    return action_answer(caller, proposal.action, replayed=proposal.replayed, matched_by=proposal.matched_by)
+
+
+def settled(caller: Caller, action_id: int) -> bool:
+    agent = agent_of(caller)
+    selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=action_id)
+    return selectors.action_settled(action_id)
+
+
+def answer_for(caller: Caller, action_id: int) -> Answer:
+    try:
+        agent = agent_of(caller)
+        return action_answer(caller, selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk,
+                                                          action_id=action_id))
+    except UnwindError as error:
+        return problem(error)
+
+
+def dispatch(caller: Caller, name: str, args) -> Answer:
+    """Any tools/call: the gateway's own tools, or a tenant tool; an Unwind refusal becomes a tool error."""
+    if args is None:
+        args = {}
+    try:
+        if not isinstance(args, dict):
+            raise ValidationFailed("arguments must be an object")
+        if name == "unwind_begin":
+            return begin(caller, args)
+        if name == "unwind_commit":
+            return commit(caller, args)
+        if name == "unwind_rollback":
+            return rollback(caller, args)
+        if name == "unwind_status":
+            return status(caller, args)
+        return call(caller, name, args)
+    except UnwindError as error:
+        return problem(error)
+
+
+def wait_slice(caller: Caller, action_id: int, seconds: float) -> bool:
+    """Poll for up to `seconds` whether the step settled (the caller sends progress between slices)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            done = settled(caller, action_id)
+        except UnwindError:
+            return True  # answer_for says why
+        if done:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
