@@ -129,13 +129,17 @@ async def main(args) -> None:
 
 def arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000/mcp")
+    parser.add_argument("--url", default="http://127.0.0.1:8000/mcp",
+                        help="the MCP endpoint, or the server's base URL (/mcp is added): `make demo PORT=8123` "
+                             "serves http://127.0.0.1:8123/mcp")
     parser.add_argument("--key", default=os.environ.get("UNWIND_AGENT_KEY"))
     parser.add_argument("--approver", default="approver:approver-demo",
                         help="username:password of an approver; empty to decide yourself at the printed URL")
     parser.add_argument("--operator", default="operator:operator-demo",
                         help="username:password of an operator (injects the email outage)")
     args = parser.parse_args(argv)
+    if not args.url.rstrip("/").endswith("/mcp"):
+        args.url = args.url.rstrip("/") + "/mcp"
     if not args.key:
         key_file = ROOT / "var" / "demo-agent.key"
         if not key_file.exists():
