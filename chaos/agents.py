@@ -31,6 +31,9 @@ from unwind_client.errors import (
 
 _numbers = itertools.count(1)
 SETTLED_BY_CANCEL = {"run_cancelled", "run_not_active"}
+# Each run's idle deadline, at its minimum: a run whose agent dies mid-saga is unwound by the worker's sweep a
+# minute after its last activity, and the drain waits for that (runner.settled).
+IDLE_TIMEOUT = 60
 
 
 # --- sagas -----------------------------------------------------------------------------------------
@@ -199,7 +202,7 @@ class Agent(threading.Thread):
         while True:
             try:
                 return client.request("POST", "/api/v1/runs", json={
-                    "goal": goal, "on_behalf_of": f"customer{n}@chaos.invalid",
+                    "goal": goal, "on_behalf_of": f"customer{n}@chaos.invalid", "idle_timeout": IDLE_TIMEOUT,
                     "intent": {"saga": kind, "n": n}}, idempotent=False).json()
             except (Unavailable, Refused) as exc:
                 if isinstance(exc, Refused) and exc.status < 500 or time.monotonic() > deadline:

@@ -62,7 +62,9 @@ def recreate_database(database_url: str) -> None:
 
 
 def settled(tenant_ids: list[int]) -> bool:
-    """Nothing left for the workers: no step in flight or due, no run unwinding or waiting for a person."""
+    """Nothing left for the workers: no step in flight or due, no run unwinding or waiting for a person, and no
+    run still open. The agents have all stopped by now, so an open run is one whose agent died mid-saga: its idle
+    deadline (the agents open runs with `IDLE_TIMEOUT`) must unwind it, as it would for an agent that walks away."""
     from ledger.models import Action, Run
     from ledger.models import ActionStatus as A
     from ledger.models import RunStatus as R
@@ -70,7 +72,7 @@ def settled(tenant_ids: list[int]) -> bool:
     busy = [A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED]
     return not (Action.objects.filter(tenant_id__in=tenant_ids, status__in=busy).exists()
                 or Run.objects.filter(tenant_id__in=tenant_ids,
-                                      status__in=[R.UNWINDING, R.AWAITING_APPROVAL]).exists())
+                                      status__in=[R.RUNNING, R.UNWINDING, R.AWAITING_APPROVAL]).exists())
 
 
 def drain(tenant_ids: list[int], timeout: float, *, tick=None) -> tuple[bool, float]:

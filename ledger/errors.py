@@ -57,5 +57,11 @@ class StateConflict(UnwindError):
     code, status, title = "state_conflict", 409, "The state has moved on"
 
 
+class TargetUnreadable(UnwindError):
+    """The target could not be read for its before-snapshot for a passing reason (a timeout, a lost connection, a
+    5xx): nothing was recorded or done, and the same request may simply be sent again (Retry-After)."""
+    code, status, title = "target_unreadable", 503, "The target could not be read before acting"
+
+
 class PermissionDenied(UnwindError):
     code, status, title = "permission_denied", 403, "Not allowed"

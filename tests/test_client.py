@@ -264,3 +264,49 @@ def test_the_example_agent_loop_shows_approval_rejection_and_unwind(http_tools, 
     statuses = dict(Run.objects.values_list("goal", "status"))
     assert statuses == {"Onboard Ashu Kumar on the annual plan": "completed", "Upgrade Zoë to the paid plan": "compensated",
                         "Welcome Sam Lee": "compensated"}
+
+
+class CutsTheFirstAnswer(threading.Thread):
+    """A loopback HTTP server whose first answer stops mid-body, as when the web process writing it is killed
+    (chaos saw it: `ChunkedEncodingError`); the next answers whole."""
+
+    BODY = b'{"id": 7, "status": "running"}'
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import socket
+
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.requests = 0
+
+    def run(self):
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                self.requests += 1
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n")
+                if self.requests == 1:
+                    conn.sendall(head + b"%x\r\n" % len(self.BODY) + self.BODY[:5])  # and the process dies
+                else:
+                    conn.sendall(head + b"%x\r\n" % len(self.BODY) + self.BODY + b"\r\n0\r\n\r\n")
+
+
+def test_an_answer_cut_off_mid_body_is_a_lost_answer_retried_when_idempotent():
+    server = CutsTheFirstAnswer()
+    server.start()
+    try:
+        client = Unwind(f"http://127.0.0.1:{server.port}", api_key="uw_x_y", retries=3, backoff=0.01)
+        assert client.request("GET", "/api/v1/runs/7").json() == {"id": 7, "status": "running"}
+        assert server.requests == 2
+        server.requests = 0
+        with pytest.raises(Unavailable):  # not idempotent, and it was sent: the caller must look before resending
+            client.request("POST", "/api/v1/runs", json={"goal": "x"}, idempotent=False)
+        assert server.requests == 1
+    finally:
+        server.listener.close()

@@ -38,6 +38,18 @@ class ToolService:
                 self.end_headers()
                 self.wfile.write(payload)
 
+            def do_GET(self):  # noqa: N802 - a read-back or before-snapshot read; a list of answers is used in turn
+                service.calls.append((self.path, None))
+                answer = service.answers.get(self.path, (404, {"detail": "no such record"}))
+                status, body = answer.pop(0) if isinstance(answer, list) and len(answer) > 1 else (
+                    answer[0] if isinstance(answer, list) else answer)
+                payload = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
             def log_message(self, *args):
                 pass
 
@@ -49,6 +61,11 @@ class ToolService:
     def answer(self, path: str, body: object, status: int = 200) -> str:
         """Make `path` answer `body` (JSON-encoded) with `status`; returns the full URL for a policy."""
         self.answers[path] = (status, body)
+        return self.url + path
+
+    def answer_in_turn(self, path: str, *answers: tuple[int, object]) -> str:
+        """Make GET `path` answer each (status, body) once, in order, then the last one again."""
+        self.answers[path] = list(answers)
         return self.url + path
 
     def calls_to(self, path: str) -> list:

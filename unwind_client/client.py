@@ -107,7 +107,8 @@ class Unwind:
             try:
                 response = self.session.request(method, url, data=data, params=params, headers=headers,
                                                  timeout=timeout or self.timeout)
-            except (requests.ConnectionError, requests.Timeout) as exc:
+            except (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError) as exc:
+                # A body cut off mid-answer (a server process killed while writing it) is a lost answer too.
                 if last or not (idempotent or _not_sent(exc)):
                     raise Unavailable(f"{method} {url}: {exc}") from exc
                 self._pause(attempt)

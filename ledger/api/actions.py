@@ -134,14 +134,16 @@ class ActionProposeView(ApiView):
                                                           "still running after the inline wait, or handed to the "
                                                           "worker (the tenant's share of the inline pool is busy): "
                                                           "poll links.wait."),
-            **problems(404, 409, 422, body=True, codes={
+            **problems(404, 409, 422, 503, body=True, codes={
                 400: "validation_error (field, errors), parse_error",
                 404: "not_found (the run), unknown_tool",
                 409: "in_flight (action_id; matched_by: content when an earlier step with the same content is in "
                      "flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), "
                      "run_cancelled, run_not_active, state_conflict",
                 422: "idempotency_mismatch (action_id), tool_refused (reason, tool, action_id, run_id, run_status, "
-                     "replayed, action): nothing was done and the run stays open"}),
+                     "replayed, action): nothing was done and the run stays open",
+                503: "target_unreadable (retry_after): the target's before-snapshot could not be read for a passing "
+                     "reason; nothing was recorded, send the same request again"}),
         },
         examples=[OpenApiExample("create a user", request_only=True, value={
             "tool": "hr.create_user", "args": {"email": "ashu@company.com", "name": "Ashu Kumar"},

@@ -86,6 +86,8 @@ def problem_exception_handler(exc, context):
         body = problem(status=exc.status, code=exc.code, title=exc.title, detail=exc.detail, instance=instance,
                        **exc.extra)
         status = exc.status
+        if "retry_after" in exc.extra:
+            headers["Retry-After"] = str(exc.extra["retry_after"])
     elif isinstance(exc, exceptions.ValidationError):
         body = _validation_problem(exc, instance)
         status = 400

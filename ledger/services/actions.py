@@ -12,7 +12,7 @@ from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
-    UnknownTool, ValidationFailed,
+    TargetUnreadable, UnknownTool, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
@@ -206,7 +206,10 @@ def action_propose(
         try:
             before = execution.snapshot_fields(tool, execution.read_target(tool, target_id))
         except ToolError as error:
-            raise StateConflict(f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}") from None
+            what = f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}"
+            if error.transient:  # nothing was recorded: the same request, sent again, starts afresh
+                raise TargetUnreadable(f"{what}; nothing was done, send the same request again", retry_after=1) from None
+            raise StateConflict(what) from None
     try:
         return _record(run=run, tool=tool, args=clean, args_text=args_text, args_hash=args_hash, target_id=target_id,
                        key=key, source=source, intent=intent or {}, before=before, actor=actor, inline=inline,
