@@ -231,12 +231,18 @@ def runs(request):
     return render(request, template, {"form": form, "filters": filters, "page": page})
 
 
-@login_required
-def run_detail(request, pk: int):
+def _run_or_404(request, pk: int):
+    """The person's access and the run they may see, or a 404 (another tenant's run is not there for them)."""
     access = selectors.access_for(request.user)
     run = selectors.run_get(access=access, pk=pk)
     if run is None:
         raise Http404("No such run")
+    return access, run
+
+
+@login_required
+def run_detail(request, pk: int):
+    access, run = _run_or_404(request, pk)
     return _run_page(request, access, run)
 
 
@@ -253,10 +259,7 @@ def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str 
 @require_POST
 def trail_link_new(request, pk: int):
     """Make a share link to the run's trail and show its URL, this once (only its hash is kept)."""
-    access = selectors.access_for(request.user)
-    run = selectors.run_get(access=access, pk=pk)
-    if run is None:
-        raise Http404("No such run")
+    access, run = _run_or_404(request, pk)
     try:
         _, token = trail_link_create(run=run, user=request.user)
     except PermissionDenied:
@@ -270,10 +273,7 @@ def trail_link_new(request, pk: int):
 @require_POST
 def trail_link_revoke_view(request, pk: int, link_id: int):
     """Revoke a share link: whoever holds it gets the not-found page from now on."""
-    access = selectors.access_for(request.user)
-    run = selectors.run_get(access=access, pk=pk)
-    if run is None:
-        raise Http404("No such run")
+    access, run = _run_or_404(request, pk)
     try:
         trail_link_revoke(run=run, link_id=link_id, user=request.user)
     except PermissionDenied:
@@ -289,10 +289,7 @@ def trail_link_revoke_view(request, pk: int, link_id: int):
 @require_POST
 def trail_email(request, pk: int):
     """Send the trail's share link to the person the run acted for."""
-    access = selectors.access_for(request.user)
-    run = selectors.run_get(access=access, pk=pk)
-    if run is None:
-        raise Http404("No such run")
+    access, run = _run_or_404(request, pk)
     try:
         recipient = trail_send(run=run, user=request.user)
     except PermissionDenied:

@@ -3,7 +3,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.audit_export import heads_checkpoint
-from ledger.models import Tenant
+from ledger.management.tenants import tenants_named
 
 
 class Command(BaseCommand):
@@ -14,11 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="only this tenant slug")
 
     def handle(self, *args, tenant=None, **options):
-        tenants = Tenant.objects.order_by("pk")
-        if tenant:
-            tenants = tenants.filter(slug=tenant)
-            if not tenants.exists():
-                raise CommandError(f"tenant {tenant!r} does not exist")
+        tenants = tenants_named(tenant)
         try:
             written, problems = heads_checkpoint(tenants=tenants)
         except ImproperlyConfigured as exc:

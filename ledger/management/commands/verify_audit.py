@@ -3,7 +3,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.audit import verify_chain
-from ledger.models import Tenant
+from ledger.management.tenants import tenants_named
 
 
 class Command(BaseCommand):
@@ -14,11 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="only this tenant slug")
 
     def handle(self, *args, tenant=None, **options):
-        tenants = Tenant.objects.order_by("pk")
-        if tenant:
-            tenants = tenants.filter(slug=tenant)
-            if not tenants.exists():
-                raise CommandError(f"tenant {tenant!r} does not exist")
+        tenants = tenants_named(tenant)
         total, against_exported = 0, 0
         for t in tenants:
             try:
