@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -77,7 +78,38 @@ def overhead(tenant, base: str, n: int) -> dict:
     return result
 
 
-def throughput(tenant, base: str, concurrency: int, seconds: float) -> dict:
+def _cpu_by_process() -> dict[str, float]:
+    """CPU seconds (user + system) spent so far by each process, keyed "pid:start" (a pid is reused), with its
+    command name and parent: read from /proc, so a process that exits between two readings is not counted."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        # fields[1] is the parent, [11] utime, [12] stime, [19] start time (proc(5), counted from the state field).
+        found[f"{entry}:{fields[19]}"] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks)
+    return found
+
+
+def cpu_split(before: dict, after: dict, server_pid: int) -> dict[str, float]:
+    """CPU seconds between two readings: the server's workers, PostgreSQL's processes, this load generator."""
+    def spent(pick) -> float:
+        return sum(cpu - (before[key][2] if key in before else 0.0)
+                   for key, (name, parent, cpu) in after.items() if pick(key, name, parent))
+    me = str(os.getpid())
+    return {"server": spent(lambda key, name, parent: parent == server_pid),
+            "postgresql": spent(lambda key, name, parent: name.startswith("postgres")),
+            "load_generator": spent(lambda key, name, parent: key.split(":")[0] == me)}
+
+
+def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: int | None = None) -> dict:
     agents = new_agents(tenant, concurrency, base)
     for agent in agents:
         agent.act()
@@ -97,6 +129,7 @@ def throughput(tenant, base: str, concurrency: int, seconds: float) -> dict:
             latencies.extend(mine)
 
     threads = [threading.Thread(target=work, args=(a,)) for a in agents]
+    cpu_before = _cpu_by_process()
     started = time.perf_counter()
     for t in threads:
         t.start()
@@ -105,6 +138,11 @@ def throughput(tenant, base: str, concurrency: int, seconds: float) -> dict:
     elapsed = time.perf_counter() - started
     result = {"agents": concurrency, "actions": len(latencies), "seconds": round(elapsed, 2),
               "actions_per_s": round(len(latencies) / elapsed, 1), **summary(latencies)}
+    if server_pid is not None and latencies:
+        # Process CPU per action (the lever on throughput: two vCPUs give 2,000 ms of CPU a second to share).
+        split = cpu_split(cpu_before, _cpu_by_process(), server_pid)
+        result["cpu_ms_per_action"] = {k: round(v * 1000 / len(latencies), 2) for k, v in split.items()}
+        result["cpu_busy"] = round(sum(split.values()) / elapsed, 2)  # CPUs kept busy on average
     if errors:
         result["errors"] = errors[:3]
     return result
@@ -118,7 +156,7 @@ def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int =
         log(f"api: overhead p50 {result['overhead']['overhead_p50_ms']} ms")
         result["throughput"] = []
         for level in levels:
-            row = throughput(tenant, server.url, level, seconds)
+            row = throughput(tenant, server.url, level, seconds, server_pid=server.process.pid)
             log(f"api: {level} agents -> {row['actions_per_s']} actions/s, p50 {row['p50']} ms")
             result["throughput"].append(row)
     return result

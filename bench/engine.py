@@ -153,6 +153,30 @@ def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dic
     return result
 
 
+def python_path(n: int, *, rounds: int = 5) -> dict:
+    """The same sagas with the PostgreSQL functions (ledger/fastpath.py) and on the Python path every database
+    can take (UNWIND_FAST_PATH off), alternating in rounds: what the functions change, measured side by side."""
+    from django.conf import settings
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000 + 700_000
+    times = {name: [] for name in ("functions_ok", "functions_fail", "python_ok", "python_fail")}
+    per_round = max(1, n // rounds)
+    try:
+        for r in range(rounds):
+            for fast in (True, False):
+                settings.UNWIND_FAST_PATH = fast
+                label = "functions" if fast else "python"
+                for i in range(per_round):
+                    key = base + r * per_round + i + (0 if fast else 100_000)
+                    times[f"{label}_ok"].append(timed(saga.onboard, key, False))
+                    times[f"{label}_fail"].append(timed(saga.onboard, key + 50_000, True))
+    finally:
+        settings.UNWIND_FAST_PATH = True
+    return {name: summary(values) for name, values in times.items()}
+
+
 def _dbos_process_transactions(case: str, n: int) -> int:
     """Transactions DBOS commits in its system database over one process's life, running n sagas."""
     import subprocess

@@ -236,6 +236,9 @@ if not 0 < UNWIND_INLINE_TENANT_SHARE <= 1:
     raise ImproperlyConfigured(f"UNWIND_INLINE_TENANT_SHARE must be a fraction above 0 and at most 1 (0.5 is half "
                                f"the inline pool), not {UNWIND_INLINE_TENANT_SHARE}.")
 UNWIND_LEASE_SECONDS = env_float("UNWIND_LEASE_SECONDS", 30.0, minimum=1)
+# On PostgreSQL, a step's proposal and its success are each one call of a database function (ledger/fastpath.py);
+# off, they take the Python path every database takes. Only for comparing the two (bench/, tests).
+UNWIND_FAST_PATH = env_bool("UNWIND_FAST_PATH", True)
 UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, minimum=0.1)
 UNWIND_DEFAULT_MAX_ATTEMPTS = env_int("UNWIND_DEFAULT_MAX_ATTEMPTS", 3, minimum=1)
 UNWIND_DEFAULT_BACKOFF = env_float("UNWIND_DEFAULT_BACKOFF", 0.2, minimum=0)

@@ -146,13 +146,32 @@ FINGERPRINT_KEYS = ("action_state", "run_state", "rows")
 
 # --- the chain -----------------------------------------------------------------------------------
 
-def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data,
-               created_at) -> str:
-    body = dumps({
+def _body(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
+    """The text an event's HMAC signs (after the previous hash)."""
+    return dumps({
         "tenant": tenant_id, "seq": seq, "kind": kind, "actor": actor, "run": run_ref,
         "action": action_ref, "data": data, "at": created_at.isoformat(), "key": key_id,
     })
+
+
+def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data,
+               created_at) -> str:
+    body = _body(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
+                 action_ref=action_ref, data=data, created_at=created_at)
     return hmac.new(key, (prev_hash + body).encode(), hashlib.sha256).hexdigest()
+
+
+def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data, created_at) -> tuple[str, str]:
+    """The text `event_hash` signs, as the parts before and after the event's sequence number, for a signer that
+    learns the number only once it holds the chain head (ledger/fastpath.py). The keys are sorted, so the number is
+    always followed by the tenant and the end of the object."""
+    body = _body(key_id=key_id, tenant_id=tenant_id, seq=0, kind=kind, actor=actor, run_ref=run_ref,
+                 action_ref=action_ref, data=data, created_at=created_at)
+    tail = f',"tenant":{dumps(tenant_id)}}}'
+    cut = ',"seq":0' + tail
+    if not body.endswith(cut):
+        raise ValueError("an event body whose sequence number is not second to last")
+    return body[:-len(cut)] + ',"seq":', tail
 
 
 def event_is_authentic(event: AuditEvent, keys: dict[str, bytes] | None = None) -> bool:
@@ -263,14 +282,22 @@ def ledger_transaction(tenant_id: int):
             stack.pop()
 
 
+def open_log(tenant_id: int) -> "AuditLog | None":
+    """This thread's ledger transaction of the tenant under way, if any (its head is in memory until it commits)."""
+    for outer in reversed(getattr(_local, "stack", None) or []):
+        if outer.tenant_id == tenant_id:
+            return outer
+    return None
+
+
 @contextmanager
 def recording(tenant_id: int):
     """The tenant's open AuditLog when a ledger transaction is already under way (an engine event handler records
     into the engine's transaction without a savepoint of its own); otherwise a new `ledger_transaction`."""
-    for outer in reversed(getattr(_local, "stack", None) or []):
-        if outer.tenant_id == tenant_id:
-            yield outer
-            return
+    outer = open_log(tenant_id)
+    if outer is not None:
+        yield outer
+        return
     with ledger_transaction(tenant_id) as log:
         yield log
 

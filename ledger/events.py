@@ -31,6 +31,11 @@ def subscribe(event: str, handler: Callable) -> None:
         _subscribers[event].append(handler)
 
 
+def subscribed(event: str) -> bool:
+    """Whether anything handles `event` (a path that cannot run handlers inside its commit checks first)."""
+    return bool(_subscribers[event])
+
+
 def emit(event: str, **payload) -> None:
     for handler in list(_subscribers[event]):
         handler(**payload)

@@ -75,9 +75,13 @@ def run_for_write(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -
 def action_reload(action: Action) -> Action:
     """The action as the ledger has it now (another thread may have executed it), with the tool it was loaded
     with and its run as it stands now: what an answer to its proposal shows."""
-    fresh = sql.get(Action, pk=action.pk, tenant=action.tenant_id)
+    action_columns, count = sql.columns(Action, "a")
+    run_columns, _ = sql.columns(Run, "r")
+    row = sql.fetch_one(f"SELECT {action_columns}, {run_columns} FROM ledger_action a JOIN ledger_run r"
+                        " ON r.id = a.run_id WHERE a.id = %s AND a.tenant_id = %s", [action.pk, action.tenant_id])
+    fresh = sql.instance(Action, row)
     fresh.tool = action.tool
-    fresh.run = sql.get(Run, pk=fresh.run_id)
+    fresh.run = sql.instance(Run, row[count:])
     return fresh
 
 

@@ -119,6 +119,17 @@ def _instance(db, model: type[models.Model], row) -> models.Model:
     return model.from_db(db.alias, attnames, row)
 
 
+def columns(model: type[models.Model], alias: str) -> tuple[str, int]:
+    """Every column of `model` qualified by the table `alias` (for a join), in `instance`'s order, and how many."""
+    fields = model._meta.concrete_fields
+    return ", ".join(f"{alias}.{_q(f.column)}" for f in fields), len(fields)
+
+
+def instance(model: type[models.Model], row) -> models.Model:
+    """A model instance from the first `columns(model, …)` values of `row`, through the fields' converters."""
+    return _instance(_db(), model, row)
+
+
 def get(model: type[models.Model], *, lock: bool = False, **where):
     """The one row whose columns equal `where` (None: IS NULL), as a model instance, or None; `lock` takes
     FOR NO KEY UPDATE."""
@@ -130,6 +141,18 @@ def get(model: type[models.Model], *, lock: bool = False, **where):
         cursor.execute(f"{select} WHERE {conditions}{locking}", params)
         row = cursor.fetchone()
     return None if row is None else _instance(db, model, row)
+
+
+def get_also(model: type[models.Model], also: tuple[str, ...], **where) -> tuple[models.Model | None, tuple]:
+    """`get`, with the values of the `also` SQL expressions (evaluated on the row) in the same statement."""
+    db = _db()
+    _, fields, _, _, columns = _select_sql(model, db.vendor)
+    conditions, params = _where(db, model._meta, where)
+    with db.cursor() as cursor:
+        cursor.execute(f"SELECT {columns}, {', '.join(also)} FROM {_q(model._meta.db_table)} WHERE {conditions}",
+                       params)
+        row = cursor.fetchone()
+    return (None, (None,) * len(also)) if row is None else (_instance(db, model, row), tuple(row[len(fields):]))
 
 
 def increment(model: type[models.Model], pk, field: str, *, also: tuple[str, ...] = ()):

@@ -7,7 +7,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, received, schemas, sql
+from ledger import events, fastpath, received, schemas, sql
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -180,7 +180,12 @@ def action_propose(
     received for the tool (`args_text`).
     """
     # The current version: the action is bound to it for good (its executor, limits, compensation, approval).
-    tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name, is_current=True) if isinstance(tool_name, str) else None
+    # On PostgreSQL the same read draws the action's id and the approval threshold for the one-call proposal.
+    fast = isinstance(tool_name, str) and fastpath.usable(run.tenant_id)
+    if fast:
+        tool, new_id, threshold, twin = fastpath.current_tool(run.tenant_id, tool_name)
+    else:
+        tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name, is_current=True) if isinstance(tool_name, str) else None
     if tool is None:
         raise UnknownTool(f"{tool_name!r} is not a registered tool of this tenant", field="tool")
     if repeat_of is not None and (isinstance(repeat_of, bool) or not isinstance(repeat_of, int)):
@@ -192,17 +197,20 @@ def action_propose(
     key = check_key(idempotency_key) if idempotency_key is not None else derive_key(
         run=run, tool=tool, target_id=target_id, args=clean, repeat_of=repeat_of)
     source = "header" if idempotency_key is not None else "derived"
-    # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
-    existing = sql.fetch_one("SELECT id FROM ledger_action WHERE tenant_id = %s AND idempotency_key = %s",
-                             [run.tenant_id, key])
-    if existing is not None:
-        return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash,
-                      repeat_of=repeat_of)
+    if Run.tenant.is_cached(run):
+        tool.tenant = run.tenant  # the same row: its slug signs the tool call
+    reads_before = bool(target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY)
+    # A replay is answered before the target is read. The one-call proposal checks the key itself.
+    checked = not fast or reads_before
+    if checked:
+        found = _replay_of_key(run=run, tool=tool, key=key, args_hash=args_hash, repeat_of=repeat_of)
+        if found is not None:
+            return found
     if intent is not None and not isinstance(intent, dict):
         raise ValidationFailed("intent must be an object with goal, reasoning, confidence, model", field="intent")
     intent = storable(intent or {}, field="intent")
     before = None
-    if target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY:
+    if reads_before:
         try:
             before = execution.snapshot_fields(tool, execution.read_target(tool, target_id))
         except ToolError as error:
@@ -210,11 +218,22 @@ def action_propose(
             if error.transient:  # nothing was recorded: the same request, sent again, starts afresh
                 raise TargetUnreadable(f"{what}; nothing was done, send the same request again", retry_after=1) from None
             raise StateConflict(what) from None
+    content_key = content_key_of(tool=tool, target_id=target_id, args=clean)
     try:
+        if fast and repeat_of is None:
+            proposed = _propose_in_one_call(
+                run=run, tool=tool, action_id=new_id, threshold=threshold, twin=twin, args=clean, args_text=args_text,
+                args_hash=args_hash, target_id=target_id, key=key, source=source, intent=intent or {}, before=before,
+                actor=actor, inline=inline, queued=queued, content_key=content_key)
+            if proposed is not None:
+                return proposed
+        if not checked:  # the call found something to look at closer: a replay first
+            found = _replay_of_key(run=run, tool=tool, key=key, args_hash=args_hash, repeat_of=repeat_of)
+            if found is not None:
+                return found
         return _record(run=run, tool=tool, args=clean, args_text=args_text, args_hash=args_hash, target_id=target_id,
                        key=key, source=source, intent=intent or {}, before=before, actor=actor, inline=inline,
-                       queued=queued, content_key=content_key_of(tool=tool, target_id=target_id, args=clean),
-                       repeat_of=repeat_of)
+                       queued=queued, content_key=content_key, repeat_of=repeat_of)
     except _SameContent as match:
         return Proposal(action=Action.objects.select_related("tool").get(pk=match.action_id), replayed=True,
                         matched_by="content")
@@ -224,12 +243,64 @@ def action_propose(
         return replay(existing, run=run, tool=tool, args_hash=args_hash, repeat_of=repeat_of)
 
 
-def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
+def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of: int | None) -> Proposal | None:
+    """The answer to a key already used (a replay, or a refusal), or None for a new key."""
+    # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
+    existing = sql.fetch_one("SELECT id FROM ledger_action WHERE tenant_id = %s AND idempotency_key = %s",
+                             [run.tenant_id, key])
+    if existing is None:
+        return None
+    return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash,
+                  repeat_of=repeat_of)
+
+
+def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_text, args_hash, target_id, key, source, intent,
+                         before, actor, inline, queued, content_key) -> Proposal | None:
+    """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse) in one call
+    (ledger/fastpath.py). None: nothing was recorded, and `_record` decides the case."""
+    if approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold):
+        return None
+    owner = new_owner(held=inline)
+    action = _new_action(run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text,
+                         args_hash=args_hash, content_key=content_key, repeat_of=None, target_id=target_id, key=key,
+                         source=source, required=0, owner=owner, inline=inline, queued=queued, before=before,
+                         intent=intent, twin=twin)
+    action.pk = action_id
+    if not fastpath.propose(action, matching=CONTENT_MATCHES, roles=_later_roles(tool), gone=list(GONE),
+                            threshold=threshold, owner=owner, actor=actor,
+                            event={"tool": tool.name, "key_source": source}):
+        return None
+    action.tool = tool
+    return Proposal(action=action, replayed=False, owner="" if tool.executor == Executor.CLIENT else owner)
+
+
+def _new_action(*, run, tool, seq, defaults_version, args, args_text, args_hash, content_key, repeat_of, target_id, key,
+                source, required, owner, inline, queued, before, intent, twin=None) -> Action:
+    """The proposed forward step as it is recorded: gated (`required` approvals) or claimed by `owner`."""
+    client = tool.executor == Executor.CLIENT
+    lease = execution.queued_lease(tool) if queued and not client else execution.lease_until(
+        tool.timeout_seconds if client else tool.timeout_seconds + 1)
+    return Action(
+        tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
+        risk=tool.risk, args=args, args_text=args_text, args_hash=args_hash, content_key=content_key,
+        repeat_of_id=repeat_of, target_type=tool.target_type, target_id=target_id,
+        idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
+        approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
+        max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
+        before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin),
+    )
+
+
+def compensation_plan_of(tool: Tool, tenant_id: int, *, twin: tuple[int, int] | None = None) -> dict:
     """The tool's compensation, bound to the current version of its twin: undoing the step later runs that
     version (`execution.compensation_tool`), whatever the twin's policy has become by then. An inline twin is
-    bound to the version written with this version of the tool (`twin_version`, services.tools._write_tools)."""
+    bound to the version written with this version of the tool (`twin_version`, services.tools._write_tools).
+    `twin`: its (id, version), when read already with the tool (`fastpath.current_tool`)."""
     plan = dict(tool.compensation)
     if not isinstance(plan.get("tool"), str):
+        return plan
+    if twin is not None:
+        plan["tool_id"], plan["tool_version"] = twin
         return plan
     if isinstance(plan.get("twin_version"), int):
         twin = sql.get(Tool, tenant=tenant_id, name=plan["tool"], version=plan["twin_version"])
@@ -242,6 +313,19 @@ def compensation_plan_of(tool: Tool, tenant_id: int) -> dict:
     return plan
 
 
+GONE = (A.REJECTED, A.EXPIRED, A.SKIPPED)  # steps that never ran: the ordering law does not count them
+
+
+def _later_roles(tool: Tool) -> list[str]:
+    """The saga roles of earlier steps `check_order` would refuse `tool` after (none for a read-only tool)."""
+    if tool.action_class == ActionClass.READ_ONLY:
+        return []
+    roles = [role for role, rank in ROLE_RANK.items() if rank > ROLE_RANK[tool.saga_role]]
+    if tool.saga_role == SagaRole.PIVOT:
+        roles.append(SagaRole.PIVOT)
+    return roles
+
+
 def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str]]:
     """The earliest earlier step that `check_order` would refuse `tool` after, if any.
 
@@ -249,14 +333,10 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
     the first one, so one row is enough, however long the run. A retriable tool can follow anything.
     A step the tool refused did nothing, so it is no earlier step (a refused pivot leaves room for another).
     """
-    if tool.action_class == ActionClass.READ_ONLY:
-        return []
-    roles = [role for role, rank in ROLE_RANK.items() if rank > ROLE_RANK[tool.saga_role]]
-    if tool.saga_role == SagaRole.PIVOT:
-        roles.append(SagaRole.PIVOT)
+    roles = _later_roles(tool)
     if not roles:
         return []
-    gone = [A.REJECTED, A.EXPIRED, A.SKIPPED]
+    gone = list(GONE)
     return sql.fetch_all(
         "SELECT a.seq, t.name, a.saga_role FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
         f" WHERE a.run_id = %s AND a.kind = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
@@ -284,20 +364,13 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
                                     threshold=threshold)
-        seq = run.next_seq - 1
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
-        lease = execution.queued_lease(tool) if queued and not client else execution.lease_until(
-            tool.timeout_seconds if client else tool.timeout_seconds + 1)
-        action = sql.insert(Action(
-            tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
-            risk=tool.risk, args=args, args_text=args_text, args_hash=args_hash, content_key=content_key,
-            repeat_of_id=repeat_of, target_type=tool.target_type, target_id=target_id,
-            idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
-            approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
-            max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
-            before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id),
-        ))
+        action = sql.insert(_new_action(
+            run=run, tool=tool, seq=run.next_seq - 1, defaults_version=defaults_version, args=args,
+            args_text=args_text, args_hash=args_hash, content_key=content_key, repeat_of=repeat_of,
+            target_id=target_id, key=key, source=source, required=required, owner=owner, inline=inline,
+            queued=queued, before=before, intent=intent))
         action.tool = tool
         repeat = {"repeat_of": repeat_of} if repeat_of is not None else {}
         audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source, **repeat)

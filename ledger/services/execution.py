@@ -6,6 +6,7 @@ compensation plan together. Tool calls and snapshot reads always happen outside 
 """
 from __future__ import annotations
 
+import copy
 import logging
 import random
 import time
@@ -17,7 +18,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import egress, events, failpoints, mapping, received, sql
+from ledger import egress, events, failpoints, fastpath, mapping, received, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
 from ledger.executors import (
@@ -25,7 +26,7 @@ from ledger.executors import (
 )
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
-    OnRefusal, Run, RunStatus as R, SagaRole, Tool,
+    OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
@@ -321,11 +322,19 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             plan.pop("error", None)
         except mapping.MappingError as error:
             plan["error"] = str(error)
+    changes = dict(result=result, after=after, verification=verification, target_id=target_id, compensation_plan=plan,
+                   lease_owner="", lease_expires_at=None, error_class="", error_message="")
+    if action.kind == ActionKind.FORWARD and action.status == A.RUNNING and (verification is None or verification.get("ok")) \
+            and fastpath.usable(action.tenant_id) and fastpath.succeed(
+                action, changes=changes, latency_ms=latency_ms, actor=actor, pivot=action.saga_role == SagaRole.PIVOT):
+        return  # PostgreSQL, the plain case: recorded in one call (ledger/fastpath.py)
+    if action.kind == ActionKind.COMPENSATION and isinstance(on_compensated, NextUndo) and action.status == A.RUNNING \
+            and Action.compensates.is_cached(action) and fastpath.usable(action.tenant_id) \
+            and _compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
+        return  # PostgreSQL, the unwinder's plain case: recorded with the next claim (or the settling) in one call
     with ledger_transaction(action.tenant_id) as audit:
         run = sql.get_locked(Run, action.run_id)
-        action_transition(action, A.SUCCEEDED, log=audit, actor=actor, result=result, after=after,
-                          verification=verification, target_id=target_id, compensation_plan=plan,
-                          lease_owner="", lease_expires_at=None, error_class="", error_message="")
+        action_transition(action, A.SUCCEEDED, log=audit, actor=actor, **changes)
         finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
         if action.kind == ActionKind.COMPENSATION:
             # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
@@ -354,6 +363,123 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             run_transition(run, R.RUNNING, log=audit, actor=actor)
 
 
+def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float | None, actor: str,
+                             chain: "NextUndo") -> bool:
+    """PostgreSQL: what the Python path does when the unwinder's compensation succeeds (record it, its step
+    compensated, then `claim_next_compensation`: the next compensation claimed, or the run settled compensated), in
+    one call (ledger/fastpath.py), decided here from the run's actions read just before and checked again under the
+    locks. Only the plain cases (see `_next_in_one_call`); otherwise False with nothing written."""
+    if not chain.allowed() or events.subscribed("run_finished"):
+        return False
+    forward = undo.compensates
+    run, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(undo.run_id)
+    read = {action.pk: action for action, *_ in rows}
+    if run is None or run.status != R.UNWINDING or getattr(read.get(undo.pk), "status", None) != A.RUNNING \
+            or getattr(read.get(forward.pk), "status", None) != A.COMPENSATING:
+        return False
+    now = timezone.now()
+    undo_after = copy.copy(undo)
+    for name, value in changes.items():
+        setattr(undo_after, name, value)
+    undo_after.status, undo_after.updated_at, undo_after.finished_at = A.SUCCEEDED, now, now
+    forward_after = copy.copy(read[forward.pk])  # as the ledger has it (the same row the Python path moves)
+    forward_after.status, forward_after.updated_at, forward_after.finished_at = A.COMPENSATED, now, now
+    log = AuditLog(run.tenant_id, head=None)
+    log.record(f"{undo.kind}.{A.SUCCEEDED}", actor=actor, action=undo_after, status_from=A.RUNNING)
+    log.record(f"{forward.kind}.{A.COMPENSATED}", actor=actor, action=forward_after, status_from=A.COMPENSATING)
+    status = {action.pk: action.status for action, *_ in rows}
+    status[undo.pk], status[forward.pk] = A.SUCCEEDED, A.COMPENSATED
+    attempt = Attempt(action=undo, number=undo.attempts, finished_at=now, outcome="succeeded", latency_ms=latency_ms)
+    claimed = _next_in_one_call(run, rows, status, log=log, owner=chain.owner, next_id=next_id,
+                                checkpoint_id=checkpoint_id, threshold=threshold, now=now,
+                                undo=(undo_after, attempt, forward_after))
+    if claimed is False:
+        return False
+    for name in fastpath.SUCCESS_FIELDS:
+        setattr(undo, name, getattr(undo_after, name))
+    forward.status, forward.updated_at, forward.finished_at = A.COMPENSATED, now, now
+    chain.claimed.append(claimed)
+    return True
+
+
+def _claim_unwind_in_one_call(run_id: int, *, owner: str) -> tuple[bool, Action | None] | None:
+    """PostgreSQL: `claim_unwind` (the run's unwind lease taken, and its first compensation claimed or the run
+    settled) in one call, for the plain cases. None: nothing was written; the Python path decides."""
+    if events.subscribed("run_finished"):
+        return None
+    run, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run_id)
+    now = timezone.now()
+    if run is None or run.status != R.UNWINDING or (run.lease_expires_at is not None and run.lease_expires_at >= now):
+        return None  # not unwinding, or another unwinder holds it: the Python path answers
+    log = AuditLog(run.tenant_id, head=None)
+    claimed = _next_in_one_call(run, rows, {action.pk: action.status for action, *_ in rows}, log=log, owner=owner,
+                                next_id=next_id, checkpoint_id=checkpoint_id, threshold=threshold, now=now,
+                                lease=lease_until())
+    return None if claimed is False else (True, claimed)
+
+
+def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, next_id: int,
+                      checkpoint_id: int, threshold: str, now, undo: tuple | None = None, lease=None):
+    """`claim_next_compensation` for the one-call paths, from the run's actions as `fastpath.run_for_unwind` read
+    them (`status`: theirs once the call's own moves are made), recorded with the events already in `log` (and
+    `undo`: a compensation's success, its attempt's end and its step compensated; or `lease`: the run's unwind lease
+    to take). Returns the compensation claimed, None when the run settled compensated, or False with nothing
+    written when the case is not a plain one: a step pending or in flight, an undo that needs approval, is run by
+    the agent or cannot be resolved, a compensation tried before, a run that does not settle compensated, or a
+    ledger that changed since the read."""
+    steps = [row for row in rows if row[0].kind == ActionKind.FORWARD]
+    if any(status[step.pk] in PENDING for step, *_ in steps):
+        return False  # the Python path skips them first
+    active = [row for row in steps if status[row[0].pk] in (A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING)]
+    if any(status[step.pk] in (A.RUNNING, A.RETRY_SCHEDULED) for step, *_ in active):
+        return False  # a step in flight: nothing is claimed until it lands
+    candidate = next((row for row in reversed(active) if compensable(row[0])), None)
+    next_undo = next_forward = next_attempt = checkpoint = None
+    if candidate is not None:
+        step, step_tool, _, tool = candidate
+        if status[step.pk] != A.SUCCEEDED or tool is None or tool.executor == Executor.CLIENT \
+                or undo_approvals(step, threshold):
+            return False
+        try:
+            args = mapping.resolve(step.compensation_plan.get("args", {}), context_for(step))
+        except mapping.MappingError:
+            return False  # the Python path records why
+        next_undo = new_compensation(run, step, step_tool, tool, args=args, seq=0, defaults_version=0, required=0,
+                                     owner=owner, earlier=0)
+        next_undo.pk = next_id
+        log.record("compensation.proposed", actor=SYSTEM, action=next_undo, compensates=step.pk,
+                   strategy=step.compensation_plan.get("strategy"))
+        next_forward = copy.copy(step)
+        next_forward.status, next_forward.updated_at = A.COMPENSATING, now
+        log.record(f"{step.kind}.{A.COMPENSATING}", actor=SYSTEM, action=next_forward, status_from=A.SUCCEEDED,
+                   compensation=next_undo.pk)
+        next_attempt = Attempt(action=next_undo, number=next_undo.attempts, worker=owner[:120], started_at=now)
+    else:
+        standing = [step for step, _, action_class, _ in steps if status[step.pk] == A.SUCCEEDED
+                    and action_class != ActionClass.READ_ONLY and not compensable(step)]
+        if standing or any(status[step.pk] == A.COMPENSATION_FAILED for step, *_ in steps) \
+                or any(status[action.pk] == A.LOST for action, *_ in rows):
+            return False  # `settle` puts the run before a person
+        run.status, run.lease_expires_at, run.updated_at, run.finished_at = R.COMPENSATED, None, now, now
+        log.record(f"run.{R.COMPENSATED}", actor=SYSTEM, run=run, status_from=R.UNWINDING)
+        checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="compensated",
+                                state=checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
+        log.record("run.checkpoint", actor=SYSTEM, run=run, label="compensated", checkpoint=checkpoint_id)
+    undo_after, attempt, forward_after = undo if undo is not None else (None, None, None)
+    recorded = fastpath.compensated(
+        run=run, steps=[[action.pk, action.status] for action, *_ in rows], undo=undo_after, undo_attempt=attempt,
+        forward=forward_after, next_forward=next_forward, next_undo=next_undo, next_attempt=next_attempt,
+        threshold=threshold, settle=candidate is None, checkpoint=checkpoint, lease=lease, pending=log.pending,
+        now=now)
+    if recorded is None:
+        return False
+    if next_undo is not None:
+        next_undo.seq, next_undo.defaults_version = recorded
+        next_undo._state.adding, next_undo._state.db = False, run._state.db
+        next_undo.tool, next_undo.compensates = tool, next_forward
+    return next_undo
+
+
 def record_failure(action: Action, error: ToolError, *, latency_ms: float | None, retry_inline: bool, delay: float,
                    owner: str, actor: str = SYSTEM) -> bool:
     """Record a failed attempt. Returns True when the action will be retried (inline or scheduled).
@@ -376,7 +502,9 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                               max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
                               error_class=error.error_class, error_message=error.message[:2000])
         return True
-    if final and action.kind == ActionKind.FORWARD and (error.maybe_applied or an_attempt_may_have_acted(action)):
+    # A first attempt has no earlier one that could have acted (its own is not finished yet).
+    if final and action.kind == ActionKind.FORWARD and (
+            error.maybe_applied or (action.attempts > 1 and an_attempt_may_have_acted(action))):
         try:
             evidence = already_done(action)
         except ToolError as unreadable:
@@ -386,6 +514,10 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
             record_success(action, ToolOutcome(result=evidence), latency_ms=None, actor=actor)
             return False
+    if final and action.kind == ActionKind.FORWARD and action.status == A.RUNNING and action.attempts == 1 \
+            and not answers_refusal(action, error) and fastpath.usable(action.tenant_id) \
+            and _failed_in_one_call(action, error, latency_ms=latency_ms, actor=actor):
+        return False  # PostgreSQL, the plain case (a first attempt before the pivot): recorded in one call
     with ledger_transaction(action.tenant_id) as audit:
         finish_attempt(action, "failed_transient" if error.transient else "failed_permanent", latency_ms=latency_ms,
                        error=error, log=audit)
@@ -409,6 +541,48 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                           error_class=error.error_class, error_message=error.message[:2000])
         after_failure(action, log=audit, actor=actor)
     return False
+
+
+def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float | None, actor: str) -> bool:
+    """PostgreSQL: a forward step's first attempt failed for good in a run still before its pivot: the step failed
+    and the run starting to unwind (`after_failure` → `start_unwind`) in one call, from the run's actions read just
+    before and checked again under the locks. False with nothing written for anything else (a pivot committed, a
+    pending step to skip, a run not running)."""
+    run, _, checkpoint_id, _, rows = fastpath.run_for_unwind(action.run_id)
+    read = {row.pk: row for row, *_ in rows}
+    if run is None or run.status != R.RUNNING or run.pivot_committed or run.lease_expires_at is not None \
+            or getattr(read.get(action.pk), "status", None) != A.RUNNING:
+        return False
+    status = {row.pk: row.status for row, *_ in rows}
+    status[action.pk] = A.FAILED
+    steps = [row for row in rows if row[0].kind == ActionKind.FORWARD]
+    if any(status[step.pk] in PENDING for step, *_ in steps):
+        return False  # `skip_pending` first
+    now = timezone.now()
+    failed = copy.copy(action)
+    failed.status, failed.lease_owner, failed.lease_expires_at = A.FAILED, "", None
+    failed.error_class, failed.error_message = error.error_class, error.message[:2000]
+    failed.updated_at = failed.finished_at = now
+    log = AuditLog(run.tenant_id, head=None)
+    log.record(f"{action.kind}.{A.FAILED}", actor=actor, action=failed, status_from=A.RUNNING,
+               error_class=error.error_class, error=error.message[:500])
+    why = f"{action.tool.name} (step {action.seq}) failed: {failed.error_message}"
+    run.status, run.attention_detail, run.updated_at = R.UNWINDING, why[:4000], now
+    log.record(f"run.{R.UNWINDING}", actor=actor, run=run, status_from=R.RUNNING, why=why[:500])
+    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="unwind_started",
+                            state=checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
+    log.record("run.checkpoint", actor=SYSTEM, run=run, label="unwind_started", checkpoint=checkpoint_id)
+    attempt = Attempt(action=action, number=action.attempts, finished_at=now, latency_ms=latency_ms,
+                      outcome="failed_transient" if error.transient else "failed_permanent",
+                      error_class=error.error_class, error_message=error.message[:2000])
+    if not fastpath.failed(run=run, steps=[[row.pk, row.status] for row, *_ in rows], action=failed, attempt=attempt,
+                           checkpoint=checkpoint, pending=log.pending, now=now):
+        return False
+    for name in ("status", "lease_owner", "lease_expires_at", "error_class", "error_message", "updated_at",
+                 "finished_at"):
+        setattr(action, name, getattr(failed, name))
+    enqueue("ledger.tasks.unwind_run", run.pk)  # as `enqueue_unwind_after` does once the commit is made
+    return True
 
 
 def answers_refusal(action: Action, error: ToolError) -> bool:
@@ -524,20 +698,26 @@ def run_steps(run_id: int, *, statuses: list[str] | None = None, forward_only: b
 
 
 def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
-    actions = [dict(zip(("id", "seq", "status", "tool__name"), row)) for row in run_steps(run.pk)]
+    checkpoint = sql.insert(Checkpoint(tenant_id=run.tenant_id, run=run, label=label,
+                                       state=checkpoint_state(run, run_steps(run.pk))))
+    log.record("run.checkpoint", actor=SYSTEM, run=run, label=label, checkpoint=checkpoint.pk)
+    return checkpoint
+
+
+def checkpoint_state(run: Run, steps: list[tuple]) -> dict:
+    """What a checkpoint records of the run and its forward `steps` ((id, seq, status, tool name), in order)."""
+    actions = [dict(zip(("id", "seq", "status", "tool__name"), row)) for row in steps]
     completed = [a["id"] for a in actions if a["status"] in (A.SUCCEEDED, A.COMPENSATED)]
     pending = [a["id"] for a in actions if a["status"] in (*PENDING, A.RUNNING, A.FAILED, A.LOST)]
     summary = ", ".join(f"{a['tool__name']} {a['status'].replace('_', ' ')}" for a in actions) or "no actions yet"
     mode = {R.UNWINDING: "compensate", R.NEEDS_ATTENTION: "resume_or_compensate",
             R.AWAITING_APPROVAL: "await_approval"}.get(run.status, "resume")
-    checkpoint = sql.insert(Checkpoint(tenant_id=run.tenant_id, run=run, label=label, state={
+    return {
         "run_status": run.status, "pivot_committed": run.pivot_committed,
         "completed_action_ids": completed, "pending_action_ids": pending,
         "awaiting_approval_ids": [a["id"] for a in actions if a["status"] == A.AWAITING_APPROVAL],
         "recovery_mode": mode, "summary": summary,
-    }))
-    log.record("run.checkpoint", actor=SYSTEM, run=run, label=label, checkpoint=checkpoint.pk)
-    return checkpoint
+    }
 
 
 def needs_attention(run: Run, reason: str, detail: str, *, action: Action | None, log: AuditLog, actor: str = SYSTEM) -> None:
@@ -618,17 +798,11 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
             if drift_detected(compensation):
                 compensation = following()
                 continue
-            chained: list[Action | None] = []
-
-            def claim_next_in_same_commit(log: AuditLog, run: Run) -> None:
-                if within_budget():
-                    chained.append(claim_next_compensation(run_id, owner=owner, log=log, run=run))
-
-            execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=claim_next_in_same_commit,
-                    claimed=compensation,
+            chain = NextUndo(run_id, owner=owner, allowed=within_budget)
+            execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=chain, claimed=compensation,
                     budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
-            if chained:
-                compensation = chained[0]
+            if chain.claimed:
+                compensation = chain.claimed[0]
                 continue
             compensation.refresh_from_db(fields=["status"])
             if compensation.status != A.SUCCEEDED and compensation.status != A.FAILED:
@@ -640,11 +814,29 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
     return Run.objects.get(pk=run_id)
 
 
+class NextUndo:
+    """What the unwinder asks of the commit that records a compensation's success: claim the next compensation in
+    it too (as `owner`), while `allowed()` (its time budget). The claim (or None: nothing to claim now, the run
+    settled or waits) lands in `claimed`."""
+
+    def __init__(self, run_id: int, *, owner: str, allowed: Callable[[], bool]):
+        self.run_id, self.owner, self.allowed = run_id, owner, allowed
+        self.claimed: list[Action | None] = []
+
+    def __call__(self, log: AuditLog, run: Run) -> None:
+        if self.allowed():
+            self.claimed.append(claim_next_compensation(self.run_id, owner=self.owner, log=log, run=run))
+
+
 def claim_unwind(run_id: int, *, tenant_id: int, owner: str) -> tuple[bool, Action | None]:
     """Take the run's unwind lease and claim its first compensation in one commit.
 
     Returns (False, None) when another unwinder holds the lease or the run is not unwinding.
     """
+    if fastpath.usable(tenant_id):
+        claimed = _claim_unwind_in_one_call(run_id, owner=owner)
+        if claimed is not None:
+            return claimed
     with ledger_transaction(tenant_id) as audit:
         claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now())
@@ -708,10 +900,18 @@ def compensation_tool(run: Run, plan: dict) -> Tool | None:
     so an undo runs with the policy the step was taken under. A plan without one (recorded before tool versions,
     or whose client-executed twin was not registered then) takes the current version of the named tool."""
     if isinstance(plan.get("tool_id"), int):
-        return sql.get(Tool, pk=plan["tool_id"], tenant=run.tenant_id)
-    if isinstance(plan.get("tool"), str):
-        return sql.get(Tool, tenant=run.tenant_id, name=plan["tool"], is_current=True)
-    return None
+        where = {"pk": plan["tool_id"], "tenant": run.tenant_id}
+    elif isinstance(plan.get("tool"), str):
+        where = {"tenant": run.tenant_id, "name": plan["tool"], "is_current": True}
+    else:
+        return None
+    tool, (slug,) = sql.get_also(Tool, (_TENANT_SLUG,), **where)
+    if tool is not None:  # its tenant's slug signs its calls; the rest of the tenant loads if asked
+        tool.tenant = Tenant.from_db(tool._state.db, ["id", "slug"], [tool.tenant_id, slug])
+    return tool
+
+
+_TENANT_SLUG = "(SELECT slug FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)"
 
 
 def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: str, log: AuditLog) -> Action | None:
@@ -729,17 +929,44 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
         action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=SYSTEM, note={"error": str(error)})
         events.emit("compensation_failed", action=None, forward=forward)
         return None
-    args_text = received.dumps(args)  # the values `$args.…` took, as the agent wrote them: what the tool receives
-    args = canonical(args)
     taken, threshold, defaults_version = take_seq(run.pk)
     run.next_seq = taken.next_seq
-    seq = run.next_seq - 1
-    required = approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
-                                required=plan.get("approvals_required", 1), threshold=threshold)
+    required = undo_approvals(forward, threshold)
     claim_now = not required and tool.executor != Executor.CLIENT
     # A forward step still `succeeded` has never had a compensation planned: no need to count them.
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
-    compensation = sql.insert(Action(
+    compensation = sql.insert(new_compensation(
+        run, forward, forward_tool, tool, args=args, seq=run.next_seq - 1, defaults_version=defaults_version,
+        required=required, owner=owner, earlier=earlier))
+    log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
+               strategy=plan.get("strategy"))
+    if forward.status == A.SUCCEEDED:
+        action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM, note={"compensation": compensation.pk})
+    if required:
+        events.emit("approval_required", action=compensation, requested_by=SYSTEM)
+        return None
+    if claim_now:
+        start_attempt(compensation, owner, log=log)
+    return compensation if claim_now else None
+
+
+def undo_approvals(forward: Action, threshold: str) -> int:
+    """How many approvals the compensation of `forward` needs, by its plan and the tenant's threshold."""
+    plan = forward.compensation_plan
+    return approvals_needed(rule=plan.get("approval", "threshold"), risk=plan.get("risk", forward.risk),
+                            required=plan.get("approvals_required", 1), threshold=threshold)
+
+
+def new_compensation(run: Run, forward: Action, forward_tool: str, tool: Tool, *, args, seq: int,
+                     defaults_version: int, required: int, owner: str, earlier: int) -> Action:
+    """The compensation of `forward` (a call of `forward_tool`) with its resolved `args`, as it is recorded: gated
+    (`required` approvals), claimed by `owner`, or (a client-executed tool) left for the agent. `earlier`: how many
+    compensations of it were planned before (each has a key of its own)."""
+    plan = forward.compensation_plan
+    args_text = received.dumps(args)  # the values `$args.…` took, as the agent wrote them: what the tool receives
+    args = canonical(args)
+    claim_now = not required and tool.executor != Executor.CLIENT
+    return Action(
         tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.COMPENSATION, compensates=forward, tool=tool,
         saga_role=tool.saga_role, risk=plan.get("risk", forward.risk), args=args, args_text=args_text,
         args_hash=digest(args),
@@ -752,17 +979,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
         lease_expires_at=lease_until(tool.timeout_seconds) if not required else None,
         intent={"goal": f"undo step {forward.seq} ({forward_tool})", "strategy": plan.get("strategy")},
         compensation_plan={"strategy": CompensationStrategy.NONE, "force": bool(plan.get("force"))},
-    ))
-    log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
-               strategy=plan.get("strategy"))
-    if forward.status == A.SUCCEEDED:
-        action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM, note={"compensation": compensation.pk})
-    if required:
-        events.emit("approval_required", action=compensation, requested_by=SYSTEM)
-        return None
-    if claim_now:
-        start_attempt(compensation, owner, log=log)
-    return compensation if claim_now else None
+    )
 
 
 def drift_detected(compensation: Action) -> bool:

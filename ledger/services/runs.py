@@ -7,12 +7,13 @@ from django.db import IntegrityError
 from django.db.models import Max
 from django.utils import timezone
 
-from ledger import events, sql
-from ledger.audit import ledger_transaction
+from ledger import events, fastpath, sql
+from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
 from ledger.models import (
-    RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Run, RunStatus as R, Tenant, Tool,
+    RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
+    Tool,
 )
 from ledger.policy import check_plan
 from ledger.services import execution
@@ -47,13 +48,15 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         existing = Run.objects.filter(tenant=tenant, open_key=idempotency_key).first()
         if existing is not None:
             return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
+    run = Run(tenant=tenant, agent=agent, goal=str(goal)[:10000], on_behalf_of=str(on_behalf_of)[:200],
+              intent=intent or {}, plan=plan, open_key=idempotency_key or "", idle_timeout_seconds=idle_timeout,
+              idle_deadline=timezone.now() + timedelta(seconds=idle_timeout))
     try:
-        with ledger_transaction(tenant.pk) as audit:
-            run = sql.insert(Run(tenant=tenant, agent=agent, goal=str(goal)[:10000],
-                                 on_behalf_of=str(on_behalf_of)[:200], intent=intent or {}, plan=plan,
-                                 open_key=idempotency_key or "", idle_timeout_seconds=idle_timeout,
-                                 idle_deadline=timezone.now() + timedelta(seconds=idle_timeout)))
-            audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
+        if not (fastpath.usable(tenant.pk) and fastpath.open_run(run, actor=actor, event={"goal": run.goal[:500],
+                                                                                            "plan": plan})):
+            with ledger_transaction(tenant.pk) as audit:
+                sql.insert(run)
+                audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
         run.replayed = False
     except IntegrityError:
         if not idempotency_key:
@@ -87,6 +90,10 @@ def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, pla
 
 
 def run_complete(*, run: Run, actor: str) -> Run:
+    if fastpath.usable(run.tenant_id) and not events.subscribed("run_finished"):
+        completed = _complete_in_one_call(run.pk, actor=actor)
+        if completed is not None:
+            return completed
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
         if run.status == R.COMPLETED:
@@ -101,6 +108,25 @@ def run_complete(*, run: Run, actor: str) -> Run:
         run_transition(run, R.COMPLETED, log=audit, actor=actor)
         execution.checkpoint_save(run, "completed", log=audit)
         events.emit("run_finished", run=run)
+    return run
+
+
+def _complete_in_one_call(run_id: int, *, actor: str) -> Run | None:
+    """PostgreSQL, the plain case (running, nothing in flight): the run read with its actions, then completed in one
+    call that checks them again under its locks (ledger/fastpath.py). None: nothing was written."""
+    run, checkpoint_id, steps = fastpath.run_with_steps(run_id)
+    if run is None or run.status != R.RUNNING or any(step[2] in (*execution.PENDING, A.RUNNING) for step in steps):
+        return None  # the Python path answers it (already completed, busy, not running)
+    now = timezone.now()
+    log = AuditLog(run.tenant_id, head=None)
+    run.status, run.updated_at, run.finished_at = R.COMPLETED, now, now
+    log.record(f"run.{R.COMPLETED}", actor=actor, run=run, status_from=R.RUNNING)
+    forward = [tuple(step[:4]) for step in steps if step[4] == ActionKind.FORWARD]
+    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="completed",
+                            state=execution.checkpoint_state(run, forward))
+    log.record("run.checkpoint", actor=execution.SYSTEM, run=run, label="completed", checkpoint=checkpoint_id)
+    if not fastpath.complete(run, steps=steps, checkpoint=checkpoint, pending=log.pending):
+        return None
     return run
 
 

@@ -1,0 +1,394 @@
+"""PostgreSQL: each of a step's two transactions in one round trip.
+
+Every step the API runs makes two commits: the proposal (the action recorded, already claimed, with its attempt
+and its audit event) and the outcome. On the Python path each is BEGIN, the chain-head lock, the run lock, the
+checks, the writes, the audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a
+database function (ledger/migrations/0010_fastpath_functions.py) in autocommit, so PostgreSQL runs the whole
+transaction in that call:
+
+- `unwind_propose`: locks the head, then the run; checks what the Python path checks under those locks (the run
+  takes steps and is not cancelled, the key is new, no step of the run has the same content, the ordering law
+  finds no later-role step, the approval threshold the decision used is still the tenant's); then takes the
+  step's number, inserts the action (its id drawn beforehand with the tool's read) and its attempt, and appends
+  the event.
+- `unwind_open_run`: locks the head, inserts the run (its id drawn first) and appends its event.
+- `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
+  actions' statuses its caller read before (`run_with_steps`, what the checks and the checkpoint are built on);
+  completes it, inserts the checkpoint and appends the events.
+- `unwind_compensated`: locks the head, then the run; checks the unwinder still holds the run's lease and the
+  run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
+  compensation's success and its step compensated, then claims the next compensation (the step's move, the
+  compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
+- `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
+  its caller read before; records the step failed and the run unwinding with its checkpoint (the unwinder is
+  queued after the call, as after any commit); appends the events.
+- `unwind_succeed`: locks the head, then the run; checks the run still takes steps (running, not cancelled, a
+  pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
+  move one row), closes the attempt and appends the event.
+
+Anything else answers 'fallback' before writing, and the caller takes the Python path, which decides the case
+under the same locks and says what happened (a replay, `in_flight`, an ordering refusal, a cancelled run, a
+StateConflict). Everything the chain records is built here exactly as on the Python path (the same fingerprints,
+the same data); the function only fills in the sequence number and the HMAC chain, which it computes from the
+head it locked: `event_hash`'s HMAC-SHA256 as sha256(okey || sha256(ikey || message)), with the key's padded
+halves passed for that call and never stored. `verify_chain` checks these events as it checks every other.
+
+Not used inside a ledger transaction of the same tenant already under way (its head is in memory until it
+commits), nor on SQLite, nor with UNWIND_FAST_PATH off.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+import logging
+from functools import lru_cache
+
+from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.utils import timezone
+from psycopg.types.json import Jsonb
+
+from ledger import audit, sql
+from ledger.canonical import dumps
+from ledger.models import Action, ActionStatus as A, Attempt, Run, Tenant, Tool
+
+log = logging.getLogger("unwind.engine")
+
+FUNCTIONS_MIGRATION = "ledger.migrations.0010_fastpath_functions"  # the one that installed the current functions
+_altered = False  # set when the guard finds the functions changed: this process stops calling them
+
+
+def usable(tenant_id: int) -> bool:
+    db = connections[DEFAULT_DB_ALIAS]
+    return (bool(settings.UNWIND_FAST_PATH) and not _altered and db.vendor == "postgresql"
+            and audit.open_log(tenant_id) is None)
+
+
+# The key reaches only the functions the migration installed. Someone with the database's credentials could replace
+# one with a version that keeps its arguments; so every call first fingerprints the definitions of every `unwind_`
+# function in schema public (name, body, settings) in the same statement and calls only on a match. Builtins are
+# named in pg_catalog, so a function or operator planted in another schema of the search path is not used here;
+# the functions themselves run with search_path pg_catalog, public.
+GUARD = (
+    "pg_catalog.texteq((SELECT pg_catalog.md5(pg_catalog.string_agg(pg_catalog.concat_ws(':', p.proname, p.prosrc,"
+    " pg_catalog.array_to_string(p.proconfig, ',')), '|' ORDER BY p.proname)) FROM pg_catalog.pg_proc p"
+    " WHERE p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace"
+    " AND pg_catalog.starts_with(p.proname::pg_catalog.text, 'unwind_')), %s::pg_catalog.text)"
+)
+
+
+@lru_cache(maxsize=1)
+def expected_fingerprint() -> str:
+    """`GUARD`'s fingerprint of the functions as the migration wrote them."""
+    functions = importlib.import_module(FUNCTIONS_MIGRATION).FUNCTIONS
+    parts = [f"{name}:{functions[name].split('$$')[1]}:search_path=pg_catalog, public" for name in sorted(functions)]
+    return hashlib.md5("|".join(parts).encode()).hexdigest()
+
+
+@lru_cache(maxsize=8)
+def _pads(key: bytes) -> tuple[bytes, bytes]:
+    """HMAC's inner and outer keys (RFC 2104) for SHA-256, whose block is 64 bytes."""
+    if len(key) > 64:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(64, b"\0")
+    return bytes(b ^ 0x36 for b in key), bytes(b ^ 0x5C for b in key)
+
+
+def _chain(tenant_id: int, pending: list, now) -> list:
+    """The events of `pending` (AuditLog.record's entries) as the function's arrays, with the signing key's
+    halves: the same data and bodies `AuditLog.flush` would sign, less each event's sequence number."""
+    key_id = settings.UNWIND_AUDIT_KEY_ID
+    ikey, okey = _pads(settings.UNWIND_AUDIT_KEYS[key_id])
+    kinds, actors, runs, actions, texts, heads, tails = [], [], [], [], [], [], []
+    for kind, actor, run_ref, action_ref, data in pending:
+        text = dumps(data)
+        head, tail = audit.body_around_seq(key_id=key_id, tenant_id=tenant_id, kind=kind, actor=actor,
+                                           run_ref=run_ref, action_ref=action_ref, data=json.loads(text),
+                                           created_at=now)
+        kinds.append(kind)
+        actors.append(actor)
+        runs.append(run_ref)
+        actions.append(action_ref)
+        texts.append(text)
+        heads.append(head)
+        tails.append(tail)
+    return [ikey, okey, key_id, now, kinds, actors, runs, actions, texts, heads, tails]
+
+
+# The chain's arguments, typed: an array of small ids would otherwise be sent as smallint[].
+CHAIN_ARGS = ("%s::bytea, %s::bytea, %s::text, %s::timestamptz, %s::text[], %s::text[], %s::bigint[], %s::bigint[], "
+              "%s::text[], %s::text[], %s::text[]")
+
+
+def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
+    """A row as `jsonb_populate_record` reads it: each column by name, as the ORM would store it."""
+    row = {}
+    for f in type(obj)._meta.concrete_fields:
+        if fields is not None and f.attname not in fields:
+            continue
+        value = f.pre_save(obj, adding) if adding else getattr(obj, f.attname)
+        if value is not None and isinstance(f, models.DateTimeField):
+            value = value.isoformat()
+        row[f.column] = value
+    return Jsonb(row)
+
+
+def _call(function: str, arguments: str, params: list) -> tuple:
+    """Call `public.<function>(<arguments>)` with `params`, provided the functions are exactly those the migration
+    installed (`GUARD`, checked in the same statement, before the key reaches them): alone in autocommit (one round
+    trip), or in a savepoint inside a transaction the caller already has open, so an error rolls back only the call.
+    Returns (outcome, step, defaults_version); an altered function is never called: the outcome is then "altered",
+    and this process takes the Python path from then on."""
+    global _altered
+    statement = f"SELECT CASE WHEN {GUARD} THEN public.{function}({arguments}) END"
+    params = [expected_fingerprint(), *params]
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.in_atomic_block:
+        with transaction.atomic():
+            answer = sql.fetch_one(statement, params)
+    else:
+        answer = sql.fetch_one(statement, params)
+    value = answer[0]
+    if value is not None:
+        if function in _ANSWER_JSON:  # Django reads jsonb as text
+            outcome = json.loads(value) if isinstance(value, str) else value
+            return outcome["outcome"], outcome.get("step"), outcome.get("defaults_version")
+        return value, None, None
+    _altered = True
+    log.error("the engine's PostgreSQL functions differ from those ledger/migrations/%s installed: they were "
+              "not called with the audit key, and this process takes the Python path from now on. Check who "
+              "changed them (pg_proc), then run the migration again.", FUNCTIONS_MIGRATION.rsplit(".", 1)[-1])
+    return "altered", None, None
+
+
+_ANSWER_JSON = ("unwind_propose", "unwind_compensated")  # they answer {outcome, step, defaults_version}
+
+
+# --- opening a run -----------------------------------------------------------------------------------------------
+
+def open_run(run: Run, *, actor: str, event: dict) -> bool:
+    """Insert `run` (its id drawn first) with its `run.opened` event: two round trips instead of five."""
+    run.pk = sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_run', 'id'))", [])[0]
+    now = timezone.now()
+    log = audit.AuditLog(run.tenant_id, head=None)
+    log.record("run.opened", actor=actor, run=run, **event)
+    outcome = _call("unwind_open_run", f"%s::bigint, %s::jsonb, {CHAIN_ARGS}",
+                    [run.tenant_id, _row(run, adding=True), *_chain(run.tenant_id, log.pending, now)])
+    if outcome[0] != "ok":
+        run.pk = None
+        return False
+    run._state.adding = False
+    run._state.db = DEFAULT_DB_ALIAS
+    return True
+
+
+# --- completing a run --------------------------------------------------------------------------------------------
+
+STEPS_ALSO = (
+    "nextval(pg_get_serial_sequence('ledger_checkpoint', 'id'))",
+    "(SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.seq, a.status, t.name, a.kind) ORDER BY a.seq), '[]')"
+    " FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id WHERE a.run_id = ledger_run.id)",
+)
+
+
+def run_with_steps(run_id: int) -> tuple[Run | None, int | None, list]:
+    """The run, an id for its next checkpoint and every action of it ([id, seq, status, tool name, kind] in order),
+    read in one statement without locks: `complete` checks them again under its locks."""
+    run, extra = sql.get_also(Run, STEPS_ALSO, pk=run_id)
+    if run is None:
+        return None, None, []
+    checkpoint_id, steps = extra
+    return run, checkpoint_id, json.loads(steps) if isinstance(steps, str) else steps  # Django loads jsonb as text
+
+
+def complete(run: Run, *, steps: list, checkpoint: models.Model, pending: list) -> bool:
+    """Record the run (in memory: completed) and its checkpoint with the `pending` events in one call, provided the
+    run is still running with the same pivot and its actions still have the statuses in `steps`."""
+    now = timezone.now()
+    outcome = _call(
+        "unwind_complete", f"%s::bigint, %s::bigint, %s::jsonb, %s::boolean, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, Jsonb([[step[0], step[2]] for step in steps]), run.pivot_committed,
+         _row(run, fields=("status", "updated_at", "finished_at")), _row(checkpoint, adding=True),
+         *_chain(run.tenant_id, pending, now)])
+    return outcome[0] == "ok"
+
+
+# --- a compensation's success, and the next compensation or the settling -----------------------------------------
+
+# The unwinding calls read every action of the run, and check them all again under the locks: past this many a run
+# takes the Python path, which reads only what each decision needs.
+UNWIND_READ_LIMIT = 200
+
+
+def run_for_unwind(run_id: int):
+    """The run, ids for a next compensation and a checkpoint, the tenant's approval threshold, and every action
+    of the run in order with its tool's name and class and (a forward step's) its compensation's tool version (with
+    the tenant's slug), read in one statement without locks: `compensated` checks the statuses again under its
+    locks. (None, ...) when there is no such run, or it has more than UNWIND_READ_LIMIT actions."""
+    run_cols, run_n = sql.columns(Run, "r")
+    action_cols, action_n = sql.columns(Action, "a")
+    tool_cols, tool_n = sql.columns(Tool, "u")
+    rows = sql.fetch_all(
+        "WITH ids AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('ledger_action', 'id')) AS action_id,"
+        " nextval(pg_get_serial_sequence('ledger_checkpoint', 'id')) AS checkpoint_id)"
+        f" SELECT {run_cols}, ids.action_id, ids.checkpoint_id, tenant.approval_threshold, tenant.slug,"
+        f" {action_cols}, t.name, t.action_class, {tool_cols}"
+        " FROM ledger_run r CROSS JOIN ids JOIN ledger_tenant tenant ON tenant.id = r.tenant_id"
+        " LEFT JOIN ledger_action a ON a.run_id = r.id LEFT JOIN ledger_tool t ON t.id = a.tool_id"
+        # The version of the compensation's tool bound when the step was proposed (`execution.compensation_tool`).
+        " LEFT JOIN ledger_tool u ON u.tenant_id = r.tenant_id AND a.kind = 'forward' AND u.id = CASE"
+        " WHEN a.compensation_plan->>'tool_id' ~ '^[0-9]{1,18}$' THEN (a.compensation_plan->>'tool_id')::bigint END"
+        " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [run_id, UNWIND_READ_LIMIT])
+    if not rows:
+        return None, None, None, None, []
+    first = rows[0]
+    run = sql.instance(Run, first[:run_n])
+    action_id, checkpoint_id, threshold, slug = first[run_n:run_n + 4]
+    tenant = Tenant.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [run.tenant_id, slug])
+    at = run_n + 4
+    actions = []
+    for row in rows:
+        if row[at] is None:
+            continue  # a run without actions
+        action = sql.instance(Action, row[at:at + action_n])
+        name, action_class = row[at + action_n:at + action_n + 2]
+        undo_tool = None
+        if row[at + action_n + 2] is not None:
+            undo_tool = sql.instance(Tool, row[at + action_n + 2:at + action_n + 2 + tool_n])
+            undo_tool.tenant = tenant
+        actions.append((action, name, action_class, undo_tool))
+    return run, action_id, checkpoint_id, threshold, actions
+
+
+def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: models.Model | None,
+                forward: Action | None, next_forward: Action | None, next_undo: Action | None,
+                next_attempt: models.Model | None, threshold: str, settle: bool, checkpoint: models.Model | None,
+                lease, pending: list, now):
+    """Record `undo`'s success (its new state in memory) and `forward` compensated (or, with `lease`, take the run's
+    unwind lease until then), then either the claim of `next_undo` for `next_forward` (both in memory as they are to
+    be recorded) or, with `settle`, the run compensated (in memory) with its `checkpoint`, with the `pending`
+    events, in one call; provided the run is still unwinding under this unwinder's lease (or, taking it, under
+    none) and its actions still have the statuses in `steps` ([id, status] in order). Returns (step,
+    defaults_version) of the next compensation ((None, None) without one), or None: nothing was written."""
+    outcome = _call(
+        "unwind_compensated", "%s::bigint, %s::bigint, %s::jsonb, %s::timestamptz, %s::bigint, %s::jsonb, %s::jsonb, "
+        "%s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, "
+        f"%s::jsonb, %s::text, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, Jsonb(steps), lease, undo.pk if undo is not None else None,
+         _row(undo, fields=SUCCESS_FIELDS) if undo is not None else None,
+         _row(undo_attempt, fields=("number", "finished_at", "outcome", "latency_ms")) if undo is not None else None,
+         forward.pk if forward is not None else None,
+         _row(forward, fields=("status", "updated_at", "finished_at")) if forward is not None else None,
+         next_forward.pk if next_forward is not None else None,
+         _row(next_forward, fields=("status", "updated_at")) if next_forward is not None else None,
+         _row(next_undo, adding=True) if next_undo is not None else None,
+         _row(next_attempt, fields=("number", "worker", "started_at")) if next_attempt is not None else None,
+         threshold, _row(run, fields=("status", "updated_at", "finished_at")) if settle else None,
+         _row(checkpoint, adding=True) if settle else None,
+         *_chain(run.tenant_id, pending, now)])
+    if outcome[0] != "ok":
+        return None
+    return outcome[1], outcome[2]
+
+
+def failed(*, run: Run, steps: list, action: Action, attempt: models.Model, checkpoint: models.Model,
+           pending: list, now) -> bool:
+    """Record a forward step failed for good (`action` in memory as it is to be recorded, its `attempt` ended) and
+    its run starting to unwind (`run` in memory: unwinding) with its `checkpoint`, with the `pending` events, in one
+    call; provided the run is still running before its pivot, with no unwind lease, and its actions still have the
+    statuses in `steps`."""
+    outcome = _call(
+        "unwind_failed", "%s::bigint, %s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, %s::jsonb, "
+        f"%s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, Jsonb(steps), action.pk,
+         _row(action, fields=("status", "lease_owner", "lease_expires_at", "error_class", "error_message",
+                              "updated_at", "finished_at")),
+         _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms", "error_class", "error_message")),
+         _row(run, fields=("status", "attention_detail", "updated_at")), _row(checkpoint, adding=True),
+         *_chain(run.tenant_id, pending, now)])
+    return outcome[0] == "ok"
+
+
+# --- the proposal ------------------------------------------------------------------------------------------------
+
+_TOOL_ALSO = (
+    "nextval(pg_get_serial_sequence('ledger_action', 'id'))",
+    "(SELECT approval_threshold FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)",
+    # The compensation's twin as `actions.compensation_plan_of` finds it: the version written with this one, or the
+    # current version of the named tool.
+    "(SELECT ARRAY[twin.id, twin.version] FROM ledger_tool twin WHERE twin.tenant_id = ledger_tool.tenant_id"
+    " AND twin.name = ledger_tool.compensation->>'tool' AND CASE"
+    " WHEN jsonb_typeof(ledger_tool.compensation->'twin_version') = 'number'"
+    " AND ledger_tool.compensation->>'twin_version' ~ '^[0-9]+$'"
+    " THEN twin.version = (ledger_tool.compensation->>'twin_version')::integer ELSE twin.is_current END)",
+    "(SELECT slug FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)",
+)
+
+
+def current_tool(tenant_id: int, name: str) -> tuple[Tool | None, int | None, str | None, tuple[int, int] | None]:
+    """The tool's current version (with its tenant's slug, which signs its calls), an id for the action about to be
+    proposed, the tenant's approval threshold and the (id, version) of the compensation's twin (None: none found),
+    in one statement."""
+    tool, extra = sql.get_also(Tool, _TOOL_ALSO, tenant=tenant_id, name=name, is_current=True)
+    if tool is None:
+        return None, None, None, None
+    action_id, threshold, twin, slug = extra
+    tool.tenant = Tenant.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [tool.tenant_id, slug])  # the rest loads if asked
+    return tool, action_id, threshold, tuple(twin) if twin else None
+
+
+def propose(action: Action, *, matching: tuple, roles: list, gone: list, threshold: str, owner: str,
+            actor: str, event: dict) -> bool:
+    """Record `action` (its id drawn by `current_tool`, claimed as `owner`) with its attempt and its
+    `forward.proposed` event in one call. False: nothing was written; the Python path decides."""
+    now = timezone.now()
+    attempt = Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=now)
+    log = audit.AuditLog(action.tenant_id, head=None)
+    log.record("forward.proposed", actor=actor, action=action, **event)
+    row = _row(action, adding=True)
+    outcome = _call(
+        "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, "
+        f"%s::text, %s::text, %s::text[], %s::text[], %s::text[], %s::text, {CHAIN_ARGS}",
+        [action.tenant_id, action.run_id, row, _row(attempt, fields=("number", "worker", "started_at")),
+         action.idempotency_key, action.content_key, list(matching), roles, gone, threshold,
+         *_chain(action.tenant_id, log.pending, now)])
+    if outcome[0] != "ok":
+        return False
+    action.seq, action.defaults_version = outcome[1], outcome[2]
+    action._state.adding = False
+    action._state.db = DEFAULT_DB_ALIAS
+    return True
+
+
+# --- the outcome -------------------------------------------------------------------------------------------------
+
+SUCCESS_FIELDS = ("status", "result", "after", "verification", "target_id", "compensation_plan", "lease_owner",
+                  "lease_expires_at", "error_class", "error_message", "updated_at", "finished_at")
+
+
+def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: str, pivot: bool) -> bool:
+    """Record a forward step's success (`changes`: what `action_transition` to succeeded sets) with its attempt's end
+    and its event in one call; on True, `action` holds the changes. False: nothing was written."""
+    now = timezone.now()
+    after = copy.copy(action)
+    for name, value in changes.items():
+        setattr(after, name, value)
+    after.updated_at = now
+    after.finished_at = now
+    after.status = A.SUCCEEDED
+    log = audit.AuditLog(action.tenant_id, head=None)
+    log.record(f"{action.kind}.{A.SUCCEEDED}", actor=actor, action=after, status_from=action.status)
+    attempt = Attempt(action=action, number=action.attempts, finished_at=now, outcome="succeeded",
+                      latency_ms=latency_ms)
+    outcome = _call(
+        "unwind_succeed", f"%s::bigint, %s::bigint, %s::bigint, %s::jsonb, %s::boolean, %s::jsonb, {CHAIN_ARGS}",
+        [action.tenant_id, action.run_id, action.pk, _row(after, fields=SUCCESS_FIELDS), pivot,
+         _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms")),
+         *_chain(action.tenant_id, log.pending, now)])
+    if outcome[0] != "ok":
+        return False
+    for name in SUCCESS_FIELDS:
+        setattr(action, name, getattr(after, name))
+    return True

@@ -1,0 +1,258 @@
+"""Issue 17: on PostgreSQL a step's transactions are each one call of a database function (ledger/fastpath.py).
+
+The calls must leave exactly the ledger the Python path leaves (the same rows, the same events, a chain
+`verify_chain` accepts), and whenever the case is not the plain one they handle, write nothing and let the
+Python path decide it. The rest of the suite runs through them too; these tests pin the parts only they can.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from ledger import fastpath
+from ledger.audit import verify_chain
+from ledger.errors import RunCancelled, StateConflict
+from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
+from ledger.services import execution
+from ledger.services.actions import action_propose
+from ledger.services.runs import run_cancel, run_complete
+from tests.conftest import needs_postgres
+from tests.helpers import act, open_run
+
+pytestmark = needs_postgres
+
+def onboard(world, goal: str) -> Run:
+    run = open_run(world, goal=goal)
+    user = act(run, "hr.create_user", {"email": f"{goal}@company.com", "name": goal})
+    act(run, "licenses.provision", {"user_id": user.result["id"]})
+    return run_complete(run=run, actor="agent:booker")
+
+
+def ledger_of(run: Run, name: str) -> dict:
+    """What a run left, without ids, times and fingerprints (which differ between any two runs), with `name` (in its
+    arguments and results) written as NAME."""
+    text = json.dumps(_ledger(run), default=str).replace(name, "NAME")
+    text = re.sub(r"\b([a-z]{2,5})_[0-9a-f]{8,}\b", r"\1_ID", text)  # the sandbox's record ids
+    return json.loads(re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "TIME", text))  # and its times
+
+
+def _ledger(run: Run) -> dict:
+    actions = list(Action.objects.filter(run=run).order_by("seq").select_related("tool"))
+    strip = {"tool_id", "tool_version"}
+    return {
+        "run": (run.status, run.pivot_committed, run.next_seq),
+        "actions": [(a.seq, a.kind, a.tool.name, a.status, a.args, a.args_text, a.result, a.key_source,
+                     a.attempts, a.lease_owner, a.lease_expires_at is None, a.error_class, a.before, a.after,
+                     a.verification, a.content_key != "", a.defaults_version,
+                     {k: v for k, v in a.compensation_plan.items() if k not in strip}) for a in actions],
+        "attempts": [(t.number, t.outcome, t.finished_at is not None, t.error_class)
+                     for a in actions for t in a.attempt_set.order_by("number")],
+        "events": [(e.kind, e.actor, e.run_ref == run.pk, sorted(e.data)) for e in
+                   AuditEvent.objects.filter(run_ref=run.pk).order_by("seq")],
+        "checkpoints": [(c.label, c.state["run_status"], c.state["recovery_mode"], c.state["summary"],
+                         len(c.state["completed_action_ids"])) for c in Checkpoint.objects.filter(run=run).order_by("id")],
+    }
+
+
+def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
+    with CaptureQueriesContext(connection) as fast_queries:
+        fast = onboard(tools, "fast")
+    settings.UNWIND_FAST_PATH = False
+    with CaptureQueriesContext(connection) as slow_queries:
+        slow = onboard(tools, "slow")
+    called = [q["sql"] for q in fast_queries.captured_queries if "unwind_" in q["sql"]]
+    assert [next(name for name in ("open_run", "propose", "succeed", "complete") if f"unwind_{name}(" in sql)
+            for sql in called] == ["open_run", "propose", "succeed", "propose", "succeed", "complete"]
+    assert not any("unwind_" in q["sql"] for q in slow_queries.captured_queries)
+    # Opening: the run's id, the call. Each step: the tool's read, the proposal, the success. Completing: the read,
+    # the call.
+    assert statements(fast_queries) == 2 + 2 * 3 + 2 and statements(slow_queries) > 2 * statements(fast_queries)
+    assert ledger_of(fast, "fast") == ledger_of(slow, "slow")
+    assert verify_chain(tools.acme.pk).ok
+
+
+def statements(captured) -> int:
+    """The engine's statements on the ledger: not the test's savepoints, nor the reads of the in-process sandbox
+    tools and of the `act` helper, which go through the ORM (qualified columns, which `ledger/sql.py` never writes)."""
+    return sum(1 for q in captured.captured_queries
+               if ("ledger_" in q["sql"] or "unwind_" in q["sql"]) and not q["sql"].startswith(("SAVEPOINT", "RELEASE"))
+               and not re.search(r'"ledger_[a-z]+"\."', q["sql"]))
+
+
+def test_the_chain_they_append_is_the_one_verify_checks(tools, settings):
+    onboard(tools, "chained")
+    report = verify_chain(tools.acme.pk)
+    assert report.ok, report.problem
+    made = AuditEvent.objects.filter(tenant=tools.acme, kind="forward.succeeded").order_by("-seq").first()
+    AuditEvent.objects.filter(pk=made.pk).update(data={**made.data, "status_from": "failed"})
+    report = verify_chain(tools.acme.pk)
+    assert not report.ok and report.check == "hmac" and f"#{made.seq}" in report.problem
+
+
+def test_a_key_longer_than_a_block_signs_alike(tools, settings):
+    """HMAC hashes a key longer than SHA-256's 64-byte block first; the database's HMAC must too."""
+    long_key = bytes(range(100))
+    settings.UNWIND_AUDIT_KEYS = {**settings.UNWIND_AUDIT_KEYS, "long": long_key}
+    settings.UNWIND_AUDIT_KEY_ID = "long"
+    onboard(tools, "longkey")
+    assert AuditEvent.objects.filter(tenant=tools.acme, key_id="long").count() >= 6
+    assert verify_chain(tools.acme.pk).ok
+
+
+def head_of(world) -> tuple[int, str]:
+    head = AuditHead.objects.get(pk=world.acme.pk)
+    return head.seq, head.hash
+
+
+def test_a_cancelled_run_is_refused_by_the_python_path(tools):
+    run = open_run(tools)
+    run_cancel(run=run, actor="agent:booker")
+    before = head_of(tools)
+    with pytest.raises(RunCancelled):
+        action_propose(run=run, tool_name="hr.create_user", args={"email": "a@b.io", "name": "A"}, actor="agent:x")
+    assert head_of(tools) == before and not Action.objects.filter(run=run).exists()
+
+
+def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
+    """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
+    run = open_run(tools)
+    tool, action_id, threshold, twin = fastpath.current_tool(tools.acme.pk, "hr.create_user")
+    proposal_run = Run.objects.get(pk=run.pk)
+    action = Action(pk=action_id, tenant_id=run.tenant_id, run=proposal_run, seq=0, kind="forward", tool=tool,
+                    saga_role=tool.saga_role, risk=tool.risk, args={}, args_hash="x" * 64, idempotency_key="k-1",
+                    key_source="header", status="running", attempts=1, max_attempts=1, lease_owner="me",
+                    intent={}, compensation_plan={})
+    before = head_of(tools), proposal_run.next_seq
+    stale = "low" if threshold != "low" else "high"
+    assert not fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=stale, owner="me",
+                                actor="agent:x", event={"tool": tool.name, "key_source": "header"})
+    assert (head_of(tools), Run.objects.get(pk=run.pk).next_seq) == before
+    assert not Action.objects.filter(pk=action_id).exists()
+    assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=threshold, owner="me",
+                            actor="agent:x", event={"tool": tool.name, "key_source": "header"})
+    assert Action.objects.get(pk=action_id).seq == before[1] and Attempt.objects.filter(action_id=action_id).exists()
+    assert verify_chain(tools.acme.pk).ok
+
+
+def test_a_success_on_an_action_someone_else_moved_writes_nothing(tools):
+    """The outcome's conditional update must move exactly one row; otherwise the Python path says why."""
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "m@b.io", "name": "M"},
+                              actor="agent:x")
+    Action.objects.filter(pk=proposal.action.pk).update(status="lost")  # behind the engine's back
+    before = head_of(tools)
+    with pytest.raises(StateConflict):
+        execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True, claimed=proposal.action)
+    assert head_of(tools) == before
+    assert Attempt.objects.get(action_id=proposal.action.pk).finished_at is None
+    assert Action.objects.get(pk=proposal.action.pk).status == "lost"
+
+
+def test_a_run_whose_steps_changed_after_the_read_is_not_completed_on_stale_facts(tools):
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "s@b.io", "name": "S"})
+    read, checkpoint_id, steps = fastpath.run_with_steps(run.pk)
+    Action.objects.filter(run=run).update(status="running")  # a step back in flight since the read
+    before = head_of(tools)
+    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="completed", state={})
+    read.status = "completed"
+    assert not fastpath.complete(read, steps=steps, checkpoint=checkpoint, pending=[])
+    assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "running"
+    assert not Checkpoint.objects.filter(pk=checkpoint_id).exists()
+    with pytest.raises(StateConflict, match="still running"):
+        run_complete(run=run, actor="agent:booker")
+
+
+def onboard_and_fail(world, goal: str) -> Run:
+    """Two steps, then a refusal the tool's policy unwinds (email.send: on_refusal unwind) on its first attempt."""
+    from tests.helpers import fault
+
+    run = open_run(world, goal=goal)
+    user = act(run, "hr.create_user", {"email": f"{goal}@company.com", "name": goal})
+    act(run, "licenses.provision", {"user_id": user.result["id"]})
+    fault("email.send", "status", status=422)
+    act(run, "email.send", {"to": f"{goal}@home.example", "subject": "Welcome", "body": "Hi"})
+    run.refresh_from_db()
+    return run
+
+
+def test_a_failure_and_its_unwind_leave_the_ledger_the_python_path_leaves(tools, settings):
+    from sandbox.models import Fault
+
+    with CaptureQueriesContext(connection) as fast_queries:
+        fast = onboard_and_fail(tools, "fastfail")
+    Fault.objects.all().delete()
+    settings.UNWIND_FAST_PATH = False
+    slow = onboard_and_fail(tools, "slowfail")
+    assert fast.status == slow.status == "compensated"
+    called = [name for q in fast_queries.captured_queries for name in ("failed", "compensated")
+              if f"unwind_{name}(" in q["sql"]]
+    # The failure; the lease with the first undo; the second undo; the settling.
+    assert called == ["failed", "compensated", "compensated", "compensated"]
+    assert ledger_of(fast, "fastfail") == ledger_of(slow, "slowfail")
+    assert verify_chain(tools.acme.pk).ok
+
+
+def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
+    """The unwinder chose the next undo from what it read; a step that moved since makes the call write nothing."""
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "u@b.io", "name": "U"})
+    Run.objects.filter(pk=run.pk).update(status="unwinding")
+    read, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run.pk)
+    Action.objects.filter(run=run).update(status="compensating")  # moved since the read
+    before = head_of(tools)
+    assert fastpath.compensated(
+        run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
+        next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=True,
+        checkpoint=Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="compensated", state={}),
+        lease=execution.lease_until(), pending=[], now=read.updated_at) is None
+    assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "unwinding"
+    assert Run.objects.get(pk=run.pk).lease_expires_at is None and not Checkpoint.objects.filter(pk=checkpoint_id).exists()
+
+
+def test_a_second_unwinder_does_not_take_a_held_lease(tools):
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "l@b.io", "name": "L"})
+    held = execution.lease_until()
+    Run.objects.filter(pk=run.pk).update(status="unwinding", lease_expires_at=held)
+    before = head_of(tools)
+    assert execution.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="other") == (False, None)
+    assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
+    # The same race inside the call: read while the lease was free, taken by another unwinder before the call.
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=None)
+    read, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run.pk)
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=held)
+    assert fastpath.compensated(
+        run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
+        next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=False, checkpoint=None,
+        lease=execution.lease_until(), pending=[], now=read.updated_at) is None
+    assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
+
+
+def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, caplog):
+    """Someone with the database's credentials replaces the chain's function with one that keeps the key it is
+    passed. The guard in the calling statement sees the definition changed and never calls it: nothing is kept, the
+    steps take the Python path, and the chain still verifies."""
+    from ledger.migrations import __name__ as migrations  # noqa: F401 - the package the migration lives in
+    import importlib
+
+    installed = importlib.import_module(fastpath.FUNCTIONS_MIGRATION).FUNCTIONS["unwind_chain_append"]
+    keeping = installed.replace("BEGIN\n", "BEGIN\n    INSERT INTO public.kept_keys VALUES (p_ikey, p_okey);\n", 1)
+    assert keeping != installed
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE public.kept_keys (ikey bytea, okey bytea)")
+        cursor.execute(keeping)  # CREATE OR REPLACE: the same name and arguments, a body that keeps the key
+    try:
+        run = onboard(tools, "guarded")
+        assert run.status == "completed"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM public.kept_keys")
+            assert cursor.fetchone()[0] == 0
+        assert fastpath._altered and "differ from those" in caplog.text
+        assert AuditEvent.objects.filter(run_ref=run.pk).count() >= 6 and verify_chain(tools.acme.pk).ok
+    finally:
+        fastpath._altered = False  # the test's transaction rolls the function back
