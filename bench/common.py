@@ -21,7 +21,10 @@ def psycopg_url(db: str = BENCH_DB) -> str:
 
 def bench_env(**extra) -> dict:
     """The environment of every process the benchmark starts: the bench database, quiet engine settings."""
-    env = dict(os.environ, DATABASE_URL=DATABASE_URL, DJANGO_SETTINGS_MODULE="config.settings",
+    # Persistent connections, as production runs them (README: `?conn_max_age=60`). Without them, every enqueue of
+    # background work (an unwind, say) closes the connection (django-q2's ORM broker calls close_old_connections),
+    # and the next saga pays for a new connection and for preparing its statements again.
+    env = dict(os.environ, DATABASE_URL=f"{DATABASE_URL}?conn_max_age=600", DJANGO_SETTINGS_MODULE="config.settings",
                PYTHONPATH=str(ROOT), DEBUG="0", UNWIND_SANDBOX="0",
                UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools")
     env.setdefault("UNWIND_INSECURE_DEV_KEY", "1")  # a throwaway bench database: the public development key

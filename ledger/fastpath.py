@@ -43,6 +43,7 @@ import hashlib
 import importlib
 import json
 import logging
+import weakref
 from functools import lru_cache
 
 from django.conf import settings
@@ -67,24 +68,48 @@ def usable(tenant_id: int) -> bool:
 
 
 # The key reaches only the functions the migration installed. Someone with the database's credentials could replace
-# one with a version that keeps its arguments; so every call first fingerprints the definitions of every `unwind_`
-# function in schema public (name, body, settings) in the same statement and calls only on a match. Builtins are
-# named in pg_catalog, so a function or operator planted in another schema of the search path is not used here;
-# the functions themselves run with search_path pg_catalog, public.
-GUARD = (
-    "pg_catalog.texteq((SELECT pg_catalog.md5(pg_catalog.string_agg(pg_catalog.concat_ws(':', p.proname, p.prosrc,"
-    " pg_catalog.array_to_string(p.proconfig, ',')), '|' ORDER BY p.proname)) FROM pg_catalog.pg_proc p"
-    " WHERE p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace"
-    " AND pg_catalog.starts_with(p.proname::pg_catalog.text, 'unwind_')), %s::pg_catalog.text)"
+# one with a version that keeps its arguments, or plant an operator it would use instead of the built-in one. So on
+# a connection's first call (`_trust`) the definitions of every `unwind_` function in schema public (name, body,
+# settings) are fingerprinted and compared with the migration's text, and pg_catalog must come first in the search
+# path (so no planted operator or function is used); then every call checks, in the same statement and before the
+# key is passed, that those functions are still the very rows that were checked (their oid and xmin: replacing one
+# changes them). Builtins in these statements are named in pg_catalog.
+TRUST = (
+    "SELECT pg_catalog.md5(pg_catalog.string_agg(pg_catalog.concat_ws(':', p.proname, p.prosrc,"
+    " pg_catalog.array_to_string(p.proconfig, ',')), '|' ORDER BY p.proname)),"
+    " pg_catalog.array_agg(p.oid ORDER BY p.oid),"
+    " pg_catalog.string_agg(pg_catalog.concat_ws(':', p.oid, p.xmin), ',' ORDER BY p.oid),"
+    " pg_catalog.current_schemas(false)"
+    " FROM pg_catalog.pg_proc p WHERE p.pronamespace OPERATOR(pg_catalog.=) 'public'::pg_catalog.regnamespace"
+    " AND p.proname OPERATOR(pg_catalog.>=) 'unwind_' AND p.proname OPERATOR(pg_catalog.<) 'unwind`'"
 )
+GUARD = (
+    "pg_catalog.texteq((SELECT pg_catalog.string_agg(pg_catalog.concat_ws(':', p.oid, p.xmin), ',' ORDER BY p.oid)"
+    " FROM pg_catalog.pg_proc p WHERE p.oid OPERATOR(pg_catalog.=) ANY (%s::pg_catalog.oid[])), %s::pg_catalog.text)"
+)
+_trusted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # connection → (oids, "oid:xmin,…")
 
 
 @lru_cache(maxsize=1)
 def expected_fingerprint() -> str:
-    """`GUARD`'s fingerprint of the functions as the migration wrote them."""
+    """`TRUST`'s fingerprint of the functions as the migration wrote them."""
     functions = importlib.import_module(FUNCTIONS_MIGRATION).FUNCTIONS
-    parts = [f"{name}:{functions[name].split('$$')[1]}:search_path=pg_catalog, public" for name in sorted(functions)]
-    return hashlib.md5("|".join(parts).encode()).hexdigest()
+    return hashlib.md5("|".join(f"{name}:{functions[name].split('$$')[1]}" for name in sorted(functions)).encode()
+                       ).hexdigest()
+
+
+def _trust(db) -> tuple[list, str] | None:
+    """The functions' (oids, "oid:xmin,…") on this connection once they are checked to be the migration's, with
+    pg_catalog first in its search path; None when they are not."""
+    connection = db.connection
+    known = _trusted.get(connection)
+    if known is None:
+        fingerprint, oids, versions, schemas = sql.fetch_one(TRUST, [])
+        # pg_catalog is searched first unless the search path names it later (then it is among the explicit ones).
+        if fingerprint != expected_fingerprint() or ("pg_catalog" in schemas and schemas[0] != "pg_catalog"):
+            return None
+        known = _trusted[connection] = (list(oids), versions)
+    return known
 
 
 @lru_cache(maxsize=8)
@@ -143,14 +168,21 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     and this process takes the Python path from then on."""
     global _altered
     statement = f"SELECT CASE WHEN {GUARD} THEN public.{function}({arguments}) END"
-    params = [expected_fingerprint(), *params]
     db = connections[DEFAULT_DB_ALIAS]
-    if db.in_atomic_block:
-        with transaction.atomic():
-            answer = sql.fetch_one(statement, params)
-    else:
-        answer = sql.fetch_one(statement, params)
-    value = answer[0]
+    value = None
+    for _ in range(2):  # a second time only after the functions were installed again, and checked
+        db.ensure_connection()
+        trusted = _trust(db)
+        if trusted is None:
+            break
+        if db.in_atomic_block:
+            with transaction.atomic():
+                value = sql.fetch_one(statement, [*trusted, *params])[0]
+        else:
+            value = sql.fetch_one(statement, [*trusted, *params])[0]
+        if value is not None:
+            break
+        _trusted.pop(db.connection, None)
     if value is not None:
         if function in _ANSWER_JSON:  # Django reads jsonb as text
             outcome = json.loads(value) if isinstance(value, str) else value

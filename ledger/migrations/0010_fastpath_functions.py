@@ -16,7 +16,7 @@ CREATE OR REPLACE FUNCTION unwind_chain_append(
     p_tenant bigint, p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS bigint LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_seq bigint;
     v_prev text;
@@ -46,7 +46,7 @@ CREATE OR REPLACE FUNCTION unwind_propose(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS jsonb LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_step integer;
     v_dv integer;
@@ -103,7 +103,7 @@ CREATE OR REPLACE FUNCTION unwind_succeed(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
     v_moved integer;
@@ -142,7 +142,7 @@ CREATE OR REPLACE FUNCTION unwind_open_run(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM ledger_audithead WHERE tenant_id = p_tenant FOR NO KEY UPDATE;
     IF NOT FOUND THEN RETURN 'fallback'; END IF;
@@ -159,7 +159,7 @@ CREATE OR REPLACE FUNCTION unwind_complete(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
     v_steps jsonb;
@@ -191,7 +191,7 @@ CREATE OR REPLACE FUNCTION unwind_compensated(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS jsonb LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_step integer;
     v_dv integer;
@@ -286,7 +286,7 @@ CREATE OR REPLACE FUNCTION unwind_failed(
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
     p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
     p_tails text[]
-) RETURNS text LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
     v_steps jsonb;
