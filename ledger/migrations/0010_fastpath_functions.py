@@ -13,25 +13,25 @@ from django.db import migrations
 
 APPEND = """
 CREATE OR REPLACE FUNCTION unwind_chain_append(
-    p_tenant bigint, p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_tenant bigint, p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_seq bigint;
     v_prev text;
     v_hash text;
+    v_event jsonb;
 BEGIN
     -- The caller holds the head's lock.
     SELECT seq, hash INTO STRICT v_seq, v_prev FROM ledger_audithead WHERE tenant_id = p_tenant;
-    FOR i IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+    -- Each event: [kind, actor, run, action, data (its canonical text), the body before its number, after it].
+    FOR v_event IN SELECT e.value FROM jsonb_array_elements(p_events) e LOOP
         v_seq := v_seq + 1;
         v_hash := encode(sha256(p_okey || sha256(p_ikey || convert_to(
-            v_prev || p_heads[i] || v_seq::text || p_tails[i], 'UTF8'))), 'hex');
+            v_prev || (v_event->>5) || v_seq::text || (v_event->>6), 'UTF8'))), 'hex');
         INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
                                        hash, key_id)
-        VALUES (p_tenant, v_seq, p_kinds[i], p_actors[i], p_runs[i], p_actions[i], p_data[i]::jsonb, p_at, v_prev,
-                v_hash, p_key_id);
+        VALUES (p_tenant, v_seq, v_event->>0, v_event->>1, (v_event->>2)::bigint, (v_event->>3)::bigint,
+                (v_event->>4)::jsonb, p_at, v_prev, v_hash, p_key_id);
         v_prev := v_hash;
     END LOOP;
     UPDATE ledger_audithead SET seq = v_seq, hash = v_prev WHERE tenant_id = p_tenant;
@@ -43,9 +43,7 @@ PROPOSE = """
 CREATE OR REPLACE FUNCTION unwind_propose(
     p_tenant bigint, p_run bigint, p_action jsonb, p_attempt jsonb, p_key text, p_content_key text,
     p_matching text[], p_roles text[], p_gone text[], p_threshold text,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_step integer;
@@ -91,8 +89,7 @@ BEGIN
                                 error_message, latency_ms)
     SELECT v_row.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
       FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) a;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv);
 END $$;
 """
@@ -100,9 +97,7 @@ END $$;
 SUCCEED = """
 CREATE OR REPLACE FUNCTION unwind_succeed(
     p_tenant bigint, p_run bigint, p_action bigint, p_changes jsonb, p_pivot boolean, p_attempt jsonb,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
@@ -130,8 +125,7 @@ BEGIN
            error_message = ''
       FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
      WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;
 """
@@ -139,16 +133,13 @@ END $$;
 OPEN_RUN = """
 CREATE OR REPLACE FUNCTION unwind_open_run(
     p_tenant bigint, p_run jsonb,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM ledger_audithead WHERE tenant_id = p_tenant FOR NO KEY UPDATE;
     IF NOT FOUND THEN RETURN 'fallback'; END IF;
     INSERT INTO ledger_run SELECT (jsonb_populate_record(NULL::ledger_run, p_run)).*;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;
 """
@@ -156,9 +147,7 @@ END $$;
 COMPLETE = """
 CREATE OR REPLACE FUNCTION unwind_complete(
     p_tenant bigint, p_run bigint, p_steps jsonb, p_pivot boolean, p_changes jsonb, p_checkpoint jsonb,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
@@ -177,8 +166,7 @@ BEGIN
     UPDATE ledger_run r SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
       FROM jsonb_populate_record(NULL::ledger_run, p_changes) n WHERE r.id = p_run;
     INSERT INTO ledger_checkpoint SELECT (jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint)).*;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;
 """
@@ -188,9 +176,7 @@ CREATE OR REPLACE FUNCTION unwind_compensated(
     p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb, p_undo_attempt jsonb,
     p_forward bigint, p_forward_changes jsonb, p_next_forward bigint, p_next_forward_changes jsonb, p_next jsonb,
     p_next_attempt jsonb, p_threshold text, p_settle jsonb, p_checkpoint jsonb,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v_step integer;
@@ -273,8 +259,7 @@ BEGIN
           FROM jsonb_populate_record(NULL::ledger_run, p_settle) n WHERE r.id = p_run;
         INSERT INTO ledger_checkpoint SELECT (jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint)).*;
     END IF;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv);
 END $$;
 """
@@ -283,9 +268,7 @@ FAILED = """
 CREATE OR REPLACE FUNCTION unwind_failed(
     p_tenant bigint, p_run bigint, p_steps jsonb, p_action bigint, p_changes jsonb, p_attempt jsonb,
     p_run_changes jsonb, p_checkpoint jsonb,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz,
-    p_kinds text[], p_actors text[], p_runs bigint[], p_actions bigint[], p_data text[], p_heads text[],
-    p_tails text[]
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
     v_run record;
@@ -319,28 +302,23 @@ BEGIN
     UPDATE ledger_run r SET status = n.status, attention_detail = n.attention_detail, updated_at = n.updated_at
       FROM jsonb_populate_record(NULL::ledger_run, p_run_changes) n WHERE r.id = p_run;
     INSERT INTO ledger_checkpoint SELECT (jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint)).*;
-    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_kinds, p_actors, p_runs, p_actions,
-                                p_data, p_heads, p_tails);
+    PERFORM unwind_chain_append(p_tenant, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;
 """
 
 DROP = """
 DROP FUNCTION IF EXISTS unwind_failed(bigint, bigint, jsonb, bigint, jsonb, jsonb, jsonb, jsonb, bytea, bytea, text,
-    timestamptz, text[], text[], bigint[], bigint[], text[], text[], text[]);
-DROP FUNCTION IF EXISTS unwind_compensated(bigint, bigint, jsonb, timestamptz, bigint, jsonb, jsonb, bigint, jsonb, bigint, jsonb,
-    jsonb, jsonb, text, jsonb, jsonb, bytea, bytea, text, timestamptz, text[], text[], bigint[], bigint[], text[],
-    text[], text[]);
-DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea, text, timestamptz,
-    text[], text[], bigint[], bigint[], text[], text[], text[]);
-DROP FUNCTION IF EXISTS unwind_open_run(bigint, jsonb, bytea, bytea, text, timestamptz, text[], text[], bigint[],
-    bigint[], text[], text[], text[]);
+    timestamptz, jsonb);
+DROP FUNCTION IF EXISTS unwind_compensated(bigint, bigint, jsonb, timestamptz, bigint, jsonb, jsonb, bigint, jsonb,
+    bigint, jsonb, jsonb, jsonb, text, jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS unwind_open_run(bigint, jsonb, bytea, bytea, text, timestamptz, jsonb);
 DROP FUNCTION IF EXISTS unwind_succeed(bigint, bigint, bigint, jsonb, boolean, jsonb, bytea, bytea, text, timestamptz,
-    text[], text[], bigint[], bigint[], text[], text[], text[]);
+    jsonb);
 DROP FUNCTION IF EXISTS unwind_propose(bigint, bigint, jsonb, jsonb, text, text, text[], text[], text[], text, bytea,
-    bytea, text, timestamptz, text[], text[], bigint[], bigint[], text[], text[], text[]);
-DROP FUNCTION IF EXISTS unwind_chain_append(bigint, bytea, bytea, text, timestamptz, text[], text[], bigint[],
-    bigint[], text[], text[], text[]);
+    bytea, text, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS unwind_chain_append(bigint, bytea, bytea, text, timestamptz, jsonb);
 """
 
 
