@@ -54,7 +54,8 @@ def _ledger(run: Run) -> dict:
         "events": [(e.kind, e.actor, e.run_ref == run.pk, sorted(e.data)) for e in
                    AuditEvent.objects.filter(run_ref=run.pk).order_by("seq")],
         "checkpoints": [(c.label, c.state["run_status"], c.state["recovery_mode"], c.state["summary"],
-                         len(c.state["completed_action_ids"])) for c in Checkpoint.objects.filter(run=run).order_by("id")],
+                         len(c.state["completed_action_ids"]))
+                        for c in Checkpoint.objects.filter(run=run).order_by("id")],
     }
 
 
@@ -213,7 +214,8 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
         checkpoint=Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="compensated", state={}),
         lease=execution.lease_until(), pending=[], now=read.updated_at) is None
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "unwinding"
-    assert Run.objects.get(pk=run.pk).lease_expires_at is None and not Checkpoint.objects.filter(pk=checkpoint_id).exists()
+    assert Run.objects.get(pk=run.pk).lease_expires_at is None
+    assert not Checkpoint.objects.filter(pk=checkpoint_id).exists()
 
 
 def test_a_second_unwinder_does_not_take_a_held_lease(tools):

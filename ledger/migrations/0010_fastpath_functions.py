@@ -173,7 +173,8 @@ END $$;
 
 COMPENSATED = """
 CREATE OR REPLACE FUNCTION unwind_compensated(
-    p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb, p_undo_attempt jsonb,
+    p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb,
+    p_undo_attempt jsonb,
     p_forward bigint, p_forward_changes jsonb, p_next_forward bigint, p_next_forward_changes jsonb, p_next jsonb,
     p_next_attempt jsonb, p_threshold text, p_settle jsonb, p_checkpoint jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
@@ -195,7 +196,9 @@ BEGIN
     END IF;
     IF p_lease IS NULL THEN
         -- The unwinder holds the run's lease (else the Python path queues another unwinder).
-        IF v_run.lease_expires_at IS NULL OR v_run.lease_expires_at < now() THEN RETURN jsonb_build_object('outcome', 'fallback'); END IF;
+        IF v_run.lease_expires_at IS NULL OR v_run.lease_expires_at < now() THEN
+            RETURN jsonb_build_object('outcome', 'fallback');
+        END IF;
     ELSIF v_run.lease_expires_at IS NOT NULL AND v_run.lease_expires_at >= now() THEN
         RETURN jsonb_build_object('outcome', 'fallback');  -- another unwinder holds it
     END IF;
@@ -312,7 +315,8 @@ DROP FUNCTION IF EXISTS unwind_failed(bigint, bigint, jsonb, bigint, jsonb, json
     timestamptz, jsonb);
 DROP FUNCTION IF EXISTS unwind_compensated(bigint, bigint, jsonb, timestamptz, bigint, jsonb, jsonb, bigint, jsonb,
     bigint, jsonb, jsonb, jsonb, text, jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);
-DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);
+DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea, text, timestamptz,
+    jsonb);
 DROP FUNCTION IF EXISTS unwind_open_run(bigint, jsonb, bytea, bytea, text, timestamptz, jsonb);
 DROP FUNCTION IF EXISTS unwind_succeed(bigint, bigint, bigint, jsonb, boolean, jsonb, bytea, bytea, text, timestamptz,
     jsonb);
