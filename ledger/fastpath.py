@@ -1,10 +1,10 @@
-"""PostgreSQL: each of a step's two transactions in one round trip.
+"""PostgreSQL: each of the engine's transactions in one round trip.
 
 Every step the API runs makes two commits: the proposal (the action recorded, already claimed, with its attempt
-and its audit event) and the outcome. On the Python path each is BEGIN, the chain-head lock, the run lock, the
-checks, the writes, the audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a
-database function (ledger/migrations/0010_fastpath_functions.py) in autocommit, so PostgreSQL runs the whole
-transaction in that call:
+and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
+compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
+audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
+(ledger/migrations/0010_fastpath_functions.py) in autocommit, so PostgreSQL runs the whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks what the Python path checks under those locks (the run
   takes steps and is not cancelled, the key is new, no step of the run has the same content, the ordering law
@@ -158,8 +158,9 @@ def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
 
 def _call(function: str, arguments: str, params: list) -> tuple:
     """Call `public.<function>(<arguments>)` with `params`, provided the functions are exactly those the migration
-    installed (`GUARD`, checked in the same statement, before the key reaches them): alone in autocommit (one round
-    trip), or in a savepoint inside a transaction the caller already has open, so an error rolls back only the call.
+    installed (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
+    in autocommit (one round trip), or in a savepoint inside a transaction the caller already has open, so an error
+    rolls back only the call.
     Returns (outcome, step, defaults_version); an altered function is never called: the outcome is then "altered",
     and this process takes the Python path from then on."""
     global _altered

@@ -1,4 +1,4 @@
-"""PostgreSQL functions for the engine's two per-step transactions, each in one round trip (ledger/fastpath.py).
+"""PostgreSQL functions for the engine's transactions, each in one round trip (ledger/fastpath.py).
 
 Each function locks the tenant's chain head first and the run second (the lock order of every ledger writer),
 reads what it checks after it holds the locks (a PL/pgSQL statement sees everything committed before it), and
