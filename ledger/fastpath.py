@@ -262,8 +262,8 @@ class Step:
 
 
 def run_for_unwind(run_id: int):
-    """The run, ids for a next compensation and a checkpoint, the tenant's approval threshold, and every action
-    of the run in order with its tool's name and class, read in one statement without locks: `compensated` checks
+    """The run, ids for the compensations to come and for a checkpoint, the tenant's approval threshold, and every
+    action of the run in order with its tool's name and class, read in one statement without locks: `compensated` checks
     the statuses again under its locks. A forward step that is succeeded or compensating (one the unwinder may undo
     next) comes whole, with its compensation's tool version (and the tenant's slug); every other action as a `Step`.
     (None, ...) when there is no such run, or it has more than UNWIND_READ_LIMIT actions."""
@@ -271,7 +271,10 @@ def run_for_unwind(run_id: int):
     action_cols, action_n = sql.columns(Action, "f")
     tool_cols, tool_n = sql.columns(Tool, "u")
     rows = sql.fetch_all(
-        "WITH ids AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('ledger_action', 'id')) AS action_id,"
+        # Ids for every compensation this unwind may still claim (one per step it may undo), drawn in order.
+        "WITH ids AS MATERIALIZED (SELECT (SELECT pg_catalog.array_agg(nextval(pg_get_serial_sequence('ledger_action',"
+        " 'id')) ORDER BY g) FROM generate_series(1, 1 + (SELECT count(*) FROM ledger_action c WHERE c.run_id = %s"
+        " AND c.kind = 'forward' AND c.status IN ('succeeded', 'compensating'))) g) AS action_id,"
         " nextval(pg_get_serial_sequence('ledger_checkpoint', 'id')) AS checkpoint_id)"
         f" SELECT {run_cols}, ids.action_id, ids.checkpoint_id, tenant.approval_threshold, tenant.slug,"
         f" a.id, a.seq, a.kind, a.status, t.name, t.action_class, {action_cols}, {tool_cols}"
@@ -281,12 +284,12 @@ def run_for_unwind(run_id: int):
         # The version of the compensation's tool bound when the step was proposed (`execution.compensation_tool`).
         " LEFT JOIN ledger_tool u ON u.tenant_id = r.tenant_id AND u.id = CASE"
         " WHEN f.compensation_plan->>'tool_id' ~ '^[0-9]{1,18}$' THEN (f.compensation_plan->>'tool_id')::bigint END"
-        " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [run_id, UNWIND_READ_LIMIT])
+        " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [run_id, run_id, UNWIND_READ_LIMIT])
     if not rows:
-        return None, None, None, None, []
+        return None, [], None, None, []
     first = rows[0]
     run = sql.instance(Run, first[:run_n])
-    action_id, checkpoint_id, threshold, slug = first[run_n:run_n + 4]
+    action_ids, checkpoint_id, threshold, slug = first[run_n:run_n + 4]
     tenant = Tenant.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [run.tenant_id, slug])
     at = run_n + 4
     actions = []
@@ -304,7 +307,7 @@ def run_for_unwind(run_id: int):
             undo_tool = sql.instance(Tool, row[whole + action_n:whole + action_n + tool_n])
             undo_tool.tenant = tenant
         actions.append((action, name, action_class, undo_tool))
-    return run, action_id, checkpoint_id, threshold, actions
+    return run, list(action_ids), checkpoint_id, threshold, actions
 
 
 def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: models.Model | None,

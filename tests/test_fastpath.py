@@ -196,6 +196,9 @@ def test_a_failure_and_its_unwind_leave_the_ledger_the_python_path_leaves(tools,
               if f"unwind_{name}(" in q["sql"]]
     # The failure; the lease with the first undo; the second undo; the settling.
     assert called == ["failed", "compensated", "compensated", "compensated"]
+    # The run is read before the failure and before the lease; each later undo starts from what the call before it
+    # left (and is checked again under the locks).
+    assert sum("WITH ids AS MATERIALIZED" in q["sql"] for q in fast_queries.captured_queries) == 2
     assert ledger_of(fast, "fastfail") == ledger_of(slow, "slowfail")
     assert verify_chain(tools.acme.pk).ok
 

@@ -7,6 +7,7 @@ compensation plan together. Tool calls and snapshot reads always happen outside 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 import logging
 import random
 import time
@@ -372,7 +373,10 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
     if not chain.allowed() or events.subscribed("run_finished"):
         return False
     forward = undo.compensates
-    run, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(undo.run_id)
+    state, chain.state = chain.state, None
+    if state is None or not state.ids:
+        state = UnwindState(*fastpath.run_for_unwind(undo.run_id))
+    run, rows, threshold = state.run, state.rows, state.threshold
     read = {action.pk: action for action, *_ in rows}
     if run is None or run.status != R.UNWINDING or getattr(read.get(undo.pk), "status", None) != A.RUNNING \
             or getattr(read.get(forward.pk), "status", None) != A.COMPENSATING:
@@ -390,9 +394,8 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
     status = {action.pk: action.status for action, *_ in rows}
     status[undo.pk], status[forward.pk] = A.SUCCEEDED, A.COMPENSATED
     attempt = Attempt(action=undo, number=undo.attempts, finished_at=now, outcome="succeeded", latency_ms=latency_ms)
-    claimed = _next_in_one_call(run, rows, status, log=log, owner=chain.owner, next_id=next_id,
-                                checkpoint_id=checkpoint_id, threshold=threshold, now=now,
-                                undo=(undo_after, attempt, forward_after))
+    claimed = _next_in_one_call(run, rows, status, log=log, owner=chain.owner, state=state, now=now,
+                                undo=(undo_after, attempt, forward_after), chain=chain)
     if claimed is False:
         return False
     for name in fastpath.SUCCESS_FIELDS:
@@ -402,24 +405,37 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
     return True
 
 
-def _claim_unwind_in_one_call(run_id: int, *, owner: str) -> tuple[bool, Action | None] | None:
+def _claim_unwind_in_one_call(run_id: int, *, owner: str,
+                              chain: "NextUndo | None" = None) -> tuple[bool, Action | None] | None:
     """PostgreSQL: `claim_unwind` (the run's unwind lease taken, and its first compensation claimed or the run
     settled) in one call, for the plain cases. None: nothing was written; the Python path decides."""
     if events.subscribed("run_finished"):
         return None
-    run, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run_id)
+    state = UnwindState(*fastpath.run_for_unwind(run_id))
+    run, rows = state.run, state.rows
     now = timezone.now()
     if run is None or run.status != R.UNWINDING or (run.lease_expires_at is not None and run.lease_expires_at >= now):
         return None  # not unwinding, or another unwinder holds it: the Python path answers
     log = AuditLog(run.tenant_id, head=None)
     claimed = _next_in_one_call(run, rows, {action.pk: action.status for action, *_ in rows}, log=log, owner=owner,
-                                next_id=next_id, checkpoint_id=checkpoint_id, threshold=threshold, now=now,
-                                lease=lease_until())
+                                state=state, now=now, lease=lease_until(), chain=chain)
     return None if claimed is False else (True, claimed)
 
 
-def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, next_id: int,
-                      checkpoint_id: int, threshold: str, now, undo: tuple | None = None, lease=None):
+@dataclass
+class UnwindState:
+    """What `fastpath.run_for_unwind` read (or the last one-call left): the run, ids drawn for the compensations to
+    come and for a checkpoint, the tenant's approval threshold, and the run's actions with their tools."""
+
+    run: Run | None
+    ids: list
+    checkpoint_id: int | None
+    threshold: str | None
+    rows: list
+
+
+def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, state: UnwindState, now,
+                      undo: tuple | None = None, lease=None, chain: "NextUndo | None" = None):
     """`claim_next_compensation` for the one-call paths, from the run's actions as `fastpath.run_for_unwind` read
     them (`status`: theirs once the call's own moves are made), recorded with the events already in `log` (and
     `undo`: a compensation's success, its attempt's end and its step compensated; or `lease`: the run's unwind lease
@@ -438,7 +454,7 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
     if candidate is not None:
         step, step_tool, _, tool = candidate
         if status[step.pk] != A.SUCCEEDED or tool is None or tool.executor == Executor.CLIENT \
-                or undo_approvals(step, threshold):
+                or undo_approvals(step, state.threshold) or not state.ids:
             return False
         try:
             args = mapping.resolve(step.compensation_plan.get("args", {}), context_for(step))
@@ -446,7 +462,7 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
             return False  # the Python path records why
         next_undo = new_compensation(run, step, step_tool, tool, args=args, seq=0, defaults_version=0, required=0,
                                      owner=owner, earlier=0)
-        next_undo.pk = next_id
+        next_undo.pk = state.ids[0]
         log.record("compensation.proposed", actor=SYSTEM, action=next_undo, compensates=step.pk,
                    strategy=step.compensation_plan.get("strategy"))
         next_forward = copy.copy(step)
@@ -462,21 +478,29 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
             return False  # `settle` puts the run before a person
         run.status, run.lease_expires_at, run.updated_at, run.finished_at = R.COMPENSATED, None, now, now
         log.record(f"run.{R.COMPENSATED}", actor=SYSTEM, run=run, status_from=R.UNWINDING)
-        checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="compensated",
+        checkpoint = Checkpoint(pk=state.checkpoint_id, tenant_id=run.tenant_id, run=run, label="compensated",
                                 state=checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
-        log.record("run.checkpoint", actor=SYSTEM, run=run, label="compensated", checkpoint=checkpoint_id)
+        log.record("run.checkpoint", actor=SYSTEM, run=run, label="compensated", checkpoint=state.checkpoint_id)
     undo_after, attempt, forward_after = undo if undo is not None else (None, None, None)
     recorded = fastpath.compensated(
         run=run, steps=[[action.pk, action.status] for action, *_ in rows], undo=undo_after, undo_attempt=attempt,
         forward=forward_after, next_forward=next_forward, next_undo=next_undo, next_attempt=next_attempt,
-        threshold=threshold, settle=candidate is None, checkpoint=checkpoint, lease=lease, pending=log.pending,
-        now=now)
+        threshold=state.threshold, settle=candidate is None, checkpoint=checkpoint, lease=lease,
+        pending=log.pending, now=now)
     if recorded is None:
         return False
     if next_undo is not None:
         next_undo.seq, next_undo.defaults_version = recorded
         next_undo._state.adding, next_undo._state.db = False, run._state.db
         next_undo.tool, next_undo.compensates = tool, next_forward
+        if chain is not None:  # the run as this call left it: where the next decision starts
+            moved = {next_forward.pk: next_forward}
+            if forward_after is not None:
+                moved.update({undo_after.pk: undo_after, forward_after.pk: forward_after})
+            chain.state = UnwindState(
+                run, state.ids[1:], state.checkpoint_id, state.threshold,
+                [(moved.get(row[0].pk, row[0]), *row[1:]) for row in rows]
+                + [(next_undo, tool.name, tool.action_class, None)])
     return next_undo
 
 
@@ -787,7 +811,8 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
             return None
         return next_compensation(run_id, tenant_id=tenant_id, owner=owner)
 
-    claimed, compensation = claim_unwind(run_id, tenant_id=tenant_id, owner=owner)
+    chain = NextUndo(run_id, owner=owner, allowed=within_budget)
+    claimed, compensation = claim_unwind(run_id, tenant_id=tenant_id, owner=owner, chain=chain)
     if not claimed:
         return Run.objects.get(pk=run_id)
     try:
@@ -796,14 +821,16 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
             if compensation.tool.executor == Executor.CLIENT:
                 break  # the agent runs it and reports; its report continues the unwind
             if drift_detected(compensation):
+                chain.state = None
                 compensation = following()
                 continue
-            chain = NextUndo(run_id, owner=owner, allowed=within_budget)
+            chain.claimed = []
             execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=chain, claimed=compensation,
                     budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
             if chain.claimed:
                 compensation = chain.claimed[0]
                 continue
+            chain.state = None
             compensation.refresh_from_db(fields=["status"])
             if compensation.status != A.SUCCEEDED and compensation.status != A.FAILED:
                 break  # scheduled for a later retry; its completion continues the unwind
@@ -822,19 +849,22 @@ class NextUndo:
     def __init__(self, run_id: int, *, owner: str, allowed: Callable[[], bool]):
         self.run_id, self.owner, self.allowed = run_id, owner, allowed
         self.claimed: list[Action | None] = []
+        # PostgreSQL: the run as the last one-call left it (`UnwindState`), which the next decision starts from
+        # instead of reading it again; the next call still checks every status under its locks.
+        self.state: UnwindState | None = None
 
     def __call__(self, log: AuditLog, run: Run) -> None:
         if self.allowed():
             self.claimed.append(claim_next_compensation(self.run_id, owner=self.owner, log=log, run=run))
 
 
-def claim_unwind(run_id: int, *, tenant_id: int, owner: str) -> tuple[bool, Action | None]:
+def claim_unwind(run_id: int, *, tenant_id: int, owner: str, chain: NextUndo | None = None) -> tuple[bool, Action | None]:
     """Take the run's unwind lease and claim its first compensation in one commit.
 
     Returns (False, None) when another unwinder holds the lease or the run is not unwinding.
     """
     if fastpath.usable(tenant_id):
-        claimed = _claim_unwind_in_one_call(run_id, owner=owner)
+        claimed = _claim_unwind_in_one_call(run_id, owner=owner, chain=chain)
         if claimed is not None:
             return claimed
     with ledger_transaction(tenant_id) as audit:
