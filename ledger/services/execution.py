@@ -832,7 +832,7 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
                 continue
             chain.state = None
             compensation.refresh_from_db(fields=["status"])
-            if compensation.status != A.SUCCEEDED and compensation.status != A.FAILED:
+            if compensation.status not in (A.SUCCEEDED, A.FAILED, A.LOST):
                 break  # scheduled for a later retry; its completion continues the unwind
             compensation = following()
     finally:
@@ -913,6 +913,11 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
         compensation = candidate.compensations.select_related("tool").order_by("-id").first()
         if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
             return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
+        if compensation.status == A.LOST:
+            # The undo may or may not have acted, and nothing can tell: a person decides (`settle` puts the run in the
+            # recovery queue, naming it), never a silent wait.
+            settle(run, log=log)
+            return None
         if compensation.status in (A.FAILED, A.APPROVED):
             retry = compensation.status == A.FAILED
             action_transition(compensation, A.RUNNING, log=log, actor=SYSTEM, attempts=compensation.attempts + 1,
