@@ -38,7 +38,6 @@ commits), nor on SQLite, nor with UNWIND_FAST_PATH off.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib
 import json
@@ -52,7 +51,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from ledger import audit, sql
+from ledger import audit, sql, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, Tenant, Tool
 
@@ -420,12 +419,7 @@ def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: s
     """Record a forward step's success (`changes`: what `action_transition` to succeeded sets) with its attempt's end
     and its event in one call; on True, `action` holds the changes. False: nothing was written."""
     now = timezone.now()
-    after = copy.copy(action)
-    for name, value in changes.items():
-        setattr(after, name, value)
-    after.updated_at = now
-    after.finished_at = now
-    after.status = A.SUCCEEDED
+    after, changed = transitions.moved(action, A.SUCCEEDED, now=now, **changes)
     log = audit.AuditLog(action.tenant_id, head=None)
     log.record(f"{action.kind}.{A.SUCCEEDED}", actor=actor, action=after, status_from=action.status)
     attempt = Attempt(action=action, number=action.attempts, finished_at=now, outcome="succeeded",
@@ -437,6 +431,6 @@ def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: s
          *_chain(action.tenant_id, log.pending, now)])
     if outcome[0] != "ok":
         return False
-    for name in SUCCESS_FIELDS:
-        setattr(action, name, getattr(after, name))
+    for name, value in changed.items():
+        setattr(action, name, value)
     return True

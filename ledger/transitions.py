@@ -6,6 +6,8 @@ transition is recorded in the audit chain in the same transaction.
 """
 from __future__ import annotations
 
+import copy
+
 from django.db.models import Q
 from django.utils import timezone
 
@@ -43,6 +45,27 @@ RUN_TRANSITIONS: dict[str, set[str]] = {
 }
 
 
+FINAL_ACTION = (A.SUCCEEDED, A.FAILED, A.REJECTED, A.EXPIRED, A.SKIPPED, A.COMPENSATED, A.COMPENSATION_FAILED, A.LOST)
+
+
+def transition_fields(to: str, *, now, **fields) -> dict:
+    """The columns a move to `to` sets besides `fields`: the status, `updated_at`, and `finished_at` when it ends."""
+    fields = {**fields, "status": to, "updated_at": now}
+    if to in FINAL_ACTION:
+        fields.setdefault("finished_at", now)
+    return fields
+
+
+def moved(action: Action, to: str, *, now, **fields) -> tuple[Action, dict]:
+    """A copy of `action` as `action_transition` would leave it, and the columns the move sets: for a caller that
+    records the move itself (ledger/fastpath.py) and applies them to `action` once it is recorded."""
+    changes = transition_fields(to, now=now, **fields)
+    after = copy.copy(action)
+    for name, value in changes.items():
+        setattr(after, name, value)
+    return after, changes
+
+
 def action_transition(
     action: Action, to: str, *, log: AuditLog, actor: str, where: Q | None = None, note: dict | None = None, **fields
 ) -> None:
@@ -50,17 +73,13 @@ def action_transition(
     current = action.status
     if to not in ACTION_TRANSITIONS[current]:
         raise StateConflict(f"action {action.pk} cannot go from {current} to {to}")
-    now = timezone.now()
-    fields["updated_at"] = now
-    if to in (A.SUCCEEDED, A.FAILED, A.REJECTED, A.EXPIRED, A.SKIPPED, A.COMPENSATED, A.COMPENSATION_FAILED, A.LOST):
-        fields.setdefault("finished_at", now)
+    fields = transition_fields(to, now=timezone.now(), **fields)
     if where is None:
-        moved = sql.update(Action, {"pk": action.pk, "status": current}, status=to, **fields)
+        count = sql.update(Action, {"pk": action.pk, "status": current}, **fields)
     else:
-        moved = Action.objects.filter(where, pk=action.pk, status=current).update(status=to, **fields)
-    if moved != 1:
+        count = Action.objects.filter(where, pk=action.pk, status=current).update(**fields)
+    if count != 1:
         raise StateConflict(f"action {action.pk} is no longer {current}: someone else acted first")
-    action.status = to
     for name, value in fields.items():
         setattr(action, name, value)
     log.record(f"{action.kind}.{to}", actor=actor, action=action, status_from=current, **(note or {}))

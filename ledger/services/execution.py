@@ -6,7 +6,6 @@ compensation plan together. Tool calls and snapshot reads always happen outside 
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 import logging
 import random
@@ -31,7 +30,7 @@ from ledger.models import (
 )
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
-from ledger.transitions import action_transition, run_transition
+from ledger.transitions import action_transition, moved, run_transition
 
 log = logging.getLogger("unwind.engine")
 
@@ -382,12 +381,9 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
             or getattr(read.get(forward.pk), "status", None) != A.COMPENSATING:
         return False
     now = timezone.now()
-    undo_after = copy.copy(undo)
-    for name, value in changes.items():
-        setattr(undo_after, name, value)
-    undo_after.status, undo_after.updated_at, undo_after.finished_at = A.SUCCEEDED, now, now
-    forward_after = copy.copy(read[forward.pk])  # as the ledger has it (the same row the Python path moves)
-    forward_after.status, forward_after.updated_at, forward_after.finished_at = A.COMPENSATED, now, now
+    undo_after, undo_moved = moved(undo, A.SUCCEEDED, now=now, **changes)
+    # The step as the ledger has it (the same row the Python path moves).
+    forward_after, forward_moved = moved(read[forward.pk], A.COMPENSATED, now=now)
     log = AuditLog(run.tenant_id, head=None)
     log.record(f"{undo.kind}.{A.SUCCEEDED}", actor=actor, action=undo_after, status_from=A.RUNNING)
     log.record(f"{forward.kind}.{A.COMPENSATED}", actor=actor, action=forward_after, status_from=A.COMPENSATING)
@@ -398,9 +394,9 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
                                 undo=(undo_after, attempt, forward_after), chain=chain)
     if claimed is False:
         return False
-    for name in fastpath.SUCCESS_FIELDS:
-        setattr(undo, name, getattr(undo_after, name))
-    forward.status, forward.updated_at, forward.finished_at = A.COMPENSATED, now, now
+    for action, changes in ((undo, undo_moved), (forward, forward_moved)):
+        for name, value in changes.items():
+            setattr(action, name, value)
     chain.claimed.append(claimed)
     return True
 
@@ -465,8 +461,7 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
         next_undo.pk = state.ids[0]
         log.record("compensation.proposed", actor=SYSTEM, action=next_undo, compensates=step.pk,
                    strategy=step.compensation_plan.get("strategy"))
-        next_forward = copy.copy(step)
-        next_forward.status, next_forward.updated_at = A.COMPENSATING, now
+        next_forward, _ = moved(step, A.COMPENSATING, now=now)
         log.record(f"{step.kind}.{A.COMPENSATING}", actor=SYSTEM, action=next_forward, status_from=A.SUCCEEDED,
                    compensation=next_undo.pk)
         next_attempt = Attempt(action=next_undo, number=next_undo.attempts, worker=owner[:120], started_at=now)
@@ -494,12 +489,12 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
         next_undo._state.adding, next_undo._state.db = False, run._state.db
         next_undo.tool, next_undo.compensates = tool, next_forward
         if chain is not None:  # the run as this call left it: where the next decision starts
-            moved = {next_forward.pk: next_forward}
+            rewritten = {next_forward.pk: next_forward}
             if forward_after is not None:
-                moved.update({undo_after.pk: undo_after, forward_after.pk: forward_after})
+                rewritten.update({undo_after.pk: undo_after, forward_after.pk: forward_after})
             chain.state = UnwindState(
                 run, state.ids[1:], state.checkpoint_id, state.threshold,
-                [(moved.get(row[0].pk, row[0]), *row[1:]) for row in rows]
+                [(rewritten.get(row[0].pk, row[0]), *row[1:]) for row in rows]
                 + [(next_undo, tool.name, tool.action_class, None)])
     return next_undo
 
@@ -583,10 +578,8 @@ def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float |
     if any(status[step.pk] in PENDING for step, *_ in steps):
         return False  # `skip_pending` first
     now = timezone.now()
-    failed = copy.copy(action)
-    failed.status, failed.lease_owner, failed.lease_expires_at = A.FAILED, "", None
-    failed.error_class, failed.error_message = error.error_class, error.message[:2000]
-    failed.updated_at = failed.finished_at = now
+    failed, failed_moved = moved(action, A.FAILED, now=now, lease_owner="", lease_expires_at=None,
+                                 error_class=error.error_class, error_message=error.message[:2000])
     log = AuditLog(run.tenant_id, head=None)
     log.record(f"{action.kind}.{A.FAILED}", actor=actor, action=failed, status_from=A.RUNNING,
                error_class=error.error_class, error=error.message[:500])
@@ -602,9 +595,8 @@ def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float |
     if not fastpath.failed(run=run, steps=[[row.pk, row.status] for row, *_ in rows], action=failed, attempt=attempt,
                            checkpoint=checkpoint, pending=log.pending, now=now):
         return False
-    for name in ("status", "lease_owner", "lease_expires_at", "error_class", "error_message", "updated_at",
-                 "finished_at"):
-        setattr(action, name, getattr(failed, name))
+    for name, value in failed_moved.items():
+        setattr(action, name, value)
     enqueue("ledger.tasks.unwind_run", run.pk)  # as `enqueue_unwind_after` does once the commit is made
     return True
 
