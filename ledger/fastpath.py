@@ -53,7 +53,7 @@ from psycopg.types.json import Jsonb
 
 from ledger import audit, sql, transitions
 from ledger.canonical import dumps
-from ledger.models import Action, ActionStatus as A, Attempt, Run, Tenant, Tool
+from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
 log = logging.getLogger("unwind.engine")
 
@@ -433,4 +433,6 @@ def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: s
         return False
     for name, value in changed.items():
         setattr(action, name, value)
+    if Action.run.is_cached(action):  # what the call found under the run's lock
+        action.run.status, action.run.cancel_requested_at = R.RUNNING, None
     return True

@@ -31,6 +31,18 @@ def test_proposal_runs_inline_and_answers_201_with_the_result(api):
     assert len(effects("hr.create_user")) == 1
 
 
+def test_the_answer_to_an_executed_proposal_is_the_action_as_recorded(api):
+    """The answer to a step executed inside the request is built from the action as its success was recorded
+    (no second read): it must be what the ledger holds, field by field, as a later read shows it."""
+    run = api.open_run()
+    for tool, args in (("hr.create_user", USER), ("travel.reserve_hotel", {"guest": "Zoë", "hotel": "Ritz", "nights": 2})):
+        answer = api.propose(run["id"], tool, args, intent=INTENT)
+        assert answer.status_code == 201, answer.content
+        body = answer.json()
+        read = api.agent.get(f"/api/v1/actions/{body['id']}").json()
+        assert {k: v for k, v in body.items() if k not in ("replayed", "matched_by")} == read
+
+
 def test_same_key_replays_the_stored_response_without_calling_the_tool(api):
     run = api.open_run()
     first = api.propose(run["id"], "hr.create_user", USER, key="onboard-ashu-1")

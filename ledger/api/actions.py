@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
-from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -14,7 +13,7 @@ from rest_framework.response import Response
 from ledger import selectors
 from ledger.api import inline
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
-from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
+from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute, path_to
 from ledger.api.problems import problem, problems
 from ledger.api.serializers import ActionOut, action_context
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionStatus, RunStatus
@@ -157,17 +156,20 @@ class ActionProposeView(ApiView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         # A tenant holding its share of the inline pool has the step claimed for the worker instead (fair share).
+        succeeded = None
         with inline.tenant_slot(run.tenant_id) as slot:
             proposal = action_propose(
                 run=run, tool_name=data["tool"], args=data["args"], actor=caller.actor, target=data.get("target"),
                 intent=data.get("intent"), idempotency_key=request.headers.get("Idempotency-Key"),
                 inline=slot is not None, queued=slot is None, repeat_of=data.get("repeat_of"))
             if proposal.claimed and slot is not None:
-                inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
-                                      slot=slot)
+                succeeded = inline.execute_within(proposal.action, owner=proposal.owner,
+                                                  wait=settings.UNWIND_INLINE_WAIT, slot=slot)
             elif proposal.claimed:
                 inline.hand_to_worker(proposal.action, owner=proposal.owner)
-        action = selectors.action_reload(proposal.action)
+        # Executed here and succeeded: the action and its run's status as the success was recorded. Otherwise
+        # another thread may have moved it: read it again.
+        action = succeeded or selectors.action_reload(proposal.action)
         if refused(action):
             response = refusal_response(request, action, replayed=proposal.replayed)
             response["Idempotency-Key"] = action.idempotency_key
@@ -178,7 +180,7 @@ class ActionProposeView(ApiView):
         status = 202 if pending else 200 if proposal.replayed else 201
         response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed,
                                    matched_by=proposal.matched_by)
-        response["Location"] = absolute(request, reverse("api:action-detail", args=[action.pk]))
+        response["Location"] = absolute(request, path_to("api:action-detail", action.pk))
         response["Idempotency-Key"] = action.idempotency_key
         if proposal.replayed:
             response["Idempotent-Replayed"] = "true"

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import re
+from copy import deepcopy
+from functools import lru_cache
 
-from django.urls import register_converter
+from django.urls import get_script_prefix, register_converter, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
@@ -38,6 +40,27 @@ class StrictSerializer(serializers.Serializer):
         if errors:
             raise serializers.ValidationError(errors)
         return value
+
+
+class OutSerializer(serializers.Serializer):
+    """An output shape answered on the hot path (an action, a run).
+
+    DRF gives each serializer its own fields by building them again from their arguments, deep-copied: for an
+    action's thirty fields that took 0.65 ms of the 1 ms an answer cost (the choice fields' choices, copied and
+    indexed again each time). An unbound output field is a template nothing changes: binding sets attributes of the
+    field's own (its name, parent, label, source), and writing a value reads its choices and options. So each is a
+    shallow copy of the declared one; a nested serializer is still deep-copied, as it holds fields of its own."""
+
+    def get_fields(self):
+        return {name: deepcopy(field) if isinstance(field, serializers.BaseSerializer) else _shallow(field)
+                for name, field in self._declared_fields.items()}
+
+
+def _shallow(field: serializers.Field) -> serializers.Field:
+    """`copy.copy(field)` without the copy protocol's detour (a third of the cost)."""
+    twin = object.__new__(field.__class__)
+    twin.__dict__.update(field.__dict__)
+    return twin
 
 
 class NewestFirst(CursorPagination):
@@ -106,6 +129,23 @@ class NameConverter:
 
 register_converter(IdConverter, "id")
 register_converter(NameConverter, "name")
+
+
+_ID = 987654321987654321  # an id no route holds: where a route's id goes, in `_route`
+
+
+@lru_cache(maxsize=256)
+def _route(name: str, script_prefix: str) -> tuple[str, str]:
+    head, found, tail = reverse(name, args=[_ID]).partition(str(_ID))
+    assert found, f"{name} does not take one id"
+    return head, tail
+
+
+def path_to(name: str, pk: int) -> str:
+    """`reverse(name, args=[pk])` for a route with one id, from the route's form kept per script prefix: reverse
+    takes 0.1 ms, and an action's answer links to three routes."""
+    head, tail = _route(name, get_script_prefix())
+    return f"{head}{int(pk)}{tail}"
 
 
 def absolute(request, path: str) -> str:

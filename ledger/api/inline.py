@@ -26,13 +26,14 @@ from contextlib import contextmanager
 from django.conf import settings
 from django.db import close_old_connections
 
-from ledger.models import Action, Run, RunStatus
+from ledger.models import Action, ActionStatus, Run, RunStatus
 from ledger.services import execution
 from ledger.services.dispatch import enqueue
 
 log = logging.getLogger("unwind.api")
 THREADS = 32
 _pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="unwind-inline")
+LATE = object()  # what `_within` answers for work still going on after the wait
 
 
 # --- fair share ----------------------------------------------------------------------------------------------
@@ -106,9 +107,9 @@ def _log_failure(future: Future) -> None:
         log.error("inline execution failed; the sweep will pick the work up", exc_info=error)
 
 
-def _within(slot: Slot, wait: float, work, *args) -> bool:
-    """Run `work(deadline, *args)` in the pool; True if it finished within `wait` seconds. The pool thread gives
-    the tenant's `slot` back when the work ends."""
+def _within(slot: Slot, wait: float, work, *args):
+    """Run `work(deadline, *args)` in the pool; its answer if it finished within `wait` seconds, else `LATE`. The pool
+    thread gives the tenant's `slot` back when the work ends."""
     slot.in_pool = True
     try:
         future = _pool.submit(_closing, slot, work, time.monotonic() + wait, *args)
@@ -117,31 +118,37 @@ def _within(slot: Slot, wait: float, work, *args) -> bool:
         raise
     future.add_done_callback(_log_failure)
     try:
-        future.result(timeout=wait)
+        return future.result(timeout=wait)
     except WaitExpired:
-        return False
+        return LATE
     except Exception:  # noqa: BLE001 - logged by _log_failure; the answer is whatever the ledger now records
-        return True
-    return True
+        return None
 
 
-def _closing(slot: Slot, work, deadline: float, *args) -> None:
+def _closing(slot: Slot, work, deadline: float, *args):
     """Run in a pool thread, which keeps its database connection between actions as a request thread does:
     up to CONN_MAX_AGE (`?conn_max_age=` on DATABASE_URL), and never one left broken by an error."""
     try:
         close_old_connections()
         try:
-            work(deadline, *args)
+            return work(deadline, *args)
         finally:
             close_old_connections()  # this thread's connections only: they are per thread
     finally:
         slot.release()
 
 
-def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> None:
+def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> Action | None:
+    """Execute, then drive the unwind a failure started. The executed action when it ends succeeded: its run is then
+    as the transaction that recorded the success left it (`execution.record_success`), so the answer needs no
+    second read."""
     action = execution.execute(claimed.pk, owner=owner, budget=max(0.0, deadline - time.monotonic()), sole_owner=True,
                                claimed=claimed)
+    if action.status == ActionStatus.SUCCEEDED and Action.run.is_cached(action) \
+            and action.run.status != RunStatus.UNWINDING:
+        return action  # nothing to unwind (a cancel that comes later unwinds on its own)
     _unwind_if_needed(deadline, action.run_id)
+    return None
 
 
 def _unwind_if_needed(deadline: float, run_id: int) -> None:
@@ -150,10 +157,11 @@ def _unwind_if_needed(deadline: float, run_id: int) -> None:
         execution.unwind(run_id, budget=remaining)
 
 
-def execute_within(claimed: Action, *, owner: str, wait: float, slot: Slot) -> bool:
-    """Execute an action this request claimed (and the unwind its failure starts) with the tenant's `slot`;
-    True if it settled within `wait`."""
-    return _within(slot, wait, _execute_then_unwind, claimed, owner)
+def execute_within(claimed: Action, *, owner: str, wait: float, slot: Slot) -> Action | None:
+    """Execute an action this request claimed (and the unwind its failure starts) with the tenant's `slot`. The
+    action, with its run, when it succeeded within `wait`; otherwise None: the ledger says how it stands."""
+    done = _within(slot, wait, _execute_then_unwind, claimed, owner)
+    return None if done is LATE else done
 
 
 def unwind_within(run_id: int, *, tenant_id: int, wait: float) -> bool:
@@ -162,4 +170,4 @@ def unwind_within(run_id: int, *, tenant_id: int, wait: float) -> bool:
     with tenant_slot(tenant_id) as slot:
         if slot is None:
             return False
-        return _within(slot, wait, _unwind_if_needed, run_id)
+        return _within(slot, wait, _unwind_if_needed, run_id) is not LATE

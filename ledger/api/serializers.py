@@ -1,13 +1,12 @@
 """Output shapes shared by the agent API's views: an action and a run as an agent sees them."""
 from __future__ import annotations
 
-from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ledger import selectors
 from ledger.api import links
-from ledger.api.base import absolute
+from ledger.api.base import OutSerializer, absolute, path_to
 from ledger.models import ActionKind, ActionStatus, Executor, Risk, RunStatus, SagaRole
 
 
@@ -36,7 +35,7 @@ class ActionLinksOut(serializers.Serializer):
     report = serializers.URLField(required=False, help_text="Where the agent reports a client-executed outcome.")
 
 
-class ActionOut(serializers.Serializer):
+class ActionOut(OutSerializer):
     id = serializers.IntegerField()
     run = serializers.IntegerField(source="run_id")
     run_status = serializers.ChoiceField(RunStatus.choices, source="run.status",
@@ -103,12 +102,12 @@ class ActionOut(serializers.Serializer):
     def get_links(self, action):
         request = self.context.get("request")
         found = {
-            "self": absolute(request, reverse("api:action-detail", args=[action.pk])),
-            "wait": absolute(request, reverse("api:action-wait", args=[action.pk])),
-            "run": absolute(request, reverse("api:run-detail", args=[action.run_id])),
+            "self": absolute(request, path_to("api:action-detail", action.pk)),
+            "wait": absolute(request, path_to("api:action-wait", action.pk)),
+            "run": absolute(request, path_to("api:run-detail", action.run_id)),
         }
         if action.tool.executor == Executor.CLIENT:
-            found["report"] = absolute(request, reverse("api:action-report", args=[action.pk]))
+            found["report"] = absolute(request, path_to("api:action-report", action.pk))
         return found
 
 
@@ -129,7 +128,7 @@ class RunLinksOut(serializers.Serializer):
     complete = serializers.URLField()
 
 
-class RunOut(serializers.Serializer):
+class RunOut(OutSerializer):
     id = serializers.IntegerField()
     status = serializers.ChoiceField(RunStatus.choices)
     goal = serializers.CharField()
@@ -156,7 +155,7 @@ class RunOut(serializers.Serializer):
     @extend_schema_field(RunLinksOut)
     def get_links(self, run):
         request = self.context.get("request")
-        return {name: absolute(request, reverse(f"api:run-{route}", args=[run.pk]))
+        return {name: absolute(request, path_to(f"api:run-{route}", run.pk))
                 for name, route in (("self", "detail"), ("actions", "actions"), ("cancel", "cancel"),
                                     ("complete", "complete"))}
 

@@ -333,7 +333,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             and _compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
         return  # PostgreSQL, the unwinder's plain case: recorded with the next claim (or the settling) in one call
     with ledger_transaction(action.tenant_id) as audit:
-        run = sql.get_locked(Run, action.run_id)
+        run = action.run = sql.get_locked(Run, action.run_id)  # the answer shows the run as this leaves it
         action_transition(action, A.SUCCEEDED, log=audit, actor=actor, **changes)
         finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
         if action.kind == ActionKind.COMPENSATION:
@@ -375,7 +375,7 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
     state, chain.state = chain.state, None
     if state is None or not state.ids:
         state = UnwindState(*fastpath.run_for_unwind(undo.run_id))
-    run, rows, threshold = state.run, state.rows, state.threshold
+    run, rows = state.run, state.rows
     read = {action.pk: action for action, *_ in rows}
     if run is None or run.status != R.UNWINDING or getattr(read.get(undo.pk), "status", None) != A.RUNNING \
             or getattr(read.get(forward.pk), "status", None) != A.COMPENSATING:
