@@ -67,7 +67,7 @@ class Saga:
         self.act(run, "bench.provision", {"user_id": user.result["id"]})
         _, failed = self.act(run, "bench.send_email", {"to": user.result["id"], "fail": fail})
         if failed:
-            return self.execution.unwind(run.pk).status
+            return self.execution.unwind(run.pk, tenant_id=run.tenant_id).status  # as the API's inline path
         return self.run_complete(run=run, actor=ACTOR).status
 
     def ten_steps_then_unwind(self, i: int) -> tuple[float, str]:
@@ -79,7 +79,7 @@ class Saga:
         self.execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True,  # fails: starts the unwind
                                claimed=proposal.action)
         started = time.perf_counter()
-        status = self.execution.unwind(run.pk).status
+        status = self.execution.unwind(run.pk, tenant_id=run.tenant_id).status
         return time.perf_counter() - started, status
 
 

@@ -196,11 +196,33 @@ def test_a_failure_and_its_unwind_leave_the_ledger_the_python_path_leaves(tools,
               if f"unwind_{name}(" in q["sql"]]
     # The failure; the lease with the first undo; the second undo; the settling.
     assert called == ["failed", "compensated", "compensated", "compensated"]
-    # The run is read before the failure and before the lease; each later undo starts from what the call before it
-    # left (and is checked again under the locks).
-    assert sum("WITH ids AS MATERIALIZED" in q["sql"] for q in fast_queries.captured_queries) == 2
+    # The run is read once, before the failure: the lease and each undo start from what the call before them left
+    # (and are checked again under the locks).
+    assert sum("WITH ids AS MATERIALIZED" in q["sql"] for q in fast_queries.captured_queries) == 1
     assert ledger_of(fast, "fastfail") == ledger_of(slow, "slowfail")
     assert verify_chain(tools.acme.pk).ok
+
+
+def test_the_run_an_unwind_answers_is_the_run_as_recorded(tools):
+    """The settling call's run is the unwind's answer (no re-read, no lease to release): it must be the row as it
+    is, every field of it."""
+    from tests.helpers import fault
+
+    run = open_run(tools, goal="answer")
+    user = act(run, "hr.create_user", {"email": "answer@company.com", "name": "A"})
+    act(run, "licenses.provision", {"user_id": user.result["id"]})
+    fault("email.send", "status", status=422)
+    proposal = action_propose(run=run, tool_name="email.send", args={"to": "a@home.example", "subject": "W",
+                                                                      "body": "Hi"}, actor="agent:booker")
+    execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+    with CaptureQueriesContext(connection) as queries:
+        answered = execution.unwind(run.pk, tenant_id=run.tenant_id)
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]  # the test's transaction
+    assert "unwind_compensated(" in statements[-1]  # the settling call was the last statement
+    fields = [field.attname for field in Run._meta.concrete_fields]
+    fresh = Run.objects.get(pk=run.pk)
+    assert answered.status == "compensated"
+    assert {name: getattr(answered, name) for name in fields} == {name: getattr(fresh, name) for name in fields}
 
 
 def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
@@ -208,7 +230,7 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "u@b.io", "name": "U"})
     Run.objects.filter(pk=run.pk).update(status="unwinding")
-    read, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run.pk)
+    read, next_id, (checkpoint_id,), threshold, rows = fastpath.run_for_unwind(run.pk)
     Action.objects.filter(run=run).update(status="compensating")  # moved since the read
     before = head_of(tools)
     assert fastpath.compensated(
@@ -231,7 +253,7 @@ def test_a_second_unwinder_does_not_take_a_held_lease(tools):
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
     # The same race inside the call: read while the lease was free, taken by another unwinder before the call.
     Run.objects.filter(pk=run.pk).update(lease_expires_at=None)
-    read, next_id, checkpoint_id, threshold, rows = fastpath.run_for_unwind(run.pk)
+    read, next_id, (checkpoint_id,), threshold, rows = fastpath.run_for_unwind(run.pk)
     Run.objects.filter(pk=run.pk).update(lease_expires_at=held)
     assert fastpath.compensated(
         run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,

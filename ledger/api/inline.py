@@ -153,8 +153,11 @@ def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> Action
 
 def _unwind_if_needed(deadline: float, run_id: int) -> None:
     remaining = deadline - time.monotonic()
-    if remaining > 0 and Run.objects.filter(pk=run_id, status=RunStatus.UNWINDING).exists():
-        execution.unwind(run_id, budget=remaining)
+    if remaining <= 0:
+        return
+    tenant_id = Run.objects.filter(pk=run_id, status=RunStatus.UNWINDING).values_list("tenant_id", flat=True).first()
+    if tenant_id is not None:
+        execution.unwind(run_id, budget=remaining, tenant_id=tenant_id)
 
 
 def execute_within(claimed: Action, *, owner: str, wait: float, slot: Slot) -> Action | None:

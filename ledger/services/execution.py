@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import logging
 import random
+import threading
 import time
 import uuid
 from datetime import timedelta
@@ -374,7 +375,7 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
     forward = undo.compensates
     state, chain.state = chain.state, None
     if state is None or not state.ids:
-        state = UnwindState(*fastpath.run_for_unwind(undo.run_id))
+        state = UnwindState.read(undo.run_id)
     run, rows = state.run, state.rows
     read = {action.pk: action for action, *_ in rows}
     if run is None or run.status != R.UNWINDING or getattr(read.get(undo.pk), "status", None) != A.RUNNING \
@@ -407,7 +408,7 @@ def _claim_unwind_in_one_call(run_id: int, *, owner: str,
     settled) in one call, for the plain cases. None: nothing was written; the Python path decides."""
     if events.subscribed("run_finished"):
         return None
-    state = UnwindState(*fastpath.run_for_unwind(run_id))
+    state = _handed_over(run_id) or UnwindState.read(run_id)
     run, rows = state.run, state.rows
     now = timezone.now()
     if run is None or run.status != R.UNWINDING or (run.lease_expires_at is not None and run.lease_expires_at >= now):
@@ -428,6 +429,26 @@ class UnwindState:
     checkpoint_id: int | None
     threshold: str | None
     rows: list
+
+    @classmethod
+    def read(cls, run_id: int) -> UnwindState:
+        run, ids, checkpoint_ids, threshold, rows = fastpath.run_for_unwind(run_id)
+        return cls(run, ids, checkpoint_ids[0] if checkpoint_ids else None, threshold, rows)
+
+
+# PostgreSQL: the run as this thread's last one-call failure left it (`_failed_in_one_call`), which the unwind the
+# same thread starts next (the API's inline path, the benchmark) takes as its first read instead of reading the run
+# again; taken once, and only for that run. Its call still checks every status, and the lease, under its locks.
+_handed = threading.local()
+
+
+def _hand_over(state: UnwindState) -> None:
+    _handed.state = state
+
+
+def _handed_over(run_id: int) -> UnwindState | None:
+    state, _handed.state = getattr(_handed, "state", None), None
+    return state if state is not None and state.run is not None and state.run.pk == run_id else None
 
 
 def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, state: UnwindState, now,
@@ -484,8 +505,13 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
         pending=log.pending, now=now)
     if recorded is None:
         return False
+    if lease is not None:
+        run.lease_expires_at = lease
+    if next_undo is None and chain is not None:
+        chain.settled = run  # as the call left it: compensated, its lease cleared
     if next_undo is not None:
         next_undo.seq, next_undo.defaults_version = recorded
+        run.next_seq = next_undo.seq + 1
         next_undo._state.adding, next_undo._state.db = False, run._state.db
         next_undo.tool, next_undo.compensates = tool, next_forward
         if chain is not None:  # the run as this call left it: where the next decision starts
@@ -567,7 +593,8 @@ def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float |
     and the run starting to unwind (`after_failure` → `start_unwind`) in one call, from the run's actions read just
     before and checked again under the locks. False with nothing written for anything else (a pivot committed, a
     pending step to skip, a run not running)."""
-    run, _, checkpoint_id, _, rows = fastpath.run_for_unwind(action.run_id)
+    run, ids, checkpoint_ids, threshold, rows = fastpath.run_for_unwind(action.run_id, checkpoints=2)
+    checkpoint_id = checkpoint_ids[0] if checkpoint_ids else None
     read = {row.pk: row for row, *_ in rows}
     if run is None or run.status != R.RUNNING or run.pivot_committed or run.lease_expires_at is not None \
             or getattr(read.get(action.pk), "status", None) != A.RUNNING:
@@ -597,6 +624,9 @@ def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float |
         return False
     for name, value in failed_moved.items():
         setattr(action, name, value)
+    _hand_over(UnwindState(run, ids, checkpoint_ids[1], threshold, [
+        ((fastpath.Step(action.pk, action.seq, action.kind, A.FAILED), *row[1:]) if row[0].pk == action.pk else row)
+        for row in rows]))
     enqueue("ledger.tasks.unwind_run", run.pk)  # as `enqueue_unwind_after` does once the commit is made
     return True
 
@@ -780,7 +810,7 @@ def compensable(action: Action) -> bool:
     return action.compensation_plan.get("strategy") not in (None, "", CompensationStrategy.NONE)
 
 
-def unwind(run_id: int, *, budget: float | None = None) -> Run:
+def unwind(run_id: int, *, budget: float | None = None, tenant_id: int | None = None) -> Run:
     """Compensate the run's succeeded actions newest-first, then settle it. Safe to call any number of times.
 
     Holds the run's lease while it works, so one unwinder at a time; a crashed unwinder's lease
@@ -789,10 +819,14 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
     A compensation costs one commit, not two: the commit that records one compensation's outcome also
     claims the next one (or settles the run), so every compensation is still recorded, with its lease,
     before its tool is called.
+
+    Returns the run as the unwind leaves it: as the call that settled it wrote it (PostgreSQL's one-call path), or
+    else read again. `tenant_id`, when the caller knows it, spares reading it first.
     """
     owner = new_owner(held=True)
     started = time.monotonic()
-    tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
+    if tenant_id is None:
+        tenant_id = Run.objects.values_list("tenant_id", flat=True).get(pk=run_id)
 
     def within_budget() -> bool:
         return budget is None or time.monotonic() - started <= budget
@@ -829,8 +863,9 @@ def unwind(run_id: int, *, budget: float | None = None) -> Run:
             compensation = following()
     finally:
         # Settling already cleared the lease; only a run left unwinding still holds it.
-        Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).update(lease_expires_at=None)
-    return Run.objects.get(pk=run_id)
+        if chain.settled is None:
+            Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).update(lease_expires_at=None)
+    return chain.settled or Run.objects.get(pk=run_id)
 
 
 class NextUndo:
@@ -844,6 +879,7 @@ class NextUndo:
         # PostgreSQL: the run as the last one-call left it (`UnwindState`), which the next decision starts from
         # instead of reading it again; the next call still checks every status under its locks.
         self.state: UnwindState | None = None
+        self.settled: Run | None = None  # the run, when a one-call settled it: the unwind's answer, as it was written
 
     def __call__(self, log: AuditLog, run: Run) -> None:
         if self.allowed():
