@@ -7,11 +7,12 @@
 """
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import threading
 import time
-
-import requests
+from urllib.parse import urlsplit
 
 from bench.common import log, summary
 
@@ -19,18 +20,30 @@ ACTIONS_PER_RUN = 20
 
 
 class Agent:
+    """One agent: its key, its run and its own connection. The load generator shares the two CPUs with the server
+    and PostgreSQL, so it speaks HTTP with the standard library's client: with `requests` it took 0.92 ms of CPU a
+    request (of the 6.5 ms an action cost the machine, read from /proc), with http.client 0.34 ms."""
+
     def __init__(self, base: str, key: str, name: str):
-        self.base, self.name = base, name
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {key}"
+        self.name = name
+        address = urlsplit(base)
+        self.connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        self.headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         self.run_id = None
         self.done_in_run = 0
         self.counter = 0
 
+    def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        """POST `body` as JSON; (status, body). gunicorn's sync workers close each connection after answering, and
+        the client opens the next one by itself."""
+        self.connection.request("POST", path, body=json.dumps(body), headers=self.headers)
+        response = self.connection.getresponse()
+        return response.status, response.read()
+
     def open_run(self) -> None:
-        response = self.session.post(f"{self.base}/api/v1/runs", json={"goal": f"bench {self.name}"}, timeout=30)
-        assert response.status_code == 201, (response.status_code, response.text[:500])
-        self.run_id = response.json()["id"]
+        status, text = self.post("/api/v1/runs", {"goal": f"bench {self.name}"})
+        assert status == 201, (status, text[:500])
+        self.run_id = json.loads(text)["id"]
         self.done_in_run = 0
 
     def act(self) -> float:
@@ -40,19 +53,18 @@ class Agent:
         self.counter += 1
         body = {"tool": "bench.noop", "args": {"agent": self.name, "n": self.counter}}
         started = time.perf_counter()
-        response = self.session.post(f"{self.base}/api/v1/runs/{self.run_id}/actions", json=body, timeout=30)
+        status, text = self.post(f"/api/v1/runs/{self.run_id}/actions", body)
         seconds = time.perf_counter() - started
-        assert response.status_code == 201 and response.json()["status"] == "succeeded", \
-            (response.status_code, response.text[:500])
+        assert status == 201 and json.loads(text)["status"] == "succeeded", (status, text[:500])
         self.done_in_run += 1
         return seconds
 
     def noop(self) -> float:
         body = {"tool": "bench.noop", "args": {"agent": self.name, "n": self.counter}}
         started = time.perf_counter()
-        response = self.session.post(f"{self.base}/bench/noop", json=body, timeout=30)
+        status, text = self.post("/bench/noop", body)
         seconds = time.perf_counter() - started
-        assert response.status_code == 201, (response.status_code, response.text[:300])
+        assert status == 201, (status, text[:300])
         return seconds
 
 
