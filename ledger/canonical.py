@@ -12,13 +12,41 @@ from typing import Any
 
 def canonical(value: Any) -> Any:
     """A normalised copy: NFC strings, integral floats as ints, dict keys sorted on dump."""
+    # Every fingerprint and event body goes through here, several times a step: the exact types JSON decodes to
+    # are answered first, ASCII text (keys, hashes, ids) without normalising; anything else (a number that remembers
+    # its literal, ledger/received.py; a tuple, a Decimal) takes `_general`, which gives the same answer for these.
+    kind = type(value)
+    if kind is str:
+        if value.isascii():
+            if "\x00" in value:
+                raise ValueError(UNSTORABLE)
+            return value
+        return _text(value)
+    if kind is dict:
+        return {key if type(key) is str and key.isascii() and "\x00" not in key else canonical(str(key)): canonical(item)
+                for key, item in value.items()}
+    if kind is int or kind is bool or value is None:
+        return value
+    if kind is list:
+        return [canonical(item) for item in value]
+    return _general(value)
+
+
+UNSTORABLE = "text contains a NUL character or a lone surrogate, which cannot be stored"
+
+
+def _text(value: str) -> str:
+    if "\x00" in value or _has_lone_surrogate(value):
+        raise ValueError(UNSTORABLE)
+    # Most text (keys, hashes, ids) is ASCII: already NFC.
+    return value if value.isascii() else unicodedata.normalize("NFC", value)
+
+
+def _general(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, str):
-        if "\x00" in value or _has_lone_surrogate(value):
-            raise ValueError("text contains a NUL character or a lone surrogate, which cannot be stored")
-        # Most text (keys, hashes, ids) is ASCII: already NFC.
-        return value if value.isascii() else unicodedata.normalize("NFC", value)
+        return _text(value)
     if isinstance(value, int):
         return int(value)  # a plain int, even from a number that remembers its literal (ledger/received.py)
     if isinstance(value, (float, Decimal)):
@@ -44,8 +72,11 @@ def _has_lone_surrogate(text: str) -> bool:
     return False
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(value: Any) -> str:
-    return json.dumps(canonical(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(canonical(value))
 
 
 def digest(*parts: Any) -> str:
