@@ -274,10 +274,12 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
     action_cols, action_n = sql.columns(Action, "f")
     tool_cols, tool_n = sql.columns(Tool, "u")
     rows = sql.fetch_all(
-        # Ids for every compensation this unwind may still claim (one per step it may undo), drawn in order.
+        # Ids for every compensation this unwind may still claim (one per step it may undo), drawn in order. The
+        # steps are counted with FILTER so that only the run picks the index: without statistics the planner also
+        # scanned the status index, every succeeded action of every run (0.7 ms).
         "WITH ids AS MATERIALIZED (SELECT (SELECT pg_catalog.array_agg(nextval(pg_get_serial_sequence('ledger_action',"
-        " 'id')) ORDER BY g) FROM generate_series(1, 1 + (SELECT count(*) FROM ledger_action c WHERE c.run_id = %s"
-        " AND c.kind = 'forward' AND c.status IN ('succeeded', 'compensating'))) g) AS action_id,"
+        " 'id')) ORDER BY g) FROM generate_series(1, 1 + (SELECT count(*) FILTER (WHERE c.kind = 'forward'"
+        " AND c.status IN ('succeeded', 'compensating')) FROM ledger_action c WHERE c.run_id = %s)) g) AS action_id,"
         " (SELECT pg_catalog.array_agg(nextval(pg_get_serial_sequence('ledger_checkpoint', 'id')) ORDER BY g)"
         " FROM generate_series(1, %s) g) AS checkpoint_ids)"
         f" SELECT {run_cols}, ids.action_id, ids.checkpoint_ids, tenant.approval_threshold, tenant.slug,"
