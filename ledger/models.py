@@ -389,8 +389,13 @@ class Action(models.Model):
             models.UniqueConstraint(fields=["run", "seq"], name="action_seq_unique_per_run"),
         ]
         indexes = [
-            models.Index(fields=["status", "lease_expires_at"], name="action_status_lease"),
-            models.Index(fields=["status", "next_attempt_at"], name="action_status_due"),
+            # The sweep's two look-ups (a running action whose lease ran out, a retry that fell due), over just the
+            # actions they can find. Keyed on the status, as they were, they took an entry at every move of every
+            # action, most of them into long runs of equal keys (succeeded, no retry, no lease): with these instead,
+            # an unwind of nine went from 20.0 to 17.0 ms on a new database (PostgreSQL plans the sweep's queries
+            # with their values, so the partial index serves them; SQLite scans, at demo sizes).
+            models.Index(fields=["lease_expires_at"], condition=Q(status="running"), name="action_running_lease"),
+            models.Index(fields=["next_attempt_at"], condition=Q(status="retry_scheduled"), name="action_retry_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
             # One look-up per proposal: does this run already hold a step with the same content?
             models.Index(fields=["run", "content_key"], name="action_run_content"),
