@@ -225,6 +225,26 @@ def test_the_run_an_unwind_answers_is_the_run_as_recorded(tools):
     assert {name: getattr(answered, name) for name in fields} == {name: getattr(fresh, name) for name in fields}
 
 
+def test_a_failure_its_caller_cannot_unwind_now_goes_to_the_worker(tools, django_capture_on_commit_callbacks):
+    """The one-call failure queues no unwind (its caller unwinds next); a caller whose time is up says so, and the
+    unwind is queued. The tests run queued tasks at once (UNWIND_TASKS_SYNC)."""
+    from tests.helpers import fault
+
+    run = open_run(tools, goal="later")
+    act(run, "hr.create_user", {"email": "later@company.com", "name": "L"})
+    fault("email.send", "status", status=422)
+    proposal = action_propose(run=run, tool_name="email.send", args={"to": "l@home.example", "subject": "W",
+                                                                      "body": "Hi"}, actor="agent:booker")
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+    assert not queued and Run.objects.get(pk=run.pk).status == "unwinding"
+    with django_capture_on_commit_callbacks(execute=True) as queued:
+        execution.unwind_elsewhere(run.pk)
+        execution.unwind_elsewhere(run.pk)  # told twice: queued once
+    assert len(queued) == 1 and Run.objects.get(pk=run.pk).status == "compensated"
+    assert verify_chain(tools.acme.pk).ok
+
+
 def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
     """The unwinder chose the next undo from what it read; a step that moved since makes the call write nothing."""
     run = open_run(tools)

@@ -154,6 +154,7 @@ def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> Action
 def _unwind_if_needed(deadline: float, run_id: int) -> None:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
+        execution.unwind_elsewhere(run_id)
         return
     tenant_id = Run.objects.filter(pk=run_id, status=RunStatus.UNWINDING).values_list("tenant_id", flat=True).first()
     if tenant_id is not None:

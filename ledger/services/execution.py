@@ -437,8 +437,9 @@ class UnwindState:
 
 
 # PostgreSQL: the run as this thread's last one-call failure left it (`_failed_in_one_call`), which the unwind the
-# same thread starts next (the API's inline path, the benchmark) takes as its first read instead of reading the run
-# again; taken once, and only for that run. Its call still checks every status, and the lease, under its locks.
+# same thread starts next (the API's inline path, the worker's task, the benchmark) takes as its first read instead of
+# reading the run again; taken once, and only for that run. Its call still checks every status, and the lease, under
+# its locks.
 _handed = threading.local()
 
 
@@ -449,6 +450,16 @@ def _hand_over(state: UnwindState) -> None:
 def _handed_over(run_id: int) -> UnwindState | None:
     state, _handed.state = getattr(_handed, "state", None), None
     return state if state is not None and state.run is not None and state.run.pk == run_id else None
+
+
+def unwind_elsewhere(run_id: int) -> None:
+    """For a caller that executed a step and will not unwind its run now (its time is up): the worker does it.
+
+    The one-call failure queues no unwind, as its caller goes on to unwind the run itself; a crash in between
+    leaves a run unwinding without a lease, which the sweep hands to a worker within its interval. The Python
+    path queued one already (`start_unwind`)."""
+    if _handed_over(run_id) is not None:
+        enqueue("ledger.tasks.unwind_run", run_id)
 
 
 def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, state: UnwindState, now,
@@ -624,10 +635,10 @@ def _failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float |
         return False
     for name, value in failed_moved.items():
         setattr(action, name, value)
+    # No unwind is queued: the caller unwinds the run next, from this state (`unwind_elsewhere` when it will not).
     _hand_over(UnwindState(run, ids, checkpoint_ids[1], threshold, [
         ((fastpath.Step(action.pk, action.seq, action.kind, A.FAILED), *row[1:]) if row[0].pk == action.pk else row)
         for row in rows]))
-    enqueue("ledger.tasks.unwind_run", run.pk)  # as `enqueue_unwind_after` does once the commit is made
     return True
 
 
