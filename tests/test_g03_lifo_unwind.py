@@ -59,3 +59,27 @@ def test_alert_and_continue_when_one_compensation_never_succeeds(tools):
     # The operators were told (outbox, sent after commit by the worker's sweep).
     notifications_send()
     assert any("Compensation failed: licenses.provision" in m.subject for m in outbox_mail.outbox)
+
+
+def test_an_undo_that_cannot_be_put_together_is_alerted_and_the_rest_go_on(tools):
+    """The step's compensation names a field its result does not have: it is recorded as failed, and the same
+    unwind goes on to the older steps and settles the run (no sweep runs here to start another)."""
+    from ledger.services.tools import tool_upsert
+    from tests.conftest import in_process_policy
+
+    spec = in_process_policy()["tools"]["licenses.provision"]
+    spec["compensation"] = {**spec["compensation"], "args": {"license_id": "$result.nowhere"}}
+    tool_upsert(tenant=acme(), name="licenses.provision_unmapped", spec=spec, actor="user:adam")
+    run = open_run(tools)
+    user = act(run, "hr.create_user", {"email": "u@x.io", "name": "U"})
+    act(run, "licenses.provision_unmapped", {"user_id": user.result["id"]})
+    act(run, "travel.book_flight", {"passenger": "P", "flight": "LH1", "date": "2026-12-01"})
+    fault("travel.reserve_hotel", "status", status=400)
+    act(run, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
+    run.refresh_from_db()
+    forward, _ = forward_and_undo(run)
+    by_tool = {a.tool.name: a.status for a in forward}
+    assert by_tool["travel.book_flight"] == "compensated"
+    assert by_tool["licenses.provision_unmapped"] == "compensation_failed"
+    assert by_tool["hr.create_user"] == "compensated"
+    assert run.status == "needs_attention"

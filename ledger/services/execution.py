@@ -948,10 +948,10 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
     if candidate is None:
         settle(run, log=log)
         return None
+    compensation = None
     if candidate.status == A.COMPENSATING:
         compensation = candidate.compensations.select_related("tool").order_by("-id").first()
-        if compensation is None or compensation.status in (A.REJECTED, A.EXPIRED):
-            return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
+    if compensation is not None and compensation.status not in (A.REJECTED, A.EXPIRED):  # else: a new one is planned
         if compensation.status == A.LOST:
             # The undo may or may not have acted, and nothing can tell: a person decides (`settle` puts the run in the
             # recovery queue, naming it), never a silent wait.
@@ -966,7 +966,11 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
             start_attempt(compensation, owner, log=log)
             return compensation
         return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
-    return plan_compensation(run, candidate, tool_name, owner=owner, log=log)
+    planned = plan_compensation(run, candidate, tool_name, owner=owner, log=log)
+    if planned is None and candidate.status == A.COMPENSATION_FAILED:
+        # Its undo could not even be put together (recorded and alerted): the rest go on, or the run settles.
+        return claim_next_compensation(run_id, owner=owner, log=log, run=run)
+    return planned
 
 
 def compensation_tool(run: Run, plan: dict) -> Tool | None:
