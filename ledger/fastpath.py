@@ -4,13 +4,16 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/migrations/0010_fastpath_functions.py, `unwind_propose` as 0011 rewrote it) in autocommit, so PostgreSQL runs the whole transaction in that call:
+(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0011 and 0013 rewrote it) in autocommit, so
+PostgreSQL runs the whole transaction in that call:
 
-- `unwind_propose`: locks the head, then the run; checks what the Python path checks under those locks (the run
-  takes steps and is not cancelled, the key is new, no step of the run has the same content, the ordering law
-  finds no later-role step, the approval threshold the decision used is still the tenant's); then takes the
-  step's number, inserts the action (its id drawn beforehand with the tool's read) and its attempt, and appends
-  the event.
+- `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
+  tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
+  what this process keeps: `kept_tool`; else it answers 'stale'), then what the Python path checks under those
+  locks (the run takes steps and is not cancelled, the key is new, no step of the run has the same content, the
+  ordering law finds no later-role step); then takes the step's number, inserts the action (its id drawn beforehand,
+  with the tool's read or by this thread's previous proposal) and its attempt, appends the event, and draws the id
+  of this thread's next proposal.
 - `unwind_open_run`: locks the head, inserts the run (its id drawn first) and appends its event.
 - `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
   actions' statuses its caller read before (`run_with_steps`, what the checks and the checkpoint are built on);
@@ -20,8 +23,8 @@ audit append and COMMIT: a round trip apiece. Here the plain case of each is one
   compensation's success and its step compensated, then claims the next compensation (the step's move, the
   compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
 - `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
-  its caller read before; records the step failed and the run unwinding with its checkpoint (the unwinder is
-  queued after the call, as after any commit); appends the events.
+  its caller read before; records the step failed and the run unwinding with its checkpoint, and appends the
+  events. Its caller unwinds the run next (`execution.unwind_elsewhere` queues it when it cannot).
 - `unwind_succeed`: locks the head, then the run; checks the run still takes steps (running, not cancelled, a
   pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
   move one row), closes the attempt and appends the event.
@@ -42,7 +45,10 @@ import hashlib
 import importlib
 import json
 import logging
+import threading
+import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -57,7 +63,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0011_fastpath_order_check"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0013_fastpath_cached_tools"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 
@@ -160,7 +166,7 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     installed (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
     in autocommit (one round trip), or in a savepoint inside a transaction the caller already has open, so an error
     rolls back only the call.
-    Returns (outcome, step, defaults_version); an altered function is never called: the outcome is then "altered",
+    Returns (outcome, step, defaults_version, next_id); an altered function is never called: the outcome is then "altered",
     and this process takes the Python path from then on."""
     global _altered
     statement = f"SELECT CASE WHEN {GUARD} THEN public.{function}({arguments}) END"
@@ -182,16 +188,16 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     if value is not None:
         if function in _ANSWER_JSON:  # Django reads jsonb as text
             outcome = json.loads(value) if isinstance(value, str) else value
-            return outcome["outcome"], outcome.get("step"), outcome.get("defaults_version")
-        return value, None, None
+            return outcome["outcome"], outcome.get("step"), outcome.get("defaults_version"), outcome.get("next_id")
+        return value, None, None, None
     _altered = True
     log.error("the engine's PostgreSQL functions differ from those ledger/migrations/%s installed: they were "
               "not called with the audit key, and this process takes the Python path from now on. Check who "
               "changed them (pg_proc), then run the migration again.", FUNCTIONS_MIGRATION.rsplit(".", 1)[-1])
-    return "altered", None, None
+    return "altered", None, None, None
 
 
-_ANSWER_JSON = ("unwind_propose", "unwind_compensated")  # they answer {outcome, step, defaults_version}
+_ANSWER_JSON = ("unwind_propose", "unwind_compensated")  # they answer {outcome, step, defaults_version[, next_id]}
 
 
 # --- opening a run -----------------------------------------------------------------------------------------------
@@ -381,39 +387,104 @@ _TOOL_ALSO = (
 )
 
 
+# A process keeps the tools it proposes with, so that a proposal reads nothing before its one call: a tool's
+# version never changes once written (but for `is_current`), and `unwind_propose` checks, under its locks, that the
+# version kept is still the current one, that the compensation's twin is still the version bound, and that the
+# tenant's slug and approval threshold are unchanged (else it answers 'stale', having written nothing, and the
+# proposal is decided again from a fresh read). The action's id comes from the previous proposal's call on this
+# thread (it draws one for the next), used only while it is recent, so ids keep to the order of proposals within
+# about that long (concurrent transactions already commit out of id order).
+TOOL_KEEP_SECONDS = 60.0
+NEXT_ID_SECONDS = 1.0
+_TOOLS_KEPT = 512
+_kept: OrderedDict = OrderedDict()  # (tenant id, name) → (when read, the row's columns, threshold, twin, slug)
+_kept_lock = threading.Lock()
+_next = threading.local()  # .id and .at: the id the last proposal's call drew on this thread, and when
+
+
 def current_tool(tenant_id: int, name: str) -> tuple[Tool | None, int | None, str | None, tuple[int, int] | None]:
     """The tool's current version (with its tenant's slug, which signs its calls), an id for the action about to be
     proposed, the tenant's approval threshold and the (id, version) of the compensation's twin (None: none found),
-    in one statement."""
-    tool, extra = sql.get_also(Tool, _TOOL_ALSO, tenant=tenant_id, name=name, is_current=True)
-    if tool is None:
+    in one statement; kept for `kept_tool`."""
+    columns, count = sql.columns(Tool, "ledger_tool")
+    row = sql.fetch_one(f"SELECT {columns}, {', '.join(_TOOL_ALSO)} FROM ledger_tool"
+                        " WHERE ledger_tool.tenant_id = %s AND ledger_tool.name = %s AND ledger_tool.is_current",
+                        [tenant_id, name])
+    if row is None:
         return None, None, None, None
-    action_id, threshold, twin, slug = extra
+    action_id, threshold, twin, slug = row[count:]
+    twin = tuple(twin) if twin else None
+    with _kept_lock:
+        _kept[(tenant_id, name)] = (time.monotonic(), tuple(row[:count]), threshold, twin, slug)
+        _kept.move_to_end((tenant_id, name))
+        while len(_kept) > _TOOLS_KEPT:
+            _kept.popitem(last=False)
+    return _tool(row, slug), action_id, threshold, twin
+
+
+def kept_tool(tenant_id: int, name: str) -> tuple[Tool, int, str | None, tuple[int, int] | None] | None:
+    """What `current_tool` answers, from what this process kept and the id this thread's last proposal drew, when
+    both are recent; None otherwise. The proposal's call checks them (see above)."""
+    now = time.monotonic()
+    reserved, at = getattr(_next, "id", None), getattr(_next, "at", 0.0)
+    if reserved is None or now - at > NEXT_ID_SECONDS:
+        return None
+    with _kept_lock:
+        kept = _kept.get((tenant_id, name))
+    if kept is None or now - kept[0] > TOOL_KEEP_SECONDS:
+        return None
+    _next.id = None  # an id is used once, whatever the call answers
+    _, row, threshold, twin, slug = kept
+    return _tool(row, slug), reserved, threshold, twin
+
+
+def forget_tool(tenant_id: int, name: str) -> None:
+    with _kept_lock:
+        _kept.pop((tenant_id, name), None)
+
+
+def _tool(row, slug: str) -> Tool:
+    """A Tool of its own for each proposal (the kept row's JSON is parsed again), with its tenant's slug."""
+    tool = sql.instance(Tool, row)
     tool.tenant = Tenant.from_db(DEFAULT_DB_ALIAS, ["id", "slug"], [tool.tenant_id, slug])  # the rest loads if asked
-    return tool, action_id, threshold, tuple(twin) if twin else None
+    return tool
+
+
+def _twin_checked(tool: Tool, plan: dict) -> tuple[str | None, int | None]:
+    """The compensation's twin as `unwind_propose` checks it: its name and the version's id the plan binds, or (None,
+    None) when there is nothing to check (no named twin, or a version the tool pins, which never changes)."""
+    name = tool.compensation.get("tool")
+    pinned = tool.compensation.get("twin_version")
+    if not isinstance(name, str) or (type(pinned) is int and pinned >= 0):
+        return None, None
+    return name, plan.get("tool_id")
 
 
 def propose(action: Action, *, matching: tuple, roles: list, gone: list, threshold: str, owner: str,
-            actor: str, event: dict) -> bool:
-    """Record `action` (its id drawn by `current_tool`, claimed as `owner`) with its attempt and its
-    `forward.proposed` event in one call. False: nothing was written; the Python path decides."""
+            actor: str, event: dict) -> str:
+    """Record `action` (its id drawn by `current_tool`, or kept), claimed as `owner`, with its attempt and its
+    `forward.proposed` event in one call. Answers "ok"; "stale" when the tool, its twin, the tenant's slug or
+    threshold it was decided from are no longer current; anything else when the Python path decides. Only "ok"
+    wrote anything."""
     now = timezone.now()
     attempt = Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=now)
     log = audit.AuditLog(action.tenant_id, head=None)
     log.record("forward.proposed", actor=actor, action=action, **event)
     row = _row(action, adding=True)
+    twin_name, twin_id = _twin_checked(action.tool, action.compensation_plan)
     outcome = _call(
-        "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, "
-        f"%s::text, %s::text, %s::text[], %s::text[], %s::text[], %s::text, {CHAIN_ARGS}",
+        "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, %s::text, %s::text, %s::text[], "
+        f"%s::text[], %s::text[], %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, {CHAIN_ARGS}",
         [action.tenant_id, action.run_id, row, _row(attempt, fields=("number", "worker", "started_at")),
-         action.idempotency_key, action.content_key, list(matching), roles, gone, threshold,
-         *_chain(action.tenant_id, log.pending, now)])
+         action.idempotency_key, action.content_key, list(matching), roles, gone, threshold, action.tool.created_at,
+         action.tool.tenant.slug, twin_name, twin_id, *_chain(action.tenant_id, log.pending, now)])
     if outcome[0] != "ok":
-        return False
+        return outcome[0]
     action.seq, action.defaults_version = outcome[1], outcome[2]
     action._state.adding = False
     action._state.db = DEFAULT_DB_ALIAS
-    return True
+    _next.id, _next.at = outcome[3], time.monotonic()
+    return "ok"
 
 
 # --- the outcome -------------------------------------------------------------------------------------------------

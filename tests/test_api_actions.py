@@ -43,6 +43,20 @@ def test_the_answer_to_an_executed_proposal_is_the_action_as_recorded(api):
         assert {k: v for k, v in body.items() if k not in ("replayed", "matched_by")} == read
 
 
+def test_a_threshold_lowered_between_two_proposals_gates_the_second(api):
+    """An agent proposes right after a person made every step need approval: the second step waits for a person,
+    whatever the process kept from the first (ledger/fastpath.py checks it in the proposal's own call)."""
+    from ledger.models import Tenant
+
+    run = api.open_run()
+    first = api.propose(run["id"], "hr.create_user", USER)
+    assert first.status_code == 201, first.content
+    Tenant.objects.filter(slug="acme").update(approval_threshold="low")
+    second = api.propose(run["id"], "hr.create_user", {"email": "b@company.com", "name": "B"})
+    assert second.status_code == 202 and second.json()["status"] == "awaiting_approval", second.content
+    assert len(effects("hr.create_user")) == 1
+
+
 def test_same_key_replays_the_stored_response_without_calling_the_tool(api):
     run = api.open_run()
     first = api.propose(run["id"], "hr.create_user", USER, key="onboard-ashu-1")

@@ -15,11 +15,12 @@ from django.test.utils import CaptureQueriesContext
 
 from ledger import fastpath
 from ledger.audit import verify_chain
-from ledger.errors import RunCancelled, StateConflict
-from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
+from ledger.errors import RunCancelled, StateConflict, ValidationFailed
+from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
 from ledger.services import execution
 from ledger.services.actions import action_propose
 from ledger.services.runs import run_cancel, run_complete
+from ledger.services.tools import tool_upsert
 from tests.conftest import needs_postgres
 from tests.helpers import act, open_run
 
@@ -122,21 +123,23 @@ def test_a_cancelled_run_is_refused_by_the_python_path(tools):
 
 def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
     """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
+    from ledger.services.actions import compensation_plan_of
+
     run = open_run(tools)
     tool, action_id, threshold, twin = fastpath.current_tool(tools.acme.pk, "hr.create_user")
     proposal_run = Run.objects.get(pk=run.pk)
     action = Action(pk=action_id, tenant_id=run.tenant_id, run=proposal_run, seq=0, kind="forward", tool=tool,
                     saga_role=tool.saga_role, risk=tool.risk, args={}, args_hash="x" * 64, idempotency_key="k-1",
                     key_source="header", status="running", attempts=1, max_attempts=1, lease_owner="me",
-                    intent={}, compensation_plan={})
+                    intent={}, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin))
     before = head_of(tools), proposal_run.next_seq
     stale = "low" if threshold != "low" else "high"
-    assert not fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=stale, owner="me",
-                                actor="agent:x", event={"tool": tool.name, "key_source": "header"})
+    assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=stale, owner="me",
+                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == "stale"
     assert (head_of(tools), Run.objects.get(pk=run.pk).next_seq) == before
     assert not Action.objects.filter(pk=action_id).exists()
     assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=threshold, owner="me",
-                            actor="agent:x", event={"tool": tool.name, "key_source": "header"})
+                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == "ok"
     assert Action.objects.get(pk=action_id).seq == before[1] and Attempt.objects.filter(action_id=action_id).exists()
     assert verify_chain(tools.acme.pk).ok
 
@@ -305,3 +308,97 @@ def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, capl
         assert AuditEvent.objects.filter(run_ref=run.pk).count() >= 6 and verify_chain(tools.acme.pk).ok
     finally:
         fastpath._altered = False  # the test's transaction rolls the function back
+
+
+# --- the tools a process keeps (fastpath.kept_tool): the call checks them, so nothing stale is ever recorded ---
+
+def _spec(name: str) -> dict:
+    from tests.conftest import in_process_policy
+
+    return in_process_policy()["tools"][name]
+
+
+def _propose_now(run, tool: str, args: dict):
+    """A proposal right after another on this thread: the kept tool and the id its call drew are both used."""
+    return action_propose(run=run, tool_name=tool, args=args, actor="agent:booker")
+
+
+def test_a_kept_tool_is_used_and_checked_by_the_call(tools):
+    run = open_run(tools, goal="kept")
+    act(run, "hr.create_user", {"email": "k1@company.com", "name": "K"})  # reads the tool, keeps it, draws an id
+    reserved = fastpath._next.id
+    with CaptureQueriesContext(connection) as queries:
+        proposal = _propose_now(run, "hr.create_user", {"email": "k2@company.com", "name": "K"})
+    assert proposal.action.pk == reserved
+    assert not any("FROM ledger_tool WHERE" in q["sql"] for q in queries.captured_queries)  # no read first
+
+
+def test_a_tool_changed_since_it_was_kept_binds_the_new_version(tools):
+    run = open_run(tools, goal="newer")
+    act(run, "hr.create_user", {"email": "n1@company.com", "name": "N"})
+    spec = {**_spec("hr.create_user"), "retry": {"max_attempts": 5, "backoff": 0.2}}
+    newer, _ = tool_upsert(tenant=tools.acme, name="hr.create_user", spec=spec, actor="user:adam")
+    proposal = _propose_now(run, "hr.create_user", {"email": "n2@company.com", "name": "N"})
+    assert proposal.action.tool_id == newer.pk and proposal.action.max_attempts == 5
+    assert Action.objects.get(pk=proposal.action.pk).tool_id == newer.pk
+
+
+def test_a_twin_changed_since_the_tool_was_kept_is_bound_as_it_is_now(tools):
+    run = open_run(tools, goal="twin")
+    act(run, "hr.create_user", {"email": "t1@company.com", "name": "T"})
+    spec = {**_spec("hr.delete_user"), "retry": {"max_attempts": 2, "backoff": 0.2}}
+    twin, _ = tool_upsert(tenant=tools.acme, name="hr.delete_user", spec=spec, actor="user:adam")
+    proposal = _propose_now(run, "hr.create_user", {"email": "t2@company.com", "name": "T"})
+    plan = Action.objects.get(pk=proposal.action.pk).compensation_plan
+    assert (plan["tool_id"], plan["tool_version"]) == (twin.pk, twin.version)
+
+
+def test_a_threshold_lowered_since_the_tool_was_kept_gates_the_next_step(tools):
+    """The attack a stale cache would allow: the tenant lowers its approval threshold (every low-risk step now
+    needs a person) and the agent proposes at once, hoping the process still decides from what it kept."""
+    run = open_run(tools, goal="gate")
+    act(run, "hr.create_user", {"email": "g1@company.com", "name": "G"})
+    Tenant.objects.filter(pk=tools.acme.pk).update(approval_threshold="low")
+    proposal = _propose_now(run, "hr.create_user", {"email": "g2@company.com", "name": "G"})
+    recorded = Action.objects.get(pk=proposal.action.pk)
+    assert not proposal.claimed and recorded.status == "awaiting_approval" and recorded.attempts == 0
+    assert verify_chain(tools.acme.pk).ok
+
+
+def test_arguments_valid_only_for_the_kept_version_are_refused(tools):
+    run = open_run(tools, goal="schema")
+    act(run, "hr.create_user", {"email": "s1@company.com", "name": "S"})
+    spec = _spec("hr.create_user")
+    spec["args_schema"]["properties"]["name"]["maxLength"] = 3
+    tool_upsert(tenant=tools.acme, name="hr.create_user", spec=spec, actor="user:adam")
+    with pytest.raises(ValidationFailed):
+        _propose_now(run, "hr.create_user", {"email": "s2@company.com", "name": "Too long"})
+    assert not Action.objects.filter(run=run, args__email="s2@company.com").exists()
+
+
+def test_an_id_drawn_long_ago_is_not_used(tools):
+    run = open_run(tools, goal="late")
+    act(run, "hr.create_user", {"email": "l1@company.com", "name": "L"})
+    reserved = fastpath._next.id
+    fastpath._next.at -= fastpath.NEXT_ID_SECONDS + 1
+    proposal = _propose_now(run, "hr.create_user", {"email": "l2@company.com", "name": "L"})
+    assert proposal.action.pk > reserved
+
+
+def test_arguments_valid_only_for_the_new_version_are_taken(tools):
+    run = open_run(tools, goal="wider")
+    act(run, "hr.create_user", {"email": "w1@company.com", "name": "W"})
+    spec = _spec("hr.create_user")
+    spec["args_schema"]["properties"]["team"] = {"type": "string"}
+    newer, _ = tool_upsert(tenant=tools.acme, name="hr.create_user", spec=spec, actor="user:adam")
+    proposal = _propose_now(run, "hr.create_user", {"email": "w2@company.com", "name": "W", "team": "ops"})
+    assert Action.objects.get(pk=proposal.action.pk).tool_id == newer.pk
+
+
+def test_a_slug_changed_since_the_tool_was_kept_signs_with_the_new_one(tools):
+    run = open_run(tools, goal="slug")
+    act(run, "hr.create_user", {"email": "u1@company.com", "name": "U"})
+    Tenant.objects.filter(pk=tools.acme.pk).update(slug="acme-renamed")
+    run = Run.objects.get(pk=run.pk)  # as the API reads it for each request
+    proposal = _propose_now(run, "hr.create_user", {"email": "u2@company.com", "name": "U"})
+    assert proposal.action.tool.tenant.slug == "acme-renamed"

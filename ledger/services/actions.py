@@ -12,7 +12,7 @@ from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
-    TargetUnreadable, UnknownTool, ValidationFailed,
+    TargetUnreadable, UnknownTool, UnwindError, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
@@ -179,11 +179,32 @@ def action_propose(
     to do the call again on purpose. The args are hashed and compared in their canonical form, and kept as
     received for the tool (`args_text`).
     """
+    fast = isinstance(tool_name, str) and fastpath.usable(run.tenant_id)
+    request = dict(run=run, tool_name=tool_name, args=args, actor=actor, target=target, intent=intent,
+                   idempotency_key=idempotency_key, inline=inline, queued=queued, repeat_of=repeat_of)
+    if fast and repeat_of is None:
+        # PostgreSQL: the tool as this process kept it, checked by the one call that records the proposal; anything
+        # but that plain case is decided again from the tool as it stands now.
+        kept = fastpath.kept_tool(run.tenant_id, tool_name)
+        if kept is not None:
+            try:
+                proposed = _propose(**request, fast=True, read=kept, plain_only=True)
+            except UnwindError:
+                proposed = None
+            if proposed is not None:
+                return proposed
+            fastpath.forget_tool(run.tenant_id, tool_name)
+    return _propose(**request, fast=fast, read=None, plain_only=False)
+
+
+def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempotency_key, inline: bool, queued: bool,
+             repeat_of, fast: bool, read: tuple | None, plain_only: bool) -> Proposal | None:
+    """`action_propose`, from the tool `read` already (see `fastpath.kept_tool`) or read here. `plain_only`: None
+    unless the one call records it, with nothing done (not even the target's before-snapshot read)."""
     # The current version: the action is bound to it for good (its executor, limits, compensation, approval).
     # On PostgreSQL the same read draws the action's id and the approval threshold for the one-call proposal.
-    fast = isinstance(tool_name, str) and fastpath.usable(run.tenant_id)
     if fast:
-        tool, new_id, threshold, twin = fastpath.current_tool(run.tenant_id, tool_name)
+        tool, new_id, threshold, twin = read or fastpath.current_tool(run.tenant_id, tool_name)
     else:
         tool = sql.get(Tool, tenant=run.tenant_id, name=tool_name, is_current=True) if isinstance(tool_name, str) else None
     if tool is None:
@@ -200,6 +221,8 @@ def action_propose(
     if Run.tenant.is_cached(run):
         tool.tenant = run.tenant  # the same row: its slug signs the tool call
     reads_before = bool(target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY)
+    if plain_only and reads_before:
+        return None
     # A replay is answered before the target is read. The one-call proposal checks the key itself.
     checked = not fast or reads_before
     if checked:
@@ -225,7 +248,7 @@ def action_propose(
                 run=run, tool=tool, action_id=new_id, threshold=threshold, twin=twin, args=clean, args_text=args_text,
                 args_hash=args_hash, target_id=target_id, key=key, source=source, intent=intent or {}, before=before,
                 actor=actor, inline=inline, queued=queued, content_key=content_key)
-            if proposed is not None:
+            if proposed is not None or plain_only:
                 return proposed
         if not checked:  # the call found something to look at closer: a replay first
             found = _replay_of_key(run=run, tool=tool, key=key, args_hash=args_hash, repeat_of=repeat_of)
@@ -238,6 +261,8 @@ def action_propose(
         return Proposal(action=Action.objects.select_related("tool").get(pk=match.action_id), replayed=True,
                         matched_by="content")
     except IntegrityError:
+        if plain_only:
+            return None
         # A concurrent request with the same key won the insert: answer as its duplicate.
         existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
         return replay(existing, run=run, tool=tool, args_hash=args_hash, repeat_of=repeat_of)
@@ -266,9 +291,9 @@ def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_te
                          source=source, required=0, owner=owner, inline=inline, queued=queued, before=before,
                          intent=intent, twin=twin)
     action.pk = action_id
-    if not fastpath.propose(action, matching=CONTENT_MATCHES, roles=_later_roles(tool), gone=list(GONE),
-                            threshold=threshold, owner=owner, actor=actor,
-                            event={"tool": tool.name, "key_source": source}):
+    if fastpath.propose(action, matching=CONTENT_MATCHES, roles=_later_roles(tool), gone=list(GONE),
+                        threshold=threshold, owner=owner, actor=actor,
+                        event={"tool": tool.name, "key_source": source}) != "ok":
         return None
     action.tool = tool
     return Proposal(action=action, replayed=False, owner="" if tool.executor == Executor.CLIENT else owner)
