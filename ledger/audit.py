@@ -161,17 +161,21 @@ def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind,
     return hmac.new(key, (prev_hash + body).encode(), hashlib.sha256).hexdigest()
 
 
-def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data, created_at) -> tuple[str, str]:
+def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data_text: str,
+                    created_at) -> tuple[str, str]:
     """The text `event_hash` signs, as the parts before and after the event's sequence number, for a signer that
-    learns the number only once it holds the chain head (ledger/fastpath.py). The keys are sorted, so the number is
-    always followed by the tenant and the end of the object."""
+    learns the number only once it holds the chain head (ledger/fastpath.py). `data_text` is the data's canonical
+    JSON (`dumps`), which the body holds as it is: the body is encoded around a null in its place, and a null
+    after `"data":` can only be that value, as every quote inside a string is escaped. The keys are sorted, so
+    the number is always followed by the tenant and the end of the object."""
     body = _body(key_id=key_id, tenant_id=tenant_id, seq=0, kind=kind, actor=actor, run_ref=run_ref,
-                 action_ref=action_ref, data=data, created_at=created_at)
+                 action_ref=action_ref, data=None, created_at=created_at)
     tail = f',"tenant":{dumps(tenant_id)}}}'
     cut = ',"seq":0' + tail
-    if not body.endswith(cut):
-        raise ValueError("an event body whose sequence number is not second to last")
-    return body[:-len(cut)] + ',"seq":', tail
+    before, found, after = body.partition(',"data":null,')
+    if not found or not after.endswith(cut):
+        raise ValueError("an event body whose data or sequence number is not where the signer expects it")
+    return before + ',"data":' + data_text + "," + after[:-len(cut)] + ',"seq":', tail
 
 
 def event_is_authentic(event: AuditEvent, keys: dict[str, bytes] | None = None) -> bool:

@@ -137,8 +137,7 @@ def _chain(tenant_id: int, pending: list, now) -> list:
     for kind, actor, run_ref, action_ref, data in pending:
         text = dumps(data)
         head, tail = audit.body_around_seq(key_id=key_id, tenant_id=tenant_id, kind=kind, actor=actor,
-                                           run_ref=run_ref, action_ref=action_ref, data=json.loads(text),
-                                           created_at=now)
+                                           run_ref=run_ref, action_ref=action_ref, data_text=text, created_at=now)
         events.append([kind, actor, run_ref, action_ref, text, head, tail])
     return [ikey, okey, key_id, now, Jsonb(events)]
 
