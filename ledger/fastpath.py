@@ -4,7 +4,7 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0011 and 0013 rewrote it) in autocommit, so
+(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it) in autocommit, so
 PostgreSQL runs the whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
@@ -63,7 +63,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0013_fastpath_cached_tools"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0012_fastpath_propose_checks"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0011_fastpath_order_check'),
+        ('ledger', '0010_fastpath_functions'),
     ]
 
     operations = [
