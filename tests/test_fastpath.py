@@ -292,6 +292,7 @@ def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, capl
     from ledger.migrations import __name__ as migrations  # noqa: F401 - the package the migration lives in
     import importlib
 
+    assert onboard(tools, "before").status == "completed"  # this connection has checked the functions: the guard's turn
     installed = importlib.import_module(fastpath.FUNCTIONS_MIGRATION).FUNCTIONS["unwind_chain_append"]
     keeping = installed.replace("BEGIN\n", "BEGIN\n    INSERT INTO public.kept_keys VALUES (p_ikey, p_okey);\n", 1)
     assert keeping != installed
