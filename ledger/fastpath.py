@@ -4,7 +4,7 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it) in autocommit, so
+(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, `unwind_open_run` as 0013 did) in autocommit, so
 PostgreSQL runs the whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
@@ -14,7 +14,8 @@ PostgreSQL runs the whole transaction in that call:
   ordering law finds no later-role step); then takes the step's number, inserts the action (its id drawn beforehand,
   with the tool's read or by this thread's previous proposal) and its attempt, appends the event, and draws the id
   of this thread's next proposal.
-- `unwind_open_run`: locks the head, inserts the run (its id drawn first) and appends its event.
+- `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
+  opening) and appends its event, and draws the id of this thread's next run.
 - `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
   actions' statuses its caller read before (`run_with_steps`, what the checks and the checkpoint are built on);
   completes it, inserts the checkpoint and appends the events.
@@ -64,7 +65,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0012_fastpath_propose_checks"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0013_fastpath_fewer_entries"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 
@@ -204,14 +205,25 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     return "altered", None, None, None
 
 
-_ANSWER_JSON = ("unwind_propose", "unwind_compensated")  # they answer {outcome, step, defaults_version[, next_id]}
+# They answer {outcome[, step, defaults_version][, next_id]}.
+_ANSWER_JSON = ("unwind_propose", "unwind_compensated", "unwind_open_run")
 
 
 # --- opening a run -----------------------------------------------------------------------------------------------
 
+_next_run = threading.local()  # .id and .at: the id the last opening's call drew on this thread, and when
+
+
 def open_run(run: Run, *, actor: str, event: dict) -> bool:
-    """Insert `run` (its id drawn first) with its `run.opened` event: two round trips instead of five."""
-    run.pk = sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_run', 'id'))", [])[0]
+    """Insert `run` with its `run.opened` event in one call. Its id is the one this thread's last opening drew, if
+    that was within NEXT_ID_SECONDS (so ids keep to the order of openings within about that long); else one drawn
+    first."""
+    reserved, at = getattr(_next_run, "id", None), getattr(_next_run, "at", 0.0)
+    _next_run.id = None  # an id is used once, whatever the call answers
+    if reserved is not None and time.monotonic() - at <= NEXT_ID_SECONDS:
+        run.pk = reserved
+    else:
+        run.pk = sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_run', 'id'))", [])[0]
     now = timezone.now()
     log = audit.AuditLog(run.tenant_id, head=None)
     log.record("run.opened", actor=actor, run=run, **event)
@@ -220,6 +232,7 @@ def open_run(run: Run, *, actor: str, event: dict) -> bool:
     if outcome[0] != "ok":
         run.pk = None
         return False
+    _next_run.id, _next_run.at = outcome[3], time.monotonic()
     run._state.adding = False
     run._state.db = DEFAULT_DB_ALIAS
     return True

@@ -269,7 +269,8 @@ RUN_FINAL = {RunStatus.COMPLETED, RunStatus.COMPENSATED, RunStatus.CLOSED}
 class Run(models.Model):
     """One agent workflow: a saga."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs",
+                               db_index=False)  # (tenant, -created_at) leads with it
     agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs")
     on_behalf_of = models.CharField(max_length=200, blank=True)
     goal = models.TextField(blank=True)
@@ -334,12 +335,15 @@ class ActionStatus(models.TextChoices):
 class Action(models.Model):
     """The ledger entry for one proposed tool call, or for the compensation of one."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="actions")
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="actions")
+    # No index of their own: (tenant, idempotency_key), (tenant, -created_at), (run, seq) and (run, content_key) lead
+    # with them. Every index takes an entry at each move of each action (a move changes its status, which partial
+    # indexes name, so no update of an action is HOT).
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="actions", db_index=False)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="actions", db_index=False)
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=16, choices=ActionKind.choices, default=ActionKind.FORWARD)
-    compensates = models.ForeignKey(
-        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="compensations"
+    compensates = models.ForeignKey(  # indexed where set (`action_compensates`)
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="compensations", db_index=False
     )
     tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="actions")
     saga_role = models.CharField(max_length=16, choices=SagaRole.choices)
@@ -355,7 +359,7 @@ class Action(models.Model):
         help_text="Digest of the forward step's content (tool name, target, canonical args or key_fields): a new "
                   "proposal with the same content in the run matches it, whatever its Idempotency-Key.")
     repeat_of = models.ForeignKey(
-        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="+",
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="+", db_index=False,  # `action_repeats`
         help_text="The earlier action with the same content the agent said it means to repeat (`repeat_of`).")
     target_type = models.CharField(max_length=60, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
@@ -399,6 +403,9 @@ class Action(models.Model):
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
             # One look-up per proposal: does this run already hold a step with the same content?
             models.Index(fields=["run", "content_key"], name="action_run_content"),
+            # Most actions are forward steps that compensate and repeat nothing: only those that do are indexed.
+            models.Index(fields=["compensates"], condition=Q(compensates__isnull=False), name="action_compensates"),
+            models.Index(fields=["repeat_of"], condition=Q(repeat_of__isnull=False), name="action_repeats"),
         ]
         ordering = ["run_id", "seq"]
 
@@ -422,7 +429,8 @@ class Action(models.Model):
 class Attempt(models.Model):
     """One try of an action: who ran it, for how long, and how it ended."""
 
-    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="attempt_set")
+    action = models.ForeignKey(Action, on_delete=models.CASCADE, related_name="attempt_set",
+                               db_index=False)  # (action, number) leads with it
     number = models.PositiveSmallIntegerField()
     worker = models.CharField(max_length=120)
     started_at = models.DateTimeField()
@@ -457,7 +465,8 @@ class AuditEvent(models.Model):
     (and the gap is what `verify_audit` reports).
     """
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+",
+                               db_index=False)  # (tenant, seq) leads with it
     seq = models.PositiveBigIntegerField()
     kind = models.CharField(max_length=60)
     actor = models.CharField(max_length=160)
