@@ -403,3 +403,22 @@ def test_a_slug_changed_since_the_tool_was_kept_signs_with_the_new_one(tools):
     run = Run.objects.get(pk=run.pk)  # as the API reads it for each request
     proposal = _propose_now(run, "hr.create_user", {"email": "u2@company.com", "name": "U"})
     assert proposal.action.tool.tenant.slug == "acme-renamed"
+
+
+def test_a_run_opened_soon_after_another_takes_the_id_the_last_opening_drew(tools):
+    open_run(tools, goal="first")
+    reserved = fastpath._next_run.id
+    with CaptureQueriesContext(connection) as queries:
+        run = open_run(tools, goal="second")
+    assert run.pk == reserved and Run.objects.get(pk=reserved).goal == "second"
+    assert not any("nextval" in q["sql"] and "ledger_run" in q["sql"] and "unwind_open_run" not in q["sql"]
+                   for q in queries.captured_queries)  # no id drawn first
+    assert fastpath._next_run.id not in (None, reserved)
+
+
+def test_a_run_id_drawn_long_ago_is_not_used(tools):
+    open_run(tools, goal="early")
+    reserved = fastpath._next_run.id
+    fastpath._next_run.at -= fastpath.NEXT_ID_SECONDS + 1
+    assert open_run(tools, goal="late").pk > reserved
+    assert not Run.objects.filter(pk=reserved).exists()
