@@ -17,8 +17,10 @@ PostgreSQL runs the whole transaction in that call:
 - `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
   opening) and appends its event, and draws the id of this thread's next run.
 - `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
-  actions' statuses its caller read before (`run_with_steps`, what the checks and the checkpoint are built on);
-  completes it, inserts the checkpoint and appends the events.
+  fingerprinted fields of the caller's copy (which the events were built from) and nothing in flight; builds the
+  checkpoint's state from the run's steps, completes the run, inserts the checkpoint (its id drawn beforehand, or by
+  this thread's previous completion, provided no checkpoint of the run came after it), appends the events, and
+  answers the run as completed.
 - `unwind_compensated`: locks the head, then the run; checks the unwinder still holds the run's lease and the
   run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
   compensation's success and its step compensated, then claims the next compensation (the step's move, the
@@ -174,8 +176,8 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     installed (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
     in autocommit (one round trip), or in a savepoint inside a transaction the caller already has open, so an error
     rolls back only the call.
-    Returns (outcome, step, defaults_version, next_id); an altered function is never called: the outcome is then "altered",
-    and this process takes the Python path from then on."""
+    Returns (outcome, step, defaults_version, next_id, row); an altered function is never called: the outcome is then
+    "altered", and this process takes the Python path from then on."""
     global _altered
     db = connections[DEFAULT_DB_ALIAS]
     value = None
@@ -196,17 +198,18 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     if value is not None:
         if function in _ANSWER_JSON:  # Django reads jsonb as text
             outcome = json.loads(value) if isinstance(value, str) else value
-            return outcome["outcome"], outcome.get("step"), outcome.get("defaults_version"), outcome.get("next_id")
-        return value, None, None, None
+            return (outcome["outcome"], outcome.get("step"), outcome.get("defaults_version"), outcome.get("next_id"),
+                    outcome.get("row"))
+        return value, None, None, None, None
     _altered = True
     log.error("the engine's PostgreSQL functions differ from those ledger/migrations/%s installed: they were "
               "not called with the audit key, and this process takes the Python path from now on. Check who "
               "changed them (pg_proc), then run the migration again.", FUNCTIONS_MIGRATION.rsplit(".", 1)[-1])
-    return "altered", None, None, None
+    return "altered", None, None, None, None
 
 
-# They answer {outcome[, step, defaults_version][, next_id]}.
-_ANSWER_JSON = ("unwind_propose", "unwind_compensated", "unwind_open_run")
+# They answer {outcome[, step, defaults_version][, next_id][, row]}.
+_ANSWER_JSON = ("unwind_propose", "unwind_compensated", "unwind_open_run", "unwind_complete")
 
 
 # --- opening a run -----------------------------------------------------------------------------------------------
@@ -240,37 +243,45 @@ def open_run(run: Run, *, actor: str, event: dict) -> bool:
 
 # --- completing a run --------------------------------------------------------------------------------------------
 
-# The tool's name is looked up per action (a subquery, not a join) so that the plan always starts from the run's
-# actions: without statistics yet (a new database) the planner joined from the tools and scanned every action of
-# each, 0.9 ms instead of 0.03.
-STEPS_ALSO = (
-    "nextval(pg_get_serial_sequence('ledger_checkpoint', 'id'))",
-    "(SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.seq, a.status,"
-    " (SELECT t.name FROM ledger_tool t WHERE t.id = a.tool_id), a.kind) ORDER BY a.seq), '[]')"
-    " FROM ledger_action a WHERE a.run_id = ledger_run.id)",
-)
+_next_checkpoint = threading.local()  # .id and .at: the checkpoint id the last completion's call drew, and when
 
 
-def run_with_steps(run_id: int) -> tuple[Run | None, int | None, list]:
-    """The run, an id for its next checkpoint and every action of it ([id, seq, status, tool name, kind] in order),
-    read in one statement without locks: `complete` checks them again under its locks."""
-    run, extra = sql.get_also(Run, STEPS_ALSO, pk=run_id)
-    if run is None:
-        return None, None, []
-    checkpoint_id, steps = extra
-    return run, checkpoint_id, json.loads(steps) if isinstance(steps, str) else steps  # Django loads jsonb as text
+def checkpoint_id() -> int:
+    """An id for the completion's checkpoint: the one this thread's last completion drew, if within NEXT_ID_SECONDS;
+    else one drawn now. `complete` checks that no checkpoint of the run came after it."""
+    reserved, at = getattr(_next_checkpoint, "id", None), getattr(_next_checkpoint, "at", 0.0)
+    _next_checkpoint.id = None  # an id is used once, whatever the call answers
+    if reserved is not None and time.monotonic() - at <= NEXT_ID_SECONDS:
+        return reserved
+    return sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_checkpoint', 'id'))", [])[0]
 
 
-def complete(run: Run, *, steps: list, checkpoint: models.Model, pending: list) -> bool:
-    """Record the run (in memory: completed) and its checkpoint with the `pending` events in one call, provided the
-    run is still running with the same pivot and its actions still have the statuses in `steps`."""
+def complete(run: Run, *, checkpoint: models.Model, pending: list, busy: tuple, done: tuple,
+             unfinished: tuple) -> Run | None:
+    """Complete `run` (the caller's copy, in memory already completed, which `pending`'s events were built from) and
+    insert `checkpoint` in one call, which checks under its locks that the run is still running with the pivot and
+    the fingerprinted fields of the copy and no action in `busy`, and builds the checkpoint's state from the run's
+    steps (`done` and `unfinished` as `execution.checkpoint_state` sorts them). Returns the run as the call left it;
+    None when nothing was written."""
     now = timezone.now()
     outcome = _call(
-        "unwind_complete", f"%s::bigint, %s::bigint, %s::jsonb, %s::boolean, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, Jsonb([[step[0], step[2]] for step in steps]), run.pivot_committed,
+        "unwind_complete", "%s::bigint, %s::bigint, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb, %s::jsonb,"
+        f" %s::text[], %s::text[], %s::text[], %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal, Jsonb(run.intent),
+         Jsonb(run.plan), list(busy), list(done), list(unfinished),
          _row(run, fields=("status", "updated_at", "finished_at")), _row(checkpoint, adding=True),
          *_chain(run.tenant_id, pending, now)])
-    return outcome[0] == "ok"
+    if outcome[0] != "ok":
+        return None
+    _next_checkpoint.id, _next_checkpoint.at = outcome[3], time.monotonic()
+    return _from_json(Run, outcome[4])
+
+
+def _from_json(model: type[models.Model], row: dict) -> models.Model:
+    """A model instance from a row as `to_jsonb` writes it (JSON columns already parsed, times as ISO text)."""
+    fields = model._meta.concrete_fields
+    return model.from_db(DEFAULT_DB_ALIAS, [f.attname for f in fields],
+                         [None if row[f.column] is None else f.to_python(row[f.column]) for f in fields])
 
 
 # --- a compensation's success, and the next compensation or the settling -----------------------------------------

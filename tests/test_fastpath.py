@@ -60,7 +60,13 @@ def _ledger(run: Run) -> dict:
     }
 
 
+def cold() -> None:
+    """Forget the ids this thread's last calls drew, as after a pause: each call then has one drawn first."""
+    fastpath._next.id = fastpath._next_run.id = fastpath._next_checkpoint.id = None
+
+
 def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
+    cold()
     with CaptureQueriesContext(connection) as fast_queries:
         fast = onboard(tools, "fast")
     settings.UNWIND_FAST_PATH = False
@@ -70,8 +76,8 @@ def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
     assert [next(name for name in ("open_run", "propose", "succeed", "complete") if f"unwind_{name}(" in sql)
             for sql in called] == ["open_run", "propose", "succeed", "propose", "succeed", "complete"]
     assert not any("public.unwind_" in q["sql"] for q in slow_queries.captured_queries)
-    # Opening: the run's id, the call. Each step: the tool's read, the proposal, the success. Completing: the read,
-    # the call.
+    # Opening: the run's id, the call. Each step: the tool's read, the proposal, the success. Completing: the
+    # checkpoint's id, the call.
     assert statements(fast_queries) == 2 + 2 * 3 + 2 and statements(slow_queries) > 2 * statements(fast_queries)
     assert ledger_of(fast, "fast") == ledger_of(slow, "slow")
     assert verify_chain(tools.acme.pk).ok
@@ -158,19 +164,104 @@ def test_a_success_on_an_action_someone_else_moved_writes_nothing(tools):
     assert Action.objects.get(pk=proposal.action.pk).status == "lost"
 
 
-def test_a_run_whose_steps_changed_after_the_read_is_not_completed_on_stale_facts(tools):
+def _completing(run: Run):
+    """What `run_complete` hands the call: the caller's copy, completed in memory, and a checkpoint without state."""
+    from django.utils import timezone
+
+    completed = Run.objects.get(pk=run.pk)
+    completed.status, completed.updated_at, completed.finished_at = "completed", timezone.now(), timezone.now()
+    checkpoint = Checkpoint(pk=fastpath.checkpoint_id(), tenant_id=run.tenant_id, run_id=run.pk, label="completed")
+    return completed, checkpoint
+
+
+def _complete(completed: Run, checkpoint: Checkpoint):
+    return fastpath.complete(completed, checkpoint=checkpoint, pending=[], busy=(*execution.PENDING, "running"),
+                             done=execution.DONE, unfinished=execution.UNFINISHED)
+
+
+def test_a_run_with_a_step_in_flight_is_not_completed_by_the_call(tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "s@b.io", "name": "S"})
-    read, checkpoint_id, steps = fastpath.run_with_steps(run.pk)
-    Action.objects.filter(run=run).update(status="running")  # a step back in flight since the read
+    completed, checkpoint = _completing(run)
+    Action.objects.filter(run=run).update(status="running")  # a step back in flight since the caller looked
     before = head_of(tools)
-    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="completed", state={})
-    read.status = "completed"
-    assert not fastpath.complete(read, steps=steps, checkpoint=checkpoint, pending=[])
+    assert _complete(completed, checkpoint) is None
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "running"
-    assert not Checkpoint.objects.filter(pk=checkpoint_id).exists()
+    assert not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
     with pytest.raises(StateConflict, match="still running"):
         run_complete(run=run, actor="agent:booker")
+
+
+@pytest.mark.parametrize("field, value", [("goal", "another goal"), ("on_behalf_of", "mallory@company.com"),
+                                          ("intent", {"ticket": "other"}), ("plan", ["hr.create_user"]),
+                                          ("pivot_committed", True), ("agent_id", None)])
+def test_a_copy_that_differs_from_the_run_in_a_fingerprinted_field_completes_nothing(tools, field, value):
+    """The events are built from the caller's copy of the run; a copy that no longer says what the run holds (in a
+    field the completion's fingerprint covers) makes the call write nothing, and the Python path completes the run
+    from the run itself."""
+    run = open_run(tools, goal="as opened", intent={"ticket": "T-1"})
+    act(run, "hr.create_user", {"email": "f@b.io", "name": "F"})
+    completed, checkpoint = _completing(run)
+    setattr(completed, field, value)
+    before = head_of(tools)
+    assert _complete(completed, checkpoint) is None
+    assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "running"
+    assert not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    assert run_complete(run=Run.objects.get(pk=run.pk), actor="agent:booker").status == "completed"
+    assert verify_chain(tools.acme.pk).ok
+
+
+def test_a_checkpoint_id_drawn_before_the_runs_newest_checkpoint_is_not_used(tools):
+    """The run's checkpoints are read in id order (the newest is the one resumed from): an id drawn before a
+    checkpoint of the run was written would file the completion's before it."""
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "c@b.io", "name": "C"})
+    completed, checkpoint = _completing(run)
+    newer = Checkpoint.objects.create(tenant_id=run.tenant_id, run_id=run.pk, label="resumed", state={})
+    assert newer.pk > checkpoint.pk
+    before = head_of(tools)
+    assert _complete(completed, checkpoint) is None
+    assert head_of(tools) == before and not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    done = run_complete(run=run, actor="agent:booker")
+    assert done.status == "completed" and done.checkpoints.order_by("-id").first().label == "completed"
+
+
+def test_the_completions_checkpoint_is_the_one_the_python_path_builds(tools):
+    """`unwind_complete` builds the checkpoint's state in SQL; it must say what `execution.checkpoint_state` says,
+    for every kind of step a completed run may hold, and the run it answers must be the run as stored."""
+    run = open_run(tools, goal="mixed")
+    moved = ("failed", "lost", "compensated", "compensation_failed", "rejected", "expired", "skipped")
+    steps = [act(run, "hr.create_user", {"email": f"m{i}@b.io", "name": f"M{i}"}) for i in range(len(moved) + 1)]
+    for step, status in zip(steps[1:], moved):
+        Action.objects.filter(pk=step.pk).update(status=status)  # (behind the chain's back: only the state is checked)
+    cold()
+    done = run_complete(run=run, actor="agent:booker")
+    checkpoint = Checkpoint.objects.filter(run=run).order_by("-id").first()
+    assert checkpoint.label == "completed"
+    assert checkpoint.state == execution.checkpoint_state(done, execution.run_steps(run.pk))
+    assert checkpoint.state["pending_action_ids"] == [steps[1].pk, steps[2].pk]
+    stored = Run.objects.get(pk=run.pk)
+    assert {f.attname: getattr(done, f.attname) for f in Run._meta.concrete_fields} == \
+        {f.attname: getattr(stored, f.attname) for f in Run._meta.concrete_fields}
+
+
+def test_a_run_without_steps_completes_with_the_python_paths_checkpoint(tools):
+    run = open_run(tools, goal="empty")
+    done = run_complete(run=run, actor="agent:booker")
+    state = Checkpoint.objects.get(run=run).state
+    assert done.status == "completed" and state == execution.checkpoint_state(done, [])
+    assert state["summary"] == "no actions yet"
+
+
+def test_a_completion_soon_after_another_takes_the_checkpoint_id_the_last_one_drew(tools):
+    onboard(tools, "earlier")
+    reserved = fastpath._next_checkpoint.id
+    run = open_run(tools, goal="later")
+    act(run, "hr.create_user", {"email": "later@b.io", "name": "L"})
+    with CaptureQueriesContext(connection) as queries:
+        run_complete(run=run, actor="agent:booker")
+    assert Checkpoint.objects.get(pk=reserved).run_id == run.pk
+    assert statements(queries) == 1
 
 
 def onboard_and_fail(world, goal: str) -> Run:

@@ -761,11 +761,17 @@ def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
     return checkpoint
 
 
+# How a checkpoint sorts the forward steps: done, or not done yet. `unwind_complete` (ledger/migrations/0013) builds
+# the completion's checkpoint from the same lists, in SQL.
+DONE = (A.SUCCEEDED, A.COMPENSATED)
+UNFINISHED = (*PENDING, A.RUNNING, A.FAILED, A.LOST)
+
+
 def checkpoint_state(run: Run, steps: list[tuple]) -> dict:
     """What a checkpoint records of the run and its forward `steps` ((id, seq, status, tool name), in order)."""
     actions = [dict(zip(("id", "seq", "status", "tool__name"), row)) for row in steps]
-    completed = [a["id"] for a in actions if a["status"] in (A.SUCCEEDED, A.COMPENSATED)]
-    pending = [a["id"] for a in actions if a["status"] in (*PENDING, A.RUNNING, A.FAILED, A.LOST)]
+    completed = [a["id"] for a in actions if a["status"] in DONE]
+    pending = [a["id"] for a in actions if a["status"] in UNFINISHED]
     summary = ", ".join(f"{a['tool__name']} {a['status'].replace('_', ' ')}" for a in actions) or "no actions yet"
     mode = {R.UNWINDING: "compensate", R.NEEDS_ATTENTION: "resume_or_compensate",
             R.AWAITING_APPROVAL: "await_approval"}.get(run.status, "resume")

@@ -1,6 +1,7 @@
 """Runs: open, complete, cancel, and the three operator decisions (resume, compensate, close)."""
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 from django.db import IntegrityError
@@ -91,7 +92,7 @@ def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, pla
 
 def run_complete(*, run: Run, actor: str) -> Run:
     if fastpath.usable(run.tenant_id) and not events.subscribed("run_finished"):
-        completed = _complete_in_one_call(run.pk, actor=actor)
+        completed = _complete_in_one_call(run, actor=actor)
         if completed is not None:
             return completed
     with ledger_transaction(run.tenant_id) as audit:
@@ -111,23 +112,23 @@ def run_complete(*, run: Run, actor: str) -> Run:
     return run
 
 
-def _complete_in_one_call(run_id: int, *, actor: str) -> Run | None:
-    """PostgreSQL, the plain case (running, nothing in flight): the run read with its actions, then completed in one
-    call that checks them again under its locks (ledger/fastpath.py). None: nothing was written."""
-    run, checkpoint_id, steps = fastpath.run_with_steps(run_id)
-    if run is None or run.status != R.RUNNING or any(step[2] in (*execution.PENDING, A.RUNNING) for step in steps):
-        return None  # the Python path answers it (already completed, busy, not running)
+def _complete_in_one_call(run: Run, *, actor: str) -> Run | None:
+    """PostgreSQL, the plain case (running, nothing in flight): one call completes the run, having checked under its
+    locks that it still holds what the caller's copy of it says (the events are built from that copy) and reads its
+    steps itself for the checkpoint (ledger/fastpath.py). None: nothing was written."""
+    if run.status != R.RUNNING:
+        return None  # the Python path answers it (already completed, not running)
     now = timezone.now()
+    completed = copy.copy(run)
+    completed.status, completed.updated_at, completed.finished_at = R.COMPLETED, now, now
+    checkpoint_id = fastpath.checkpoint_id()
     log = AuditLog(run.tenant_id, head=None)
-    run.status, run.updated_at, run.finished_at = R.COMPLETED, now, now
-    log.record(f"run.{R.COMPLETED}", actor=actor, run=run, status_from=R.RUNNING)
-    forward = [tuple(step[:4]) for step in steps if step[4] == ActionKind.FORWARD]
-    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="completed",
-                            state=execution.checkpoint_state(run, forward))
-    log.record("run.checkpoint", actor=execution.SYSTEM, run=run, label="completed", checkpoint=checkpoint_id)
-    if not fastpath.complete(run, steps=steps, checkpoint=checkpoint, pending=log.pending):
-        return None
-    return run
+    log.record(f"run.{R.COMPLETED}", actor=actor, run=completed, status_from=R.RUNNING)
+    log.record("run.checkpoint", actor=execution.SYSTEM, run=completed, label="completed", checkpoint=checkpoint_id)
+    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run_id=run.pk, label="completed")
+    return fastpath.complete(completed, checkpoint=checkpoint, pending=log.pending,
+                             busy=(*execution.PENDING, A.RUNNING), done=execution.DONE,
+                             unfinished=execution.UNFINISHED)
 
 
 def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
