@@ -2,13 +2,17 @@
 
 Every refusal answers `application/problem+json` with `type`, `title`, `status`, `detail` and a stable
 machine `code`, plus what the client needs to act on it (`field` and `errors` for validation, the
-conflicting `action_id`, the ordering `rule`…). Anything not handled here is a genuine server error.
+conflicting `action_id`, the ordering `rule`…). A database that stops answering mid-request (a restart, a
+failover, a connection cut) answers 503 with Retry-After: the request's transaction either committed or did not,
+and sending it again with the same Idempotency-Key gets what the ledger holds. Anything else not handled here is a
+genuine server error.
 """
 from __future__ import annotations
 
 import logging
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse
 from django.http import JsonResponse
@@ -21,6 +25,7 @@ from ledger.errors import UnwindError
 log = logging.getLogger("unwind.api")
 
 PROBLEM_JSON = "application/problem+json"
+DATABASE_RETRY_AFTER = 1  # seconds: a new connection is opened on the next request
 STANDARD = ("type", "title", "status", "detail", "code", "instance")
 
 DRF_TITLES = {
@@ -91,6 +96,16 @@ def problem_exception_handler(exc, context):
     elif isinstance(exc, exceptions.ValidationError):
         body = _validation_problem(exc, instance)
         status = 400
+    elif isinstance(exc, (OperationalError, InterfaceError)):
+        # The connection is marked unusable and closed when the request ends: the next request opens a new one.
+        log.error("the database stopped answering during %s %s", getattr(request, "method", ""), instance,
+                  exc_info=exc)
+        status = 503
+        headers["Retry-After"] = str(DATABASE_RETRY_AFTER)
+        body = problem(status=status, code="database_unavailable", title="Database unavailable",
+                       detail="the ledger's database stopped answering during this request, so it may or may not have "
+                              "been recorded: send it again (with the same Idempotency-Key, where it has one) and the "
+                              "ledger answers with what it holds", instance=instance, retry_after=DATABASE_RETRY_AFTER)
     elif isinstance(exc, exceptions.APIException):
         status = exc.status_code
         code = exc.get_codes() if isinstance(exc.detail, str) else exc.default_code
