@@ -75,6 +75,9 @@ MIDDLEWARE = [
 INSTALLED_APPS += ["axes", "csp"]
 MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware")
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")
+# Innermost, so its process_exception sees a view's exception first: a database that stops answering mid-request
+# answers 503 with Retry-After (ledger/api/problems.py), never a 500.
+MIDDLEWARE.append("ledger.api.problems.DatabaseUnavailableMiddleware")
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",

@@ -101,3 +101,33 @@ def test_a_connection_cut_before_the_proposal_is_recorded_loses_nothing_and_the_
     again = call(world, "POST", f"/api/v1/runs/{run['id']}/actions", body, key="cut-step-1")
     assert again.status_code in (201, 202), again.text[:500]
     assert Action.objects.filter(run_id=run["id"], idempotency_key="cut-step-1").count() == 1
+
+
+def test_a_page_whose_connection_is_cut_answers_a_503_page_and_the_reload_works(cut):
+    """People's pages too: a short page that says what happened, 503 with Retry-After, never Django's 500."""
+    from django.test import Client
+
+    world = cut.world
+    browser = Client()
+    browser.force_login(world.oscar)
+    cookies = {"sessionid": browser.cookies["sessionid"].value}
+    cut.arm("django_session")  # the session is read first on every page
+    page = requests.get(world.live_server.url + "/console/recovery/", cookies=cookies, timeout=30)
+    assert page.status_code == 503 and page.headers["Retry-After"] == "1"
+    assert "The database is not answering" in page.text and "Traceback" not in page.text
+    connection.close()
+    again = requests.get(world.live_server.url + "/console/recovery/", cookies=cookies, timeout=30)
+    assert again.status_code == 200 and "Recovery" in again.text
+
+
+def test_the_mcp_endpoint_answers_the_same_problem(cut):
+    """/mcp authenticates the agent outside DRF: the middleware answers the API's problem, and the retry is served."""
+    world = cut.world
+    headers = {"Authorization": f"Bearer {world.key}", "Accept": "application/json, text/event-stream"}
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                             "clientInfo": {"name": "cut", "version": "1"}}}
+    cut.arm("ledger_agent")
+    assert_unavailable(requests.post(world.live_server.url + "/mcp", json=initialize, headers=headers, timeout=30))
+    again = requests.post(world.live_server.url + "/mcp", json=initialize, headers=headers, timeout=30)
+    assert again.status_code == 200, again.text[:300]

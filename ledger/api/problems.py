@@ -15,7 +15,8 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import InterfaceError, OperationalError
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
+from django.template import loader
 from django.views.defaults import page_not_found
 from rest_framework import exceptions, serializers
 from rest_framework.response import Response
@@ -78,6 +79,42 @@ def _validation_problem(exc: exceptions.ValidationError, instance: str) -> dict:
                    field=first["field"], errors=errors)
 
 
+DATABASE_GONE = (OperationalError, InterfaceError)
+
+
+def database_unavailable(request, exc: Exception) -> dict:
+    """The problem for a request the database stopped answering (logged as the server error it is). Its connection
+    is marked unusable and closed when the request ends, so the next request opens a new one."""
+    instance = request.path if request is not None else ""
+    log.error("the database stopped answering during %s %s", getattr(request, "method", ""), instance, exc_info=exc)
+    return problem(status=503, code="database_unavailable", title="Database unavailable",
+                   detail="the ledger's database stopped answering during this request, so it may or may not have "
+                          "been recorded: send it again (with the same Idempotency-Key, where it has one) and the "
+                          "ledger answers with what it holds", instance=instance, retry_after=DATABASE_RETRY_AFTER)
+
+
+class DatabaseUnavailableMiddleware:
+    """The same answer for every other view (pages, and the agents' MCP endpoint outside DRF): a problem for the
+    API's paths and /mcp, a short page for people, both 503 with Retry-After. The page is rendered without context processors, which
+    would ask the database again."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not isinstance(exception, DATABASE_GONE):
+            return None
+        body = database_unavailable(request, exception)
+        headers = {"Retry-After": str(DATABASE_RETRY_AFTER)}
+        if request.path.startswith((*API_PREFIXES, "/mcp")):
+            return JsonResponse(body, status=503, content_type=PROBLEM_JSON, headers=headers)
+        page = loader.get_template("database_unavailable.html").render({"retry_after": DATABASE_RETRY_AFTER})
+        return HttpResponse(page, status=503, headers=headers)
+
+
 def problem_exception_handler(exc, context):
     request = context.get("request")
     instance = request.path if request is not None else ""
@@ -96,16 +133,9 @@ def problem_exception_handler(exc, context):
     elif isinstance(exc, exceptions.ValidationError):
         body = _validation_problem(exc, instance)
         status = 400
-    elif isinstance(exc, (OperationalError, InterfaceError)):
-        # The connection is marked unusable and closed when the request ends: the next request opens a new one.
-        log.error("the database stopped answering during %s %s", getattr(request, "method", ""), instance,
-                  exc_info=exc)
-        status = 503
+    elif isinstance(exc, DATABASE_GONE):
+        status, body = 503, database_unavailable(request, exc)
         headers["Retry-After"] = str(DATABASE_RETRY_AFTER)
-        body = problem(status=status, code="database_unavailable", title="Database unavailable",
-                       detail="the ledger's database stopped answering during this request, so it may or may not have "
-                              "been recorded: send it again (with the same Idempotency-Key, where it has one) and the "
-                              "ledger answers with what it holds", instance=instance, retry_after=DATABASE_RETRY_AFTER)
     elif isinstance(exc, exceptions.APIException):
         status = exc.status_code
         code = exc.get_codes() if isinstance(exc.detail, str) else exc.default_code
