@@ -4,8 +4,8 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, `unwind_open_run` as 0013 did) in autocommit, so
-PostgreSQL runs the whole transaction in that call:
+(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, the opening and the completion
+as 0013 did) in autocommit, so PostgreSQL runs the whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
   tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
@@ -212,21 +212,47 @@ def _call(function: str, arguments: str, params: list) -> tuple:
 _ANSWER_JSON = ("unwind_propose", "unwind_compensated", "unwind_open_run", "unwind_complete")
 
 
+# --- ids drawn by the previous call ------------------------------------------------------------------------------
+
+NEXT_ID_SECONDS = 1.0
+
+
+class Reserved(threading.local):
+    """The id of `table`'s next row that this thread's previous call of one kind drew (the functions answer it as
+    `next_id`), so that the next call of that kind needs no statement first. It is used once, and only within
+    NEXT_ID_SECONDS of being drawn, so ids keep to the order of the calls within about that long (concurrent
+    transactions already commit out of id order); an unused one leaves a gap in the sequence."""
+
+    def __init__(self, table: str):
+        self.table, self.id, self.at = table, None, 0.0
+
+    def keep(self, drawn: int | None) -> None:
+        self.id, self.at = drawn, time.monotonic()
+
+    def fresh(self) -> int | None:
+        """The kept id if it is recent enough, else None; either way it is not handed out again."""
+        kept, self.id = self.id, None
+        return kept if kept is not None and time.monotonic() - self.at <= NEXT_ID_SECONDS else None
+
+    def take(self) -> int:
+        """The kept id if recent enough, else one drawn now."""
+        kept = self.fresh()
+        if kept is not None:
+            return kept
+        return sql.fetch_one(f"SELECT nextval(pg_get_serial_sequence('{self.table}', 'id'))", [])[0]
+
+
+_next_action = Reserved("ledger_action")
+_next_run = Reserved("ledger_run")
+_next_checkpoint = Reserved("ledger_checkpoint")
+
+
 # --- opening a run -----------------------------------------------------------------------------------------------
 
-_next_run = threading.local()  # .id and .at: the id the last opening's call drew on this thread, and when
-
-
 def open_run(run: Run, *, actor: str, event: dict) -> bool:
-    """Insert `run` with its `run.opened` event in one call. Its id is the one this thread's last opening drew, if
-    that was within NEXT_ID_SECONDS (so ids keep to the order of openings within about that long); else one drawn
-    first."""
-    reserved, at = getattr(_next_run, "id", None), getattr(_next_run, "at", 0.0)
-    _next_run.id = None  # an id is used once, whatever the call answers
-    if reserved is not None and time.monotonic() - at <= NEXT_ID_SECONDS:
-        run.pk = reserved
-    else:
-        run.pk = sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_run', 'id'))", [])[0]
+    """Insert `run` (its id the one this thread's last opening drew, or drawn first) with its `run.opened` event in
+    one call."""
+    run.pk = _next_run.take()
     now = timezone.now()
     log = audit.AuditLog(run.tenant_id, head=None)
     log.record("run.opened", actor=actor, run=run, **event)
@@ -235,7 +261,7 @@ def open_run(run: Run, *, actor: str, event: dict) -> bool:
     if outcome[0] != "ok":
         run.pk = None
         return False
-    _next_run.id, _next_run.at = outcome[3], time.monotonic()
+    _next_run.keep(outcome[3])
     run._state.adding = False
     run._state.db = DEFAULT_DB_ALIAS
     return True
@@ -243,17 +269,10 @@ def open_run(run: Run, *, actor: str, event: dict) -> bool:
 
 # --- completing a run --------------------------------------------------------------------------------------------
 
-_next_checkpoint = threading.local()  # .id and .at: the checkpoint id the last completion's call drew, and when
-
-
 def checkpoint_id() -> int:
-    """An id for the completion's checkpoint: the one this thread's last completion drew, if within NEXT_ID_SECONDS;
-    else one drawn now. `complete` checks that no checkpoint of the run came after it."""
-    reserved, at = getattr(_next_checkpoint, "id", None), getattr(_next_checkpoint, "at", 0.0)
-    _next_checkpoint.id = None  # an id is used once, whatever the call answers
-    if reserved is not None and time.monotonic() - at <= NEXT_ID_SECONDS:
-        return reserved
-    return sql.fetch_one("SELECT nextval(pg_get_serial_sequence('ledger_checkpoint', 'id'))", [])[0]
+    """An id for the completion's checkpoint: the one this thread's last completion drew, or one drawn now.
+    `complete` checks that no checkpoint of the run came after it."""
+    return _next_checkpoint.take()
 
 
 def complete(run: Run, *, checkpoint: models.Model, pending: list, busy: tuple, done: tuple,
@@ -273,7 +292,7 @@ def complete(run: Run, *, checkpoint: models.Model, pending: list, busy: tuple, 
          *_chain(run.tenant_id, pending, now)])
     if outcome[0] != "ok":
         return None
-    _next_checkpoint.id, _next_checkpoint.at = outcome[3], time.monotonic()
+    _next_checkpoint.keep(outcome[3])
     return _from_json(Run, outcome[4])
 
 
@@ -302,11 +321,12 @@ class Step:
 
 
 def run_for_unwind(run_id: int, *, checkpoints: int = 1):
-    """The run, ids for the compensations to come and for `checkpoints` checkpoints, the tenant's approval threshold, and every
-    action of the run in order with its tool's name and class, read in one statement without locks: `compensated` checks
-    the statuses again under its locks. A forward step that is succeeded or compensating (one the unwinder may undo
-    next) comes whole, with its compensation's tool version (and the tenant's slug); every other action as a `Step`.
-    (None, ...) when there is no such run, or it has more than UNWIND_READ_LIMIT actions."""
+    """The run, ids for the compensations to come and for `checkpoints` checkpoints, the tenant's approval threshold,
+    and every action of the run in order with its tool's name and class, read in one statement without locks:
+    `compensated` checks the statuses again under its locks. A forward step that is succeeded or compensating (one
+    the unwinder may undo next) comes whole, with its compensation's tool version (and the tenant's slug); every
+    other action as a `Step`. (None, ...) when there is no such run, or it has more than UNWIND_READ_LIMIT
+    actions."""
     run_cols, run_n = sql.columns(Run, "r")
     action_cols, action_n = sql.columns(Action, "f")
     tool_cols, tool_n = sql.columns(Tool, "u")
@@ -422,15 +442,12 @@ _TOOL_ALSO = (
 # version never changes once written (but for `is_current`), and `unwind_propose` checks, under its locks, that the
 # version kept is still the current one, that the compensation's twin is still the version bound, and that the
 # tenant's slug and approval threshold are unchanged (else it answers 'stale', having written nothing, and the
-# proposal is decided again from a fresh read). The action's id comes from the previous proposal's call on this
-# thread (it draws one for the next), used only while it is recent, so ids keep to the order of proposals within
-# about that long (concurrent transactions already commit out of id order).
+# proposal is decided again from a fresh read). The action's id is the one this thread's previous proposal drew
+# (`Reserved`).
 TOOL_KEEP_SECONDS = 60.0
-NEXT_ID_SECONDS = 1.0
 _TOOLS_KEPT = 512
 _kept: OrderedDict = OrderedDict()  # (tenant id, name) → (when read, the row's columns, threshold, twin, slug)
 _kept_lock = threading.Lock()
-_next = threading.local()  # .id and .at: the id the last proposal's call drew on this thread, and when
 
 
 def current_tool(tenant_id: int, name: str) -> tuple[Tool | None, int | None, str | None, tuple[int, int] | None]:
@@ -456,15 +473,13 @@ def current_tool(tenant_id: int, name: str) -> tuple[Tool | None, int | None, st
 def kept_tool(tenant_id: int, name: str) -> tuple[Tool, int, str | None, tuple[int, int] | None] | None:
     """What `current_tool` answers, from what this process kept and the id this thread's last proposal drew, when
     both are recent; None otherwise. The proposal's call checks them (see above)."""
-    now = time.monotonic()
-    reserved, at = getattr(_next, "id", None), getattr(_next, "at", 0.0)
-    if reserved is None or now - at > NEXT_ID_SECONDS:
-        return None
     with _kept_lock:
         kept = _kept.get((tenant_id, name))
-    if kept is None or now - kept[0] > TOOL_KEEP_SECONDS:
+    if kept is None or time.monotonic() - kept[0] > TOOL_KEEP_SECONDS:
         return None
-    _next.id = None  # an id is used once, whatever the call answers
+    reserved = _next_action.fresh()
+    if reserved is None:
+        return None
     _, row, threshold, twin, slug = kept
     return _tool(row, slug), reserved, threshold, twin
 
@@ -514,7 +529,7 @@ def propose(action: Action, *, matching: tuple, roles: list, gone: list, thresho
     action.seq, action.defaults_version = outcome[1], outcome[2]
     action._state.adding = False
     action._state.db = DEFAULT_DB_ALIAS
-    _next.id, _next.at = outcome[3], time.monotonic()
+    _next_action.keep(outcome[3])
     return "ok"
 
 

@@ -62,7 +62,7 @@ def _ledger(run: Run) -> dict:
 
 def cold() -> None:
     """Forget the ids this thread's last calls drew, as after a pause: each call then has one drawn first."""
-    fastpath._next.id = fastpath._next_run.id = fastpath._next_checkpoint.id = None
+    fastpath._next_action.id = fastpath._next_run.id = fastpath._next_checkpoint.id = None
 
 
 def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
@@ -418,7 +418,7 @@ def _propose_now(run, tool: str, args: dict):
 def test_a_kept_tool_is_used_and_checked_by_the_call(tools):
     run = open_run(tools, goal="kept")
     act(run, "hr.create_user", {"email": "k1@company.com", "name": "K"})  # reads the tool, keeps it, draws an id
-    reserved = fastpath._next.id
+    reserved = fastpath._next_action.id
     with CaptureQueriesContext(connection) as queries:
         proposal = _propose_now(run, "hr.create_user", {"email": "k2@company.com", "name": "K"})
     assert proposal.action.pk == reserved
@@ -471,8 +471,8 @@ def test_arguments_valid_only_for_the_kept_version_are_refused(tools):
 def test_an_id_drawn_long_ago_is_not_used(tools):
     run = open_run(tools, goal="late")
     act(run, "hr.create_user", {"email": "l1@company.com", "name": "L"})
-    reserved = fastpath._next.id
-    fastpath._next.at -= fastpath.NEXT_ID_SECONDS + 1
+    reserved = fastpath._next_action.id
+    fastpath._next_action.at -= fastpath.NEXT_ID_SECONDS + 1
     proposal = _propose_now(run, "hr.create_user", {"email": "l2@company.com", "name": "L"})
     assert proposal.action.pk > reserved
 

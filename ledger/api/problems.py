@@ -95,8 +95,8 @@ def database_unavailable(request, exc: Exception) -> dict:
 
 class DatabaseUnavailableMiddleware:
     """The same answer for every other view (pages, and the agents' MCP endpoint outside DRF): a problem for the
-    API's paths and /mcp, a short page for people, both 503 with Retry-After. The page is rendered without context processors, which
-    would ask the database again."""
+    API's paths and /mcp, a short page for people, both 503 with Retry-After. The page is rendered without context
+    processors, which would ask the database again."""
 
     def __init__(self, get_response):
         self.get_response = get_response

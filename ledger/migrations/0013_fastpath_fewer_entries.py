@@ -91,10 +91,10 @@ BEGIN
                               'next_id', nextval(pg_get_serial_sequence('ledger_checkpoint', 'id')));
 END $$;
 """
-DROP_COMPLETE = ("DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea, text,"
-                 " timestamptz, jsonb);")
-DROP_NEW_COMPLETE = ("DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, boolean, bigint, text, text, jsonb, jsonb,"
-                     " text[], text[], text[], jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);")
+DROP_COMPLETE = ("DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, jsonb, boolean, jsonb, jsonb, bytea, bytea,"
+                 " text, timestamptz, jsonb);")
+DROP_NEW_COMPLETE = ("DROP FUNCTION IF EXISTS unwind_complete(bigint, bigint, boolean, bigint, text, text, jsonb,"
+                     " jsonb, text[], text[], text[], jsonb, jsonb, bytea, bytea, text, timestamptz, jsonb);")
 
 EXPANDED = "INSERT INTO ledger_checkpoint SELECT (jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint)).*;"
 FROM_ONCE = "INSERT INTO ledger_checkpoint SELECT * FROM jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint);"
