@@ -67,7 +67,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0013_fastpath_fewer_entries"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0014_fastpath_fewer_statements"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 
@@ -108,9 +108,10 @@ _trusted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # connectio
 @lru_cache(maxsize=1)
 def expected_fingerprint() -> str:
     """`TRUST`'s fingerprint of the functions as the migration wrote them."""
-    functions = importlib.import_module(FUNCTIONS_MIGRATION).FUNCTIONS
-    return hashlib.md5("|".join(f"{name}:{functions[name].split('$$')[1]}" for name in sorted(functions)).encode()
-                       ).hexdigest()
+    migration = importlib.import_module(FUNCTIONS_MIGRATION)
+    functions, config = migration.FUNCTIONS, getattr(migration, "CONFIG", {})
+    return hashlib.md5("|".join(":".join(filter(None, (name, functions[name].split("$$")[1], config.get(name))))
+                                for name in sorted(functions)).encode()).hexdigest()
 
 
 def _trust(db) -> str | None:

@@ -12,6 +12,7 @@ must not be a way to make Unwind fetch a URL or spin a CPU:
 """
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from typing import Any
 
@@ -169,9 +170,17 @@ def _refuse(uri: str):
 NOTHING_REMOTE = referencing.Registry(retrieve=_refuse)
 
 
+@lru_cache(maxsize=256)
+def _validator(schema_text: str):
+    """A validator for the schema written as `schema_text`, built once: building one crawls its schema for
+    references, which took a proposal longer than validating its args. Validators keep no state between uses, and
+    this one has a copy of the schema of its own."""
+    return SafeValidator(json.loads(schema_text), registry=NOTHING_REMOTE, format_checker=FORMAT_CHECKER)
+
+
 def errors(schema: dict, instance: Any) -> list[ValidationError]:
     """Every way `instance` fails `schema`, in path order, evaluated without fetching or backtracking."""
-    validator = SafeValidator(schema or {}, registry=NOTHING_REMOTE, format_checker=FORMAT_CHECKER)
+    validator = _validator(json.dumps(schema or {}))  # as written: its keywords are checked in that order
     try:
         return sorted(validator.iter_errors(instance), key=lambda e: list(map(str, e.absolute_path)))
     except referencing.exceptions.Unresolvable as exc:

@@ -127,6 +127,21 @@ def test_a_cancelled_run_is_refused_by_the_python_path(tools):
     assert head_of(tools) == before and not Action.objects.filter(run=run).exists()
 
 
+def test_a_run_marked_cancelled_but_still_running_takes_no_step_from_the_call(tools):
+    """The services move a cancelled run out of running in the cancel's own commit, so only a write outside them (an
+    insider's, or a path yet to come) leaves it running with its cancel recorded. The call still sees the cancel
+    under its lock and writes nothing; the Python path refuses the step."""
+    from django.utils import timezone
+
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "c@b.io", "name": "C"})  # the tool is kept, the next id drawn
+    Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())  # the caller's copy predates it
+    before = head_of(tools)
+    with pytest.raises(RunCancelled):
+        action_propose(run=run, tool_name="hr.create_user", args={"email": "d@b.io", "name": "D"}, actor="agent:x")
+    assert head_of(tools) == before and Action.objects.filter(run=run).count() == 1
+
+
 def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
     """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
     from ledger.services.actions import compensation_plan_of
@@ -384,7 +399,7 @@ def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, capl
     import importlib
 
     assert onboard(tools, "before").status == "completed"  # this connection has checked the functions: the guard's turn
-    installed = importlib.import_module(fastpath.FUNCTIONS_MIGRATION).FUNCTIONS["unwind_chain_append"]
+    installed = importlib.import_module(fastpath.FUNCTIONS_MIGRATION).FUNCTIONS["unwind_chain_hashes"]
     keeping = installed.replace("BEGIN\n", "BEGIN\n    INSERT INTO public.kept_keys VALUES (p_ikey, p_okey);\n", 1)
     assert keeping != installed
     with connection.cursor() as cursor:
