@@ -417,6 +417,21 @@ def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, capl
         fastpath._altered = False  # the test's transaction rolls the function back
 
 
+def test_a_function_whose_settings_changed_is_not_called(tools, caplog):
+    """The functions run with the settings the migration gave them (`plan_cache_mode`), which are part of what the
+    connection checks: with one of them reset, the functions are not called with the key."""
+    assert onboard(tools, "before").status == "completed"
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER FUNCTION unwind_succeed RESET plan_cache_mode")
+    try:
+        run = onboard(tools, "reset")
+        assert run.status == "completed"
+        assert fastpath._altered and "differ from those" in caplog.text
+        assert verify_chain(tools.acme.pk).ok
+    finally:
+        fastpath._altered = False  # the test's transaction rolls the change back
+
+
 # --- the tools a process keeps (fastpath.kept_tool): the call checks them, so nothing stale is ever recorded ---
 
 def _spec(name: str) -> dict:
