@@ -1,19 +1,22 @@
-"""The ok saga's database work alone: its 8 calls, sent by a client that does nothing else.
+"""A saga's database work alone: its statements, sent by a client that does nothing else.
 
-One saga is run through the engine and each call of `ledger/fastpath.py` it makes is recorded as sent (the statement
-with its guard, and the arguments). Then, for each saga replayed, the arguments are copied with new ids (run,
-actions, checkpoint) and idempotency keys, and serialized, before the clock starts; the clock then times only the 8
-statements on a plain psycopg connection in autocommit: the locks, checks, rows, index entries, hashed events and
-commits the guarantees need, with no Python around them but the driver's. Timed by turns with the floor's sagas of
-the same number of commits and with the engine's own sagas, so the three see the same machine.
+One saga of each kind is run through the engine and every statement it sends is recorded as sent (the functions'
+calls of `ledger/fastpath.py` with their guard, and the failing saga's read before the unwind), with its arguments.
+Then, for each saga replayed, the arguments are copied with new ids (run, actions, checkpoints), idempotency keys
+and lease, and serialized, before the clock starts; the clock then times only the statements, on a plain psycopg
+connection in autocommit: the locks, checks, rows, index entries, hashed events and commits the guarantees need, with
+no Python around them but the driver's. Timed by turns with the floor's sagas of the same number of commits and with
+the engine's own sagas, so that the three see the same machine.
 
 What the engine takes beyond the replay is its process's share: building the rows, the fingerprints and the signed
-event bodies, validating the arguments, the tool call, the models it answers with.
+event bodies, validating the arguments, the tool calls, deciding the unwind, the models it answers with.
 """
 from __future__ import annotations
 
 import copy
+import datetime
 import json
+import re
 import time
 
 import psycopg
@@ -21,103 +24,129 @@ from psycopg.types.json import Jsonb
 
 from bench.common import BENCH_DB, psycopg_url, summary
 
-# Where each call's run id and action id sit among its arguments, and which table each row in JSON is of.
-RUN_AT = {"unwind_propose": 1, "unwind_succeed": 1, "unwind_complete": 1}
-ACTION_AT = {"unwind_succeed": 2}
-ROW_OF = {("unwind_open_run", 1): "run", ("unwind_propose", 2): "action", ("unwind_complete", 12): "checkpoint"}
+# Where the ids sit among each statement's arguments: plain ids by position, rows in JSON by position (the table
+# their "id" is of), the list of [action id, status] the unwinding calls check, the lease the first undo takes.
+SPEC = {
+    "unwind_open_run": {"rows": {1: "run"}},
+    "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4},
+    "unwind_succeed": {"ids": {1: "run", 2: "action"}},
+    "unwind_complete": {"ids": {1: "run"}, "rows": {12: "checkpoint"}},
+    "unwind_failed": {"ids": {1: "run", 3: "action"}, "steps": 2, "rows": {7: "checkpoint"}},
+    "unwind_compensated": {"ids": {1: "run", 4: "action", 7: "action", 9: "action"}, "steps": 2, "lease": 3,
+                           "rows": {11: "action", 15: "checkpoint"}},
+    "read for the unwind": {"ids": {0: "run", 2: "run"}},  # fastpath.run_for_unwind
+}
+ROW_KEYS = {"run_id": "run", "compensates_id": "action", "action_id": "action"}  # ids a row holds of other tables
+SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledger_checkpoint"}
 
 
-def record_one(saga, key: int) -> list[tuple[str, str, list]]:
-    """The calls of one ok saga: (function, statement as sent, arguments)."""
-    from django.db import connections
+def _kind(sql: str) -> str | None:
+    called = re.search(r"public\.(unwind_[a-z_]+)\(", sql)
+    if called:
+        return called.group(1)
+    return "read for the unwind" if sql.startswith("WITH ids AS MATERIALIZED") else None
 
-    from ledger import fastpath
 
-    calls = []
-    plain = fastpath._call
+def record(saga, key: int, fail: bool) -> list[tuple[str, str, list]]:
+    """Every statement one saga sends: (kind, statement, arguments)."""
+    from django.db import connection
 
-    def recording(function, arguments, params):
-        answer = plain(function, arguments, params)
-        guard = fastpath._trust(connections["default"])
-        calls.append((function, f"SELECT CASE WHEN {guard} THEN public.{function}({arguments}) END",
-                      copy.deepcopy(params)))
+    statements = []
+
+    def recording(execute, sql, params, many, context):
+        answer = execute(sql, params, many, context)
+        kind = _kind(sql)
+        assert kind is not None, f"a statement the replay does not know: {sql[:80]}"
+        statements.append((kind, sql, copy.deepcopy(list(params or []))))
         return answer
 
-    fastpath._call = recording
-    try:
-        assert saga.onboard(key, False) == "completed"
-    finally:
-        fastpath._call = plain
-    assert [c[0] for c in calls] == ["unwind_open_run", *["unwind_propose", "unwind_succeed"] * 3, "unwind_complete"]
-    return calls
+    with connection.execute_wrapper(recording):
+        assert saga.onboard(key, fail) == ("compensated" if fail else "completed")
+    return statements
 
 
 def _text(value):
-    """Arguments as the statement casts them: JSON as its text (serialized before the clock starts)."""
+    """Arguments as the statements cast them: JSON as its text (serialized before the clock starts)."""
     return json.dumps(value.obj) if isinstance(value, Jsonb) else value
 
 
 class Replay:
-    def __init__(self, calls: list[tuple[str, str, list]]):
-        self.calls = calls
+    def __init__(self, statements: list[tuple[str, str, list]]):
+        self.statements = statements
         self.conn = psycopg.connect(psycopg_url(BENCH_DB), autocommit=True)
-        opened = calls[0][2][1].obj
-        self.run_id = opened["id"]
-        self.action_ids = [params[2].obj["id"] for function, _, params in calls if function == "unwind_propose"]
-        self.checkpoint_id = calls[-1][2][12].obj["id"]
         self.serial = 0
+        self.old = {table: [] for table in SEQUENCES}  # every id the recorded saga wrote, by table, in order
+        for kind, _, params in statements:
+            spec = SPEC[kind]
+            for at, table in spec.get("rows", {}).items():
+                row = params[at].obj if isinstance(params[at], Jsonb) else None
+                if row and row["id"] not in self.old[table]:
+                    self.old[table].append(row["id"])
+
+    @property
+    def commits(self) -> int:
+        return sum(1 for kind, _, _ in self.statements if kind.startswith("unwind_"))
 
     def _ids(self, table: str, count: int) -> list[int]:
         return [row[0] for row in self.conn.execute(
-            f"SELECT nextval(pg_get_serial_sequence('{table}', 'id')) FROM generate_series(1, %s)", [count])]
+            f"SELECT nextval(pg_get_serial_sequence('{SEQUENCES[table]}', 'id')) FROM generate_series(1, %s)",
+            [count])]
 
     def prepare(self, count: int) -> list[list[tuple[str, list]]]:
-        """`count` sagas' statements with fresh ids and keys, every argument serialized."""
-        runs = self._ids("ledger_run", count)
-        actions = self._ids("ledger_action", 3 * count)
-        checkpoints = self._ids("ledger_checkpoint", count)
+        """`count` sagas' statements with fresh ids, keys and lease, every argument serialized."""
+        drawn = {table: self._ids(table, len(old) * count) for table, old in self.old.items() if old}
+        lease = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=10)
         sagas = []
         for n in range(count):
             self.serial += 1
-            new = {"run": {self.run_id: runs[n]}, "checkpoint": {self.checkpoint_id: checkpoints[n]},
-                   "action": dict(zip(self.action_ids, actions[3 * n:3 * n + 3]))}
-            statements = []
-            for function, statement, params in self.calls:
-                params = list(params)
-                if function in RUN_AT:
-                    params[RUN_AT[function]] = new["run"][params[RUN_AT[function]]]
-                if function in ACTION_AT:
-                    params[ACTION_AT[function]] = new["action"][params[ACTION_AT[function]]]
-                for at, value in enumerate(params):
-                    if not (isinstance(value, Jsonb) and isinstance(value.obj, dict)):
-                        continue
-                    row = dict(value.obj)
-                    if (function, at) in ROW_OF:
-                        row["id"] = new[ROW_OF[function, at]][row["id"]]
-                    if "run_id" in row:
-                        row["run_id"] = new["run"][row["run_id"]]
-                    for name in ("idempotency_key", "open_key"):
-                        if row.get(name):
-                            row[name] = f"{row[name]}~{self.serial}"
-                    params[at] = Jsonb(row)
-                if function == "unwind_propose":
-                    params[4] = f"{params[4]}~{self.serial}"  # the key the call checks, as in the row
-                statements.append((statement, [_text(p) for p in params]))
-            sagas.append(statements)
+            new = {table: dict(zip(old, drawn[table][len(old) * n:len(old) * (n + 1)]))
+                   for table, old in self.old.items() if old}
+            sagas.append([(sql, [_text(p) for p in self._fresh(kind, params, new, lease)])
+                          for kind, sql, params in self.statements])
         return sagas
 
+    def _fresh(self, kind: str, params: list, new: dict, lease) -> list:
+        spec, params = SPEC[kind], list(params)
+        for at, table in spec.get("ids", {}).items():
+            if params[at] is not None:
+                params[at] = new[table][params[at]]
+        if "steps" in spec:
+            params[spec["steps"]] = Jsonb([[new["action"][i], status] for i, status in params[spec["steps"]].obj])
+        if "lease" in spec and params[spec["lease"]] is not None:
+            params[spec["lease"]] = lease
+        if "key" in spec:
+            params[spec["key"]] = f"{params[spec['key']]}~{self.serial}"  # as in the row
+        for at, value in enumerate(params):
+            if not (isinstance(value, Jsonb) and isinstance(value.obj, dict)):
+                continue
+            row = dict(value.obj)
+            if at in spec.get("rows", {}):
+                row["id"] = new[spec["rows"][at]][row["id"]]
+            for name, table in ROW_KEYS.items():
+                if row.get(name) is not None:
+                    row[name] = new[table][row[name]]
+            for name in ("idempotency_key", "open_key"):
+                if row.get(name):
+                    row[name] = f"{row[name]}~{self.serial}"
+            params[at] = Jsonb(row)
+        return params
+
     def saga(self, statements: list[tuple[str, list]]) -> None:
-        for statement, params in statements:
-            answer = self.conn.execute(statement, params, prepare=True).fetchone()[0]
-            outcome = answer if isinstance(answer, str) else answer["outcome"]
-            assert outcome == "ok", (statement.split("public.")[1][:30], answer)
+        for sql, params in statements:
+            rows = self.conn.execute(sql, params, prepare=True).fetchall()
+            if sql.startswith("SELECT CASE WHEN"):
+                answer = rows[0][0]
+                outcome = answer if isinstance(answer, str) else answer["outcome"]
+                assert outcome == "ok", (_kind(sql), answer)
+            else:
+                assert rows, "the read for the unwind found nothing"
 
     def close(self) -> None:
         self.conn.close()
 
 
 def measure(n: int, *, rounds: int = 10, warmup: int = 10) -> dict:
-    """The replayed ok saga, the floor's and the engine's, by turns in `rounds`."""
+    """Each saga replayed, the floor's and the engine's, by turns in `rounds`."""
     from bench.engine import Saga, tenant_with_tools
     from bench.pgfloor import Floor
 
@@ -126,28 +155,32 @@ def measure(n: int, *, rounds: int = 10, warmup: int = 10) -> dict:
     base = int(time.time() * 1000) % 10**9 * 1000 + 200_000
     for i in range(warmup):
         saga.onboard(base - 1000 + i, False)
-    replay = Replay(record_one(saga, base - 1))
+        saga.onboard(base - 2000 + i, True)
     floor = Floor(psycopg_url(BENCH_DB))
-    commits = len(replay.calls)
-    for statements in replay.prepare(warmup):
-        replay.saga(statements)
-    floor.timed(commits, warmup)
-    times = {"replay": [], "floor": [], "engine": []}
-    per_round = max(1, n // rounds)
+    result = {}
     try:
-        for r in range(rounds):
-            for statements in replay.prepare(per_round):
-                started = time.perf_counter()
+        for case, fail in (("ok", False), ("fail", True)):
+            replay = Replay(record(saga, base - 1 - fail, fail))
+            for statements in replay.prepare(warmup):
                 replay.saga(statements)
-                times["replay"].append(time.perf_counter() - started)
-            times["floor"] += floor.timed(commits, per_round)
-            for i in range(per_round):
-                started = time.perf_counter()
-                saga.onboard(base + r * per_round + i, False)
-                times["engine"].append(time.perf_counter() - started)
+            floor.timed(replay.commits, warmup)
+            times = {"replay": [], "floor": [], "engine": []}
+            per_round = max(1, n // rounds)
+            try:
+                for r in range(rounds):
+                    for statements in replay.prepare(per_round):
+                        started = time.perf_counter()
+                        replay.saga(statements)
+                        times["replay"].append(time.perf_counter() - started)
+                    times["floor"] += floor.timed(replay.commits, per_round)
+                    for i in range(per_round):
+                        started = time.perf_counter()
+                        saga.onboard(base + (500_000 if fail else 0) + r * per_round + i, fail)
+                        times["engine"].append(time.perf_counter() - started)
+            finally:
+                replay.close()
+            result[case] = {name: summary(values) for name, values in times.items()}
+            result[case].update(commits=replay.commits, statements=len(replay.statements))
     finally:
-        replay.close()
         floor.close()
-    result = {name: summary(values) for name, values in times.items()}
-    result["commits"] = commits
     return result

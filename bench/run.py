@@ -89,7 +89,7 @@ def main() -> None:
     results["engine"]["python_path"] = engine.python_path(20 if QUICK else 100)
     from bench import replay
 
-    results["engine"]["replay"] = replay.measure(40 if QUICK else 200)
+    results["engine"]["replay"] = replay.measure(40 if QUICK else 150)
     results["engine_breakdown"] = engine.breakdown(20 if QUICK else 60)
     results["transactions_per_saga"] = engine.transactions_per_saga(20 if QUICK else 100)
     engine.profile(OUT / "profile_saga.txt", 20)
@@ -154,12 +154,13 @@ def table(r: dict) -> str:
         add(f"   the same sagas on the Python path (UNWIND_FAST_PATH=0, alternating with the functions): succeeds "
             f"{py['python_ok']['p50']:.1f} ms against {py['functions_ok']['p50']:.1f} ms, fails "
             f"{py['python_fail']['p50']:.1f} ms against {py['functions_fail']['p50']:.1f} ms")
-    rp = e.get("replay")
-    if rp:
-        db, fl, en = rp["replay"]["p50"], rp["floor"]["p50"], rp["engine"]["p50"]
-        add(f"   the ok saga's {rp['commits']} calls alone, from a client that only sends them (bench/replay.py), "
-            f"by turns with the floor and the engine: {db:.1f} ms = {db / fl:.1f}× the floor's {fl:.2f} ms; the engine "
-            f"{en:.1f} ms = {en / fl:.1f}×, its process's share {en - db:.1f} ms")
+    for case, label in (("ok", "ok"), ("fail", "failing")):
+        rp = (e.get("replay") or {}).get(case)
+        if rp:
+            db, fl, en = rp["replay"]["p50"], rp["floor"]["p50"], rp["engine"]["p50"]
+            add(f"   the {label} saga's {rp['statements']} statements alone, from a client that only sends them "
+                f"(bench/replay.py; by turns with the floor and the engine): {db:.1f} ms = {db / fl:.1f}× the floor's "
+                f"{fl:.2f} ms; the engine {en:.1f} ms = {en / fl:.1f}×, its process's share {en - db:.1f} ms")
     tx = r.get("transactions_per_saga")
     if tx:
         add(f"   transactions per saga as PostgreSQL counts them (reads included): Unwind {tx['unwind_ok']:g} ok / "

@@ -92,6 +92,7 @@ DECLARE
     v_slug text;
     v_threshold text;
     v_taken boolean;
+    v_moved integer;
     v_row ledger_action;
 BEGIN
     SELECT h.seq, h.hash, r.status, r.cancel_requested_at IS NOT NULL, r.next_seq
@@ -104,14 +105,13 @@ BEGIN
     -- its id and when it was written, should ids ever be drawn again, after a restore), the compensation's twin
     -- (unless the tool pins its version) is still the version bound, the tenant's slug (which signs the call) and
     -- approval threshold are unchanged. The caller may have taken them from what its process keeps. Then what the
-    -- Python path decides itself: a replay (the key is taken), the same content done or in flight, a step the
-    -- ordering law refuses.
+    -- Python path decides itself: the same content done or in flight, a step the ordering law refuses (a replay,
+    -- the key taken, below).
     SELECT coalesce((SELECT t.is_current AND t.created_at = p_tool_written FROM ledger_tool t
                       WHERE t.id = (p_action->>'tool_id')::bigint AND t.tenant_id = p_tenant), false),
            (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = p_tenant AND t.name = p_twin_name AND t.is_current),
            n.slug, n.approval_threshold,
-           EXISTS (SELECT 1 FROM ledger_action a WHERE a.tenant_id = p_tenant AND a.idempotency_key = p_key)
-           OR EXISTS (SELECT 1 FROM ledger_action a WHERE a.run_id = p_run AND a.content_key = p_content_key
+           EXISTS (SELECT 1 FROM ledger_action a WHERE a.run_id = p_run AND a.content_key = p_content_key
                          AND a.content_key <> '' AND a.status = ANY (p_matching))
            OR EXISTS (SELECT 1 FROM ledger_action a
                        WHERE a.run_id = p_run AND a.kind = 'forward' AND a.saga_role = ANY (p_roles)
@@ -131,15 +131,24 @@ BEGIN
     v_row.seq := v_step;
     v_row.defaults_version := v_dv;
     v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run),
-    inserted AS (INSERT INTO ledger_action SELECT (v_row).*),
+    -- A key already taken is a replay, which the Python path answers: the insert does nothing, and nothing else is
+    -- written, as every other write depends on it. (Checked by the key's unique index itself, so that no plan made
+    -- while the table was small reads the tenant's actions instead.)
+    WITH inserted AS (
+        INSERT INTO ledger_action SELECT (v_row).*
+        ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_tenant DO NOTHING RETURNING id),
+    numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run AND EXISTS (SELECT FROM inserted)),
     attempted AS (
         INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
                                     error_message, latency_ms)
-        SELECT v_row.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
-          FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) a),
-    @EVENTS@
-    @HEAD@;
+        SELECT inserted.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
+          FROM inserted, jsonb_populate_record(NULL::ledger_attempt, p_attempt) a),
+    @GATED_EVENTS@
+    @HEAD@ AND EXISTS (SELECT FROM inserted);
+    GET DIAGNOSTICS v_moved = ROW_COUNT;
+    IF v_moved <> 1 THEN
+        RETURN jsonb_build_object('outcome', 'fallback');  -- a replay
+    END IF;
     -- The id of this caller's next proposal, drawn now: it spares that proposal a read when it comes soon.
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv,
                               'next_id', nextval(pg_get_serial_sequence('ledger_action', 'id')));
@@ -431,7 +440,8 @@ SETTINGS = "SET plan_cache_mode = force_generic_plan"
 
 
 def _filled(text: str) -> str:
-    return (text.replace("@LOCK@", LOCK_HEAD_AND_RUN).replace("@EVENTS@", EVENTS).replace("@STEPS@", STEPS)
+    gated = EVENTS[:-1] + "\n          WHERE EXISTS (SELECT FROM inserted))"  # the proposal's: only with its action
+    return (text.replace("@LOCK@", LOCK_HEAD_AND_RUN).replace("@GATED_EVENTS@", gated).replace("@EVENTS@", EVENTS).replace("@STEPS@", STEPS)
             .replace("@DEFAULTS_VERSION@", DEFAULTS_VERSION).replace("@HEAD@", HEAD).replace("@SETTINGS@", SETTINGS))
 
 
