@@ -6,8 +6,8 @@ at a time, in a database of its own (`unwind_ablate`, dropped and created afresh
 Each variant is timed by turns with the floor's sagas of the same number of commits, so that the machine's drift
 hits both; the figure is the variant's p50 against the floor's p50 from the same rounds. The statement variants (no
 guard, no events) alternate with the full calls in the same rounds; the schema variants (no foreign keys, no check
-constraints, only the indexes the functions' own checks use) are cumulative, each after the one above it. It only
-measures: nothing here is a way to run Unwind.
+constraints, only the indexes the functions' own checks use) are cumulative, each after the one above it, and the
+last takes the guard and the events away too. It only measures: nothing here is a way to run Unwind.
 """
 from __future__ import annotations
 
@@ -119,6 +119,8 @@ def main() -> None:
                 player.saga(statements)
         log(f"ablate: {label}")
         results[label] = measure({"calls": same})
+    log("ablate: all of it, and no guard and no events either")
+    results["all of it, and no guard and no events"] = measure({"calls": lambda s: eventless(unguarded(s))})
     admin.close()
     for player in players.values():
         player.close()

@@ -5,15 +5,16 @@ and its audit event) and the outcome; a run adds its opening and its completion,
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
 (ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, the opening and the completion
-as 0013 did) in autocommit, so PostgreSQL runs the whole transaction in that call:
+as 0013 did, each as a few SQL statements since 0014) in autocommit, so PostgreSQL runs the whole transaction in that
+call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
   tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
   what this process keeps: `kept_tool`; else it answers 'stale'), then what the Python path checks under those
-  locks (the run takes steps and is not cancelled, the key is new, no step of the run has the same content, the
-  ordering law finds no later-role step); then takes the step's number, inserts the action (its id drawn beforehand,
-  with the tool's read or by this thread's previous proposal) and its attempt, appends the event, and draws the id
-  of this thread's next proposal.
+  locks (the run takes steps and is not cancelled, no step of the run has the same content, the ordering law finds
+  no later-role step); then inserts the action (its id drawn beforehand, with the tool's read or by this thread's
+  previous proposal) unless its key is taken (a replay: the key's unique index says so, and nothing is written),
+  takes the step's number, inserts the attempt, appends the event, and draws the id of this thread's next proposal.
 - `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
   opening) and appends its event, and draws the id of this thread's next run.
 - `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
@@ -32,7 +33,7 @@ as 0013 did) in autocommit, so PostgreSQL runs the whole transaction in that cal
   pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
   move one row), closes the attempt and appends the event.
 
-Anything else answers 'fallback' before writing, and the caller takes the Python path, which decides the case
+Anything else answers 'fallback' having written nothing, and the caller takes the Python path, which decides the case
 under the same locks and says what happened (a replay, `in_flight`, an ordering refusal, a cancelled run, a
 StateConflict). Everything the chain records is built here exactly as on the Python path (the same fingerprints,
 the same data); the function only fills in the sequence number and the HMAC chain, which it computes from the
