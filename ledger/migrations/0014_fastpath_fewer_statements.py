@@ -60,6 +60,15 @@ HEAD = """UPDATE ledger_audithead
        SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
      WHERE tenant_id = p_tenant"""
 
+# What a step's success (or a compensation's) sets on the action, from the row `n` its caller sent (the Python
+# side's SUCCESS_FIELDS), and on its attempt, from `f`.
+SUCCEEDED = """status = n.status, result = n.result, after = n.after, verification = n.verification,
+           target_id = n.target_id, compensation_plan = n.compensation_plan, lease_owner = n.lease_owner,
+           lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
+           updated_at = n.updated_at, finished_at = n.finished_at"""
+ENDED = ("finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '',"
+         " error_message = ''")
+
 # The head and the run, locked in that order.
 LOCK_HEAD_AND_RUN = """FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
@@ -176,10 +185,7 @@ BEGIN
         RETURN 'fallback';
     END IF;
     UPDATE ledger_action a
-       SET status = n.status, result = n.result, after = n.after, verification = n.verification,
-           target_id = n.target_id, compensation_plan = n.compensation_plan, lease_owner = n.lease_owner,
-           lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
-           updated_at = n.updated_at, finished_at = n.finished_at
+       SET @SUCCEEDED@
       FROM jsonb_populate_record(NULL::ledger_action, p_changes) n
      WHERE a.id = p_action AND a.run_id = p_run AND a.status = 'running';
     GET DIAGNOSTICS v_moved = ROW_COUNT;
@@ -187,8 +193,7 @@ BEGIN
     v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
     WITH ended AS (
         UPDATE ledger_attempt t
-           SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '',
-               error_message = ''
+           SET @ENDED@
           FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
          WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL),
     @EVENTS@
@@ -324,16 +329,12 @@ BEGIN
     IF p_undo IS NOT NULL THEN
         WITH undone AS (
             UPDATE ledger_action a
-               SET status = n.status, result = n.result, after = n.after, verification = n.verification,
-                   target_id = n.target_id, compensation_plan = n.compensation_plan, lease_owner = n.lease_owner,
-                   lease_expires_at = n.lease_expires_at, error_class = n.error_class,
-                   error_message = n.error_message, updated_at = n.updated_at, finished_at = n.finished_at
+               SET @SUCCEEDED@
               FROM jsonb_populate_record(NULL::ledger_action, p_undo_changes) n
              WHERE a.id = p_undo AND a.run_id = p_run AND a.status = 'running' RETURNING a.id),
         ended AS (
             UPDATE ledger_attempt t
-               SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '',
-                   error_message = ''
+               SET @ENDED@
               FROM jsonb_populate_record(NULL::ledger_attempt, p_undo_attempt) f
              WHERE t.action_id = p_undo AND t.number = f.number AND t.finished_at IS NULL),
         compensated AS (
@@ -441,8 +442,13 @@ SETTINGS = "SET plan_cache_mode = force_generic_plan"
 
 def _filled(text: str) -> str:
     gated = EVENTS[:-1] + "\n          WHERE EXISTS (SELECT FROM inserted))"  # the proposal's: only with its action
-    return (text.replace("@LOCK@", LOCK_HEAD_AND_RUN).replace("@GATED_EVENTS@", gated).replace("@EVENTS@", EVENTS).replace("@STEPS@", STEPS)
-            .replace("@DEFAULTS_VERSION@", DEFAULTS_VERSION).replace("@HEAD@", HEAD).replace("@SETTINGS@", SETTINGS))
+    parts = {"@LOCK@": LOCK_HEAD_AND_RUN, "@GATED_EVENTS@": gated, "@EVENTS@": EVENTS, "@STEPS@": STEPS,
+             "@DEFAULTS_VERSION@": DEFAULTS_VERSION, "@HEAD@": HEAD, "@SETTINGS@": SETTINGS,
+             "@SUCCEEDED@": SUCCEEDED, "@ENDED@": ENDED}
+    for name, part in parts.items():
+        text = text.replace(name, part)
+    assert "@" not in text, text  # every placeholder filled
+    return text
 
 
 CHANGED = {"unwind_propose": PROPOSE, "unwind_succeed": SUCCEED, "unwind_open_run": OPEN_RUN,
