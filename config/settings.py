@@ -263,8 +263,6 @@ UNWIND_SLACK_API_URL = env_str("UNWIND_SLACK_API_URL", "https://slack.com/api/")
 # Unwind as an MCP server (/mcp, `manage.py mcp`; docs/mcp.md). A session's run is opened with this idle timeout (at
 # most the tenant's run_idle_timeout): a session left idle that long is unwound by the worker's sweep.
 UNWIND_MCP_SESSION_IDLE = env_int("UNWIND_MCP_SESSION_IDLE", 900, minimum=60)
-# How long a tools/call waits for a person's approval (sending progress notifications) before it answers "pending".
-UNWIND_MCP_APPROVAL_WAIT = env_float("UNWIND_MCP_APPROVAL_WAIT", 20.0, minimum=0)
 # The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 

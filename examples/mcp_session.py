@@ -8,10 +8,10 @@ Start the demo in one terminal (`make demo`), then in another:
 It connects to http://127.0.0.1:8000/mcp with the demo agent's key (var/demo-agent.key) as a Bearer token, using
 the official `mcp` client over streamable HTTP, and runs three short runs:
 
-  1. approval  unwind_begin, hr.create_user, then payments.charge: high risk, so it waits for a person. The
-               script shows the pending result (approval URL, progress while it waited), approves it as the demo's
-               approver through the approvals API (or, with --approver '', waits for you to decide at the URL), looks
-               again with unwind_status, and commits the run.
+  1. approval  unwind_begin, hr.create_user, then payments.charge: high risk, so it needs a person. The call
+               answers at once, pending, with the approval URL; the script then waits with unwind_status (progress
+               every second while it waits), the demo's approver approves through the approvals API meanwhile (or,
+               with --approver '', you decide at the URL), the wait answers with the charge, and it commits the run.
   2. unwind    hr.create_user, licenses.provision, then email.send while the email service is down (a fault the
                demo's operator injects into the sandbox): the step fails, Unwind revokes the license and deletes
                the user, newest first; the tool error says so, and the sandbox shows no user is left.
@@ -29,10 +29,10 @@ import os
 import sys
 from pathlib import Path
 
+import httpx2
 import requests
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 ROOT = Path(__file__).resolve().parent.parent
 ONBOARD = {"email": "ashu@example.com", "name": "Ashu Kumar"}
@@ -59,20 +59,20 @@ class Demo:
         _, run = await self.call("begin", "unwind_begin", {"goal": "Onboard Ashu and charge the annual plan",
                                                            "on_behalf_of": "carol@example.com"})
         await self.call("create the user", "hr.create_user", ONBOARD)
+        _, pending = await self.call("charge", "payments.charge", {"customer": "cus_ashu", "amount_cents": 12000})
 
         approved = []
 
         async def progress(done, total, message):
             print(f"    progress {done:g}/{total:g}: {message[:80]}")
-            if self.args.approver and not approved:  # a person decides while the call waits
+            if self.args.approver and not approved:  # a person decides while the agent waits
                 approved.append(await asyncio.to_thread(self.approve_pending_charge, run["run_id"]))
 
-        _, pending = await self.call("charge", "payments.charge", {"customer": "cus_ashu", "amount_cents": 12000},
-                                     progress_callback=progress)
         if pending.get("pending"):
             print(f"    approve or reject at {pending['approval']['url']}; waiting with unwind_status")
             while True:
-                _, now = await self.call("status", "unwind_status", {"action_id": pending["action_id"], "wait": 30})
+                _, now = await self.call("status (waits up to 30 s)", "unwind_status",
+                                         {"action_id": pending["action_id"], "wait": 30}, progress_callback=progress)
                 if not now.get("pending"):
                     break
         await self.call("commit", "unwind_commit")
@@ -113,7 +113,9 @@ class Demo:
 
 
 async def main(args) -> None:
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {args.key}"}) as http:
+    # The SDK's public way to set headers: an httpx2 client of our own (long read timeout: a status call may wait).
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {args.key}"},
+                                  timeout=httpx2.Timeout(30, read=300)) as http:
         async with streamable_http_client(args.url, http_client=http) as (read, write):
             async with ClientSession(read, write) as mcp:
                 await mcp.initialize()

@@ -1,4 +1,5 @@
-"""What an MCP session does in the ledger: the synchronous half of the gateway (the SDK's handlers call it in threads).
+"""What an MCP session does in the ledger: the synchronous half of the gateway, shared by both transports (the HTTP
+endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads).
 
 An MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
 first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
@@ -13,13 +14,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
+
+import mcp_types as types
 
 from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from ledger import selectors
+from ledger import selectors, sql
 from ledger.audit import ledger_transaction
 from ledger.api import inline, links
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
@@ -37,6 +42,8 @@ OPEN = (R.RUNNING, R.AWAITING_APPROVAL)  # a run the session may still act in
 DEFAULT_GOAL = "MCP session"
 MAX_STATUS_WAIT = 30.0
 POLL_INTERVAL = 0.1
+PROGRESS_EVERY = 1.0
+ACTIVITY_GRAIN = timedelta(seconds=60)  # last_activity_at is kept to the minute: no write on every call
 
 ROLE_WORDS = {
     SagaRole.COMPENSATABLE: "compensatable: if a later step fails, Unwind undoes it",
@@ -48,12 +55,17 @@ ROLE_WORDS = {
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is on the session: the agent its key authenticated, the session, and where links should point."""
+    """Who is on the session: the agent its key authenticated, the session, and where links should point.
+
+    Over HTTP the request has just authenticated the agent and read the session's row (mcp_gateway/http.py): they
+    ride along in `agent` and `session` and are not read again. Over stdio they are read on every call."""
 
     agent_id: int
     session_id: str
     transport: str
     base_url: str
+    agent: Agent | None = field(default=None, compare=False)
+    session: McpSession | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -80,7 +92,10 @@ def in_thread(work, *args, **kwargs):
 # --- who may use the session -----------------------------------------------------------------------------
 
 def agent_of(caller: Caller) -> Agent:
-    """The session's agent, read again on every call: a key revoked mid-session stops working at once."""
+    """The session's agent, authenticated by this request or read again on every call: a key revoked mid-session
+    stops working at once."""
+    if caller.agent is not None:
+        return caller.agent
     agent = Agent.objects.select_related("tenant").filter(pk=caller.agent_id).first()
     if agent is None or agent.revoked_at is not None:
         raise PermissionDenied("the agent key of this session was revoked; reconnect with a valid key")
@@ -88,13 +103,19 @@ def agent_of(caller: Caller) -> Agent:
 
 
 def session_of(caller: Caller, agent: Agent) -> McpSession:
-    """The session's row (created on first use); one held by another agent is never used (answered as missing)."""
-    session, _ = McpSession.objects.get_or_create(
-        session_id=caller.session_id,
-        defaults={"transport": caller.transport, "tenant_id": agent.tenant_id, "agent": agent})
+    """The session's row (over stdio created on first use); one held by another agent is never used (answered as
+    missing)."""
+    session = caller.session
+    if session is None:
+        session, _ = McpSession.objects.get_or_create(
+            session_id=caller.session_id,
+            defaults={"transport": caller.transport, "tenant_id": agent.tenant_id, "agent": agent})
     if session.agent_id != agent.pk:
         raise NotFound("no such MCP session")
-    McpSession.objects.filter(pk=session.pk).update(last_activity_at=timezone.now())
+    now = timezone.now()
+    if now - session.last_activity_at >= ACTIVITY_GRAIN:
+        McpSession.objects.filter(pk=session.pk).update(last_activity_at=now)
+        session.last_activity_at = now
     return session
 
 
@@ -162,12 +183,18 @@ GATEWAY_TOOLS = [
 GATEWAY_NAMES = {tool["name"] for tool in GATEWAY_TOOLS}
 
 
-def tool_list(caller: Caller) -> list[dict]:
+def tool_list(caller: Caller) -> list[types.Tool]:
     agent = agent_of(caller)
     threshold = agent.tenant.approval_threshold
     tools = [{"name": t.name, "description": description_of(t, threshold), "input_schema": input_schema_of(t)}
              for t in listed_tools(agent)]
-    return [*tools, *GATEWAY_TOOLS]
+    return [types.Tool(**tool) for tool in [*tools, *GATEWAY_TOOLS]]
+
+
+def result_of(answer: Answer) -> types.CallToolResult:
+    """An answer as MCP's tool result: the payload as JSON text and as structuredContent, isError for an error."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=answer.text())],
+                                structured_content=answer.payload, is_error=answer.is_error)
 
 
 # --- answers -----------------------------------------------------------------------------------------------
@@ -195,9 +222,12 @@ def undone_steps(run: Run) -> list[dict]:
             for c in compensations.order_by("seq")]
 
 
-def action_answer(caller: Caller, action: Action, *, replayed: bool = False, matched_by: str | None = None) -> Answer:
-    """The answer for a step as it stands: done, pending (with how to wait), or a tool error with its code."""
-    action = selectors.action_reload(action)
+def action_answer(caller: Caller, action: Action, *, replayed: bool = False, matched_by: str | None = None,
+                  fresh: bool = False) -> Answer:
+    """The answer for a step as it stands (read again unless `fresh`: just recorded by this thread, with its run):
+    done, pending (with how to wait), or a tool error with its code."""
+    if not fresh:
+        action = selectors.action_reload(action)
     run = action.run
     base = {"action_id": action.pk, "tool": action.tool.name, "status": action.status, "run_id": run.pk,
             "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None}
@@ -259,7 +289,7 @@ def open_run(session: McpSession, agent: Agent, *, goal: str, on_behalf_of: str)
 def run_for_call(session: McpSession, agent: Agent) -> Run:
     """The session's run, opened with the documented defaults on the first call (and after a commit or rollback)."""
     if session.run_id is not None:
-        return session.run
+        return sql.get(Run, pk=session.run_id)
     # Two first calls of one session at once (a client may pipeline) must not open two runs: the session's row is
     # locked (after the tenant's chain head, like every ledger write) and read again.
     with ledger_transaction(agent.tenant_id):
@@ -372,19 +402,20 @@ def call(caller: Caller, name: str, args: dict) -> Answer:
     """A tool call of the session: a proposed action in its run, executed as the REST API does."""
     agent = agent_of(caller)
     session = session_of(caller, agent)
-    tool = Tool.objects.filter(tenant_id=agent.tenant_id, name=name, is_current=True).first()
+    tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
     if tool is not None and (tool.executor == Executor.CLIENT or name.startswith(RESERVED_PREFIX)):
         return Answer({"code": "not_callable_over_mcp",
                        "message": f"{name} is executed by the agent itself (executor: client); use the REST API, "
                                   "which lets the agent report its outcome"}, is_error=True)
     run = run_for_call(session, agent)
+    succeeded = None
     try:
         with inline.tenant_slot(run.tenant_id) as slot:
             proposal = action_propose(run=run, tool_name=name, args=args, actor=f"agent:{agent.name}",
                                       intent={"goal": run.goal}, inline=slot is not None, queued=slot is None)
             if proposal.claimed and slot is not None:
-                inline.execute_within(proposal.action, owner=proposal.owner, wait=settings.UNWIND_INLINE_WAIT,
-                                      slot=slot)
+                succeeded = inline.execute_within(proposal.action, owner=proposal.owner,
+                                                  wait=settings.UNWIND_INLINE_WAIT, slot=slot)
             elif proposal.claimed:
                 inline.hand_to_worker(proposal.action, owner=proposal.owner)
     except StillInFlight as busy:
@@ -393,7 +424,9 @@ def call(caller: Caller, name: str, args: dict) -> Answer:
         return action_answer(caller, action, replayed=True, matched_by=busy.extra.get("matched_by", "key"))
     except RunNotActive as stopped:
         return problem(stopped, run_id=run.pk, hint="call unwind_begin to start a new run")
-    return action_answer(caller, proposal.action, replayed=proposal.replayed, matched_by=proposal.matched_by)
+    # Executed here and succeeded: the action and its run as the success was recorded (as the REST API answers).
+    return action_answer(caller, succeeded or proposal.action, replayed=proposal.replayed,
+                         matched_by=proposal.matched_by, fresh=succeeded is not None)
 
 
 def settled(caller: Caller, action_id: int) -> bool:
@@ -429,6 +462,29 @@ def dispatch(caller: Caller, name: str, args) -> Answer:
         return call(caller, name, args)
     except UnwindError as error:
         return problem(error)
+
+
+def waiting_bound(name: str, arguments) -> float:
+    """How long a tools/call waits for its step before answering: only unwind_status waits, for the `wait` the
+    agent asked (at most MAX_STATUS_WAIT). Any other call answers at once, pending if a person must decide."""
+    if name != "unwind_status" or not isinstance(arguments, dict):
+        return 0.0
+    try:
+        return status_wait(arguments)
+    except ValidationFailed:
+        return 0.0  # status() refuses it and nothing waits
+
+
+def progress(caller: Caller, answer: Answer, bound: float) -> Iterator[tuple[float, float, str]]:
+    """Wait up to `bound` seconds for a pending step: (waited, bound, message) after each second without an outcome,
+    for the transport to send as progress; ends when the step settled or the bound is reached (then ask answer_for)."""
+    waited = 0.0
+    while waited < bound:
+        step = min(PROGRESS_EVERY, bound - waited)
+        if wait_slice(caller, answer.waiting, step):
+            return
+        waited += step
+        yield waited, bound, answer.payload.get("message", "waiting")
 
 
 def wait_slice(caller: Caller, action_id: int, seconds: float) -> bool:

@@ -1,8 +1,8 @@
-"""An MCP session's place in the ledger: which agent holds it and which run its tool calls go into.
+"""An MCP session: which agent holds it, which run its tool calls go into, and whether it was ended.
 
-The MCP SDK keeps a streamable-HTTP session's protocol state in the serving process's memory; what Unwind needs to
-know about the session (its agent, its run, when it was last used) is kept here instead, so it outlives the process
-and can be read by any of them (docs/mcp.md, "Sessions and runs").
+This row is the whole session. Over HTTP nothing about it lives in a process's memory: `initialize` writes the row
+and every later request (on any web process, on any machine, after any restart) reads it by its `Mcp-Session-Id`
+(docs/mcp.md, "Sessions and runs").
 """
 from django.db import models
 
@@ -13,7 +13,7 @@ class McpSession(models.Model):
     HTTP, STDIO = "http", "stdio"
 
     session_id = models.CharField(max_length=128, unique=True,
-                                  help_text="The Mcp-Session-Id the SDK issued (HTTP), or one per stdio process.")
+                                  help_text="The Mcp-Session-Id issued at initialize (HTTP), or one per stdio process.")
     transport = models.CharField(max_length=8, choices=[(HTTP, "streamable HTTP"), (STDIO, "stdio")])
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="mcp_sessions")
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="mcp_sessions")
@@ -21,7 +21,11 @@ class McpSession(models.Model):
                             help_text="The run the session's tool calls go into; empty until the first call, and "
                                       "again after unwind_commit or unwind_rollback.")
     created_at = models.DateTimeField(auto_now_add=True)
-    last_activity_at = models.DateTimeField(auto_now=True)
+    last_activity_at = models.DateTimeField(auto_now=True,
+                                            help_text="When a request last used the session (to the minute).")
+    ended_at = models.DateTimeField(null=True, blank=True,
+                                    help_text="When the client ended the session (HTTP DELETE); its id answers 404 "
+                                              "after.")
 
     class Meta:
         indexes = [models.Index(fields=["agent", "-last_activity_at"], name="mcp_session_agent_recent")]

@@ -2,7 +2,8 @@
 
 Who may call: an agent with a valid, unrevoked key; it then sees and calls its own tenant's tools in its own runs,
 exactly as over the REST API. A person (session cookie or HTTP Basic) or a deploy key is refused, and a missing or
-wrong key answers 401 before the SDK sees the request, so no MCP session is ever created for it.
+wrong key answers 401 before the protocol is looked at (mcp_gateway/http.py), so no MCP session is ever created
+for it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from django.views.decorators.csrf import csrf_exempt
 from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
 from ledger.api.problems import problem
 from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
-from mcp_gateway.bridge import bridge
+from mcp_gateway import http
 
 CHALLENGE = 'Bearer realm="unwind"'
 
@@ -66,4 +67,4 @@ def mcp_endpoint(request):
                                   "standalone GET stream: messages ride the response of the request they belong to")
         response["Allow"] = "POST, DELETE"
         return response
-    return bridge.serve(request, agent)
+    return http.serve(request, agent)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
+import httpx2
 import pytest
 import requests
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 
 from approvals.models import ApprovalRequest
 from ledger.models import Action, Run
@@ -33,16 +34,17 @@ CHARGE = {"customer": "cus_1", "amount_cents": 4900}
 
 @pytest.fixture
 def gateway(api, live_server, settings):
-    """The api world, served by the live server, with a short approval wait so pending answers come quickly."""
-    settings.UNWIND_MCP_APPROVAL_WAIT = 2.0
+    """The api world, served by the live server."""
     settings.UNWIND_BASE_URL = live_server.url
     api.url = f"{live_server.url}/mcp"
     return api
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, key: str, *, terminate: bool = True):
-    async with create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http:
+async def connected(url: str, key: str, *, terminate: bool = True, transport=None):
+    """An official-SDK client session, configured through its public API only (an httpx2 client of our own)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, transport=transport,
+                                  timeout=httpx2.Timeout(30, read=300)) as http:
         async with streamable_http_client(url, http_client=http, terminate_on_close=terminate) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
@@ -92,37 +94,50 @@ def test_a_call_is_a_proposed_action_in_the_sessions_run(gateway):
     assert len(effects("hr.create_user")) == 1
 
 
-def test_pending_approval_sends_progress_then_the_approved_step_answers(gateway, live_server):
+def approve(base_url: str, approval_id: int) -> None:
+    """What a person does in the inbox (here through the approvals API)."""
+    approved = requests.post(f"{base_url}/api/v1/approvals/{approval_id}/approve", json={},
+                             auth=("alice", "pw-alice"), timeout=10)
+    assert approved.status_code == 200, approved.text
+
+
+def test_a_step_awaiting_approval_answers_pending_at_once_and_status_waits_with_progress(gateway, live_server):
     progress = []
 
     async def on_progress(done, total, message):
         progress.append((done, total, message))
+        if len(progress) == 1:  # a person decides while the agent waits on unwind_status
+            approval = await asyncio.to_thread(lambda: ApprovalRequest.objects.get(action_id=pending["action_id"]))
+            await asyncio.to_thread(approve, live_server.url, approval.pk)
+
+    pending, took = {}, []
 
     async def first(mcp):
-        return await call(mcp, "payments.charge", CHARGE, progress_callback=on_progress)
+        started = time.monotonic()
+        is_error, answered, _ = await call(mcp, "payments.charge", CHARGE, progress_callback=on_progress)
+        took.append(time.monotonic() - started)
+        pending.update(answered)
+        assert not is_error and progress == []  # nothing waited for a person
+        assert await asyncio.to_thread(effects, "payments.charge") == []
+        return await call(mcp, "unwind_status", {"action_id": answered["action_id"], "wait": 10},
+                          progress_callback=on_progress)
 
-    is_error, pending, _ = session(gateway.url, gateway.world.key, first, terminate=False)
-    assert not is_error and pending["pending"] is True and pending["status"] == "awaiting_approval"
+    is_error, done, _ = session(gateway.url, gateway.world.key, first, terminate=False)
+    # The call answered at once (no web thread parked on a person), with the approval and how to wait.
+    assert took[0] < 1.5 and pending["pending"] is True and pending["status"] == "awaiting_approval"
     approval = ApprovalRequest.objects.get(action_id=pending["action_id"])
     assert pending["approval"]["url"] == f"{live_server.url}/approvals/{approval.pk}/"
     assert "unwind_status" in pending["message"] and pending["approval"]["url"] in pending["message"]
-    assert progress and progress[-1][1] == 2.0 and "approval" in progress[-1][2]  # sent while it waited
-    assert effects("payments.charge") == []
-
-    # A person approves through the approvals API; the agent's next look answers with the outcome.
-    approved = requests.post(f"{live_server.url}/api/v1/approvals/{approval.pk}/approve", json={},
-                             auth=("alice", "pw-alice"), timeout=10)
-    assert approved.status_code == 200, approved.text
+    # unwind_status waited, sending progress on its own response, and answered with the approved step's outcome.
+    assert progress and progress[0][1] == 10 and "approval" in progress[0][2]
+    assert not is_error and done["status"] == "succeeded" and done["result"]["charge_id"]
     session_id = McpSession.objects.get(run_id=pending["run_id"]).session_id
 
     async def again(mcp):
         await call(mcp, "unwind_begin", {"run_id": pending["run_id"]})
-        waited = await call(mcp, "unwind_status", {"action_id": pending["action_id"], "wait": 10})
-        resent = await call(mcp, "payments.charge", CHARGE)
-        return waited, resent
+        return await call(mcp, "payments.charge", CHARGE)
 
-    (is_error, done, _), (resent_error, resent, _) = session(gateway.url, gateway.world.key, again)
-    assert not is_error and done["status"] == "succeeded" and done["result"]["charge_id"]
+    resent_error, resent, _ = session(gateway.url, gateway.world.key, again)
     assert not resent_error and resent["action_id"] == pending["action_id"] and resent["replayed"] is True
     assert len(effects("payments.charge")) == 1
     # Both sessions are mapped to the run: the second took it up with unwind_begin(run_id).
@@ -217,8 +232,11 @@ def raw_call(url: str, key: str, session_id: str, request_id: int, name: str, ar
         "jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": name, "arguments": args}},
         headers={"Authorization": f"Bearer {key}", "Mcp-Session-Id": session_id,
                  "Mcp-Protocol-Version": LATEST_HANDSHAKE_VERSION, "Accept": "application/json, text/event-stream"})
-    messages = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
-    return response.status_code, [m for m in messages if m.get("id") == request_id]
+    if response.headers.get("Content-Type", "").startswith("application/json"):
+        messages = [response.json()]
+    else:
+        messages = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+    return response.status_code, [m for m in messages if "result" in m and m.get("id") == request_id]
 
 
 def test_a_call_resent_after_a_reconnect_has_one_effect(gateway):

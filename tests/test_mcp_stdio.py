@@ -31,7 +31,7 @@ USER = {"email": "ashu@example.com", "name": "Ashu Kumar"}
 
 
 def environment(**extra) -> dict:
-    env = dict(os.environ, DATABASE_URL=database_url(), PYTHONPATH=str(ROOT), UNWIND_MCP_APPROVAL_WAIT="1")
+    env = dict(os.environ, DATABASE_URL=database_url(), PYTHONPATH=str(ROOT))
     env.pop("UNWIND_AGENT_KEY", None)
     env.update(extra)
     return env

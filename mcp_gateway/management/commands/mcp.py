@@ -35,7 +35,7 @@ class Command(BaseCommand):
         caller = self.caller(tenant, agent_key or os.environ.get("UNWIND_AGENT_KEY", ""))
         import_module(settings.ROOT_URLCONF)  # the approvals app registers its approval links with the URLconf
         connections.close_all()  # the ledger work runs in worker threads, each with its own connection
-        server = build_server(lambda ctx: caller)
+        server = build_server(caller)
 
         async def serve():
             async with stdio_server() as (read, write):
