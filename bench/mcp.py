@@ -1,0 +1,218 @@
+"""Part 6: MCP against REST, on one gunicorn server with 4 worker processes (no sticky routing: any worker answers).
+
+- per call: REST `POST /api/v1/runs/{id}/actions`, MCP `tools/call` (raw JSON-RPC over streamable HTTP with the
+  session's `Mcp-Session-Id`, JSON answer), and the no-op endpoint, one agent, the three requests in turn, so all
+  see the same conditions; the MCP session is initialized once;
+- throughput: 1, 4 and 16 agents at once, REST then MCP at each level, twice, in turns (ABBA), each agent with its
+  own key, run (REST) or session (MCP) and keep-alive connection.
+
+Alone (a fresh BENCH_DB, migrated): `.venv/bin/python -m bench.mcp`; in `make bench` it runs after part 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from bench.api import ACTIONS_PER_RUN, Agent, _cpu_by_process, cpu_split
+from bench.common import log, summary
+
+PROTOCOL = "2025-11-25"
+
+
+class RestAgent(Agent):
+    """The REST agent of part 2, completing each run before it opens the next: the ledger work MCP's unwind_commit
+    and unwind_begin do, so both sides pay for the same runs."""
+
+    def open_run(self) -> None:
+        if self.run_id is not None:
+            status, text = self.post(f"/api/v1/runs/{self.run_id}/complete", {})
+            assert status == 200, (status, text[:500])
+        super().open_run()
+
+
+class McpAgent(Agent):
+    """An agent speaking MCP over streamable HTTP as the official client does: initialize, then requests carrying
+    the session's id and protocol version, accepting JSON or an event stream."""
+
+    def __init__(self, base: str, key: str, name: str):
+        super().__init__(base, key, name)
+        self.headers = {**self.headers, "Accept": "application/json, text/event-stream"}
+        self.request_id = 0
+        status, _, session_id = self.rpc("initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
+                                                        "clientInfo": {"name": "bench", "version": "1"}})
+        assert status == 200 and session_id, status
+        self.headers.update({"Mcp-Session-Id": session_id, "Mcp-Protocol-Version": PROTOCOL})
+        self.connection.request("POST", "/mcp", headers=self.headers,
+                                body=json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        response = self.connection.getresponse()
+        response.read()
+        assert response.status == 202, response.status
+
+    def rpc(self, method: str, params: dict) -> tuple[int, dict, str | None]:
+        self.request_id += 1
+        body = json.dumps({"jsonrpc": "2.0", "id": self.request_id, "method": method, "params": params})
+        self.connection.request("POST", "/mcp", body=body, headers=self.headers)
+        response = self.connection.getresponse()
+        text = response.read()
+        assert response.getheader("Content-Type", "").startswith("application/json"), response.getheader("Content-Type")
+        return response.status, json.loads(text), response.getheader("Mcp-Session-Id")
+
+    def act(self) -> float:
+        """One no-op tools/call (every ACTIONS_PER_RUN calls the session's run is committed and a new one begun,
+        untimed, as RestAgent completes and opens runs); returns the request's seconds."""
+        if self.done_in_run >= ACTIONS_PER_RUN:
+            for name in ("unwind_commit", "unwind_begin"):
+                status, answer, _ = self.rpc("tools/call", {"name": name, "arguments": {}})
+                assert status == 200 and not answer["result"].get("isError"), answer
+            self.done_in_run = 0
+        self.counter += 1
+        params = {"name": "bench.noop", "arguments": {"agent": self.name, "n": self.counter}}
+        started = time.perf_counter()
+        status, answer, _ = self.rpc("tools/call", params)
+        seconds = time.perf_counter() - started
+        assert status == 200 and answer["result"]["structuredContent"]["status"] == "succeeded", answer
+        self.done_in_run += 1
+        return seconds
+
+
+def new_rest_agents(tenant, count: int, base: str) -> list[RestAgent]:
+    from ledger.services.tenancy import agent_create
+
+    stamp = int(time.time() * 1000)
+    return [RestAgent(base, agent_create(tenant=tenant, name=f"rest-{stamp}-{i}")[1], f"r{stamp}-{i}")
+            for i in range(count)]
+
+
+def new_mcp_agents(tenant, count: int, base: str) -> list[McpAgent]:
+    from ledger.services.tenancy import agent_create
+
+    stamp = int(time.time() * 1000)
+    return [McpAgent(base, agent_create(tenant=tenant, name=f"mcp-{stamp}-{i}")[1], f"m{stamp}-{i}")
+            for i in range(count)]
+
+
+def per_call(tenant, base: str, n: int) -> dict:
+    rest, mcp = new_rest_agents(tenant, 1, base)[0], new_mcp_agents(tenant, 1, base)[0]
+    for _ in range(10):  # warm every worker's connections and imports
+        rest.noop(), rest.act(), mcp.act()
+    noops, actions, calls = [], [], []
+    for _ in range(n):
+        noops.append(rest.noop())
+        actions.append(rest.act())
+        calls.append(mcp.act())
+    result = {"rest": summary(actions), "mcp": summary(calls), "noop": summary(noops)}
+    result["mcp_minus_rest_p50_ms"] = round(result["mcp"]["p50"] - result["rest"]["p50"], 3)
+    # The same difference pair by pair (each MCP call against the REST call just before it): drift cancels.
+    paired = sorted((m - r) * 1000 for m, r in zip(calls, actions))
+    result["paired_median_ms"] = round(paired[len(paired) // 2], 3)
+    return result
+
+
+def load(agents: list, seconds: float, server_pid: int) -> dict:
+    for agent in agents:
+        agent.act()
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def work(agent):
+        mine = []
+        try:
+            while time.monotonic() < stop:
+                mine.append(agent.act())
+        except Exception as exc:  # noqa: BLE001 - reported, not hidden
+            errors.append(repr(exc)[:300])
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in agents]
+    cpu_before = _cpu_by_process()
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    split = cpu_split(cpu_before, _cpu_by_process(), server_pid)
+    row = {"agents": len(agents), "actions": len(latencies), "seconds": round(elapsed, 2),
+           "actions_per_s": round(len(latencies) / elapsed, 1), **summary(latencies),
+           "server_cpu_ms_per_action": round(split["server"] * 1000 / max(1, len(latencies)), 2)}
+    if errors:
+        row["errors"] = errors[:3]
+    return row
+
+
+def throughput(tenant, base: str, levels, seconds: float, server_pid: int) -> list[dict]:
+    """At each level: REST, MCP, MCP, REST (fresh agents each time), so a drift of the machine hits both alike."""
+    rows = []
+    for level in levels:
+        rounds = {"rest": [], "mcp": []}
+        for kind in ("rest", "mcp", "mcp", "rest"):
+            agents = (new_rest_agents if kind == "rest" else new_mcp_agents)(tenant, level, base)
+            rounds[kind].append(load(agents, seconds, server_pid))
+        rest = sum(r["actions_per_s"] for r in rounds["rest"]) / 2
+        mcp = sum(r["actions_per_s"] for r in rounds["mcp"]) / 2
+        row = {"agents": level, "rest_actions_per_s": round(rest, 1), "mcp_actions_per_s": round(mcp, 1),
+               "mcp_over_rest": round(mcp / rest, 3) if rest else None, "rounds": rounds}
+        log(f"mcp: {level} agents -> REST {row['rest_actions_per_s']}, MCP {row['mcp_actions_per_s']} actions/s "
+            f"({row['mcp_over_rest']})")
+        rows.append(row)
+    return rows
+
+
+def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4) -> dict:
+    from bench.server import Server
+
+    with Server(workers=workers) as server:
+        result = {"server": f"gunicorn, {workers} sync workers", "per_call": per_call(tenant, server.url, n)}
+        p = result["per_call"]
+        log(f"mcp: p50 REST {p['rest']['p50']} ms, MCP {p['mcp']['p50']} ms, no-op {p['noop']['p50']} ms "
+            f"(MCP - REST {p['mcp_minus_rest_p50_ms']} ms, paired {p['paired_median_ms']} ms)")
+        result["throughput"] = throughput(tenant, server.url, levels, seconds, server.process.pid)
+    return result
+
+
+def lines(r: dict) -> list[str]:
+    """The part's lines in the bench table."""
+    p = r["per_call"]
+    gap = p["mcp_minus_rest_p50_ms"]
+    out = [f"6. MCP against REST ({r['server']}, no sticky routing), per call p50: REST propose {p['rest']['p50']:.1f} ms, "
+           f"MCP tools/call {p['mcp']['p50']:.1f} ms, no-op {p['noop']['p50']:.1f} ms: MCP - REST {gap:+.1f} ms "
+           f"(paired {p['paired_median_ms']:+.1f}); target within 1.5 ms → {'met' if gap <= 1.5 else 'NOT met'}"]
+    cells = "; ".join(f"{t['agents']} agents REST {t['rest_actions_per_s']:.0f} / MCP {t['mcp_actions_per_s']:.0f} "
+                      f"actions/s ({t['mcp_over_rest']:.2f})" for t in r["throughput"])
+    top = r["throughput"][-1]
+    out.append(f"   throughput (REST, MCP, MCP, REST by turns): {cells}")
+    out.append(f"   at {top['agents']} agents MCP ≥ 90 % of REST → {'met' if top['mcp_over_rest'] >= 0.9 else 'NOT met'}")
+    return out
+
+
+def main() -> None:
+    import subprocess
+    import sys
+
+    from bench.common import BENCH_DB, ROOT, bench_env, django_setup, recreate_database
+    from bench.run import API_N, API_SECONDS
+
+    log(f"fresh database {BENCH_DB}, migrated")
+    recreate_database(BENCH_DB)
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=str(ROOT), env=bench_env(),
+                   check=True)
+    django_setup(UNWIND_TASKS_SYNC="0")
+    from bench.engine import tenant_with_tools
+
+    tenant, _, _ = tenant_with_tools()
+    result = measure(tenant, n=API_N, seconds=API_SECONDS)
+    result["load"] = os.getloadavg()
+    out = os.environ.get("BENCH_MCP_OUT")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    print("\n".join(lines(result)))
+
+
+if __name__ == "__main__":
+    main()
