@@ -179,14 +179,16 @@ def lines(r: dict) -> list[str]:
     """The part's lines in the bench table."""
     p = r["per_call"]
     gap = p["mcp_minus_rest_p50_ms"]
-    out = [f"6. MCP against REST ({r['server']}, no sticky routing), per call p50: REST propose {p['rest']['p50']:.1f} ms, "
-           f"MCP tools/call {p['mcp']['p50']:.1f} ms, no-op {p['noop']['p50']:.1f} ms: MCP - REST {gap:+.1f} ms "
-           f"(paired {p['paired_median_ms']:+.1f}); target within 1.5 ms → {'met' if gap <= 1.5 else 'NOT met'}"]
+    out = [f"6. MCP against REST ({r['server']}, no sticky routing), per call p50: REST propose "
+           f"{p['rest']['p50']:.1f} ms, MCP tools/call {p['mcp']['p50']:.1f} ms, no-op {p['noop']['p50']:.1f} ms: "
+           f"MCP - REST {gap:+.1f} ms (paired {p['paired_median_ms']:+.1f}); target within 1.5 ms → "
+           f"{'met' if gap <= 1.5 else 'NOT met'}"]
     cells = "; ".join(f"{t['agents']} agents REST {t['rest_actions_per_s']:.0f} / MCP {t['mcp_actions_per_s']:.0f} "
                       f"actions/s ({t['mcp_over_rest']:.2f})" for t in r["throughput"])
     top = r["throughput"][-1]
     out.append(f"   throughput (REST, MCP, MCP, REST by turns): {cells}")
-    out.append(f"   at {top['agents']} agents MCP ≥ 90 % of REST → {'met' if top['mcp_over_rest'] >= 0.9 else 'NOT met'}")
+    met = "met" if top["mcp_over_rest"] >= 0.9 else "NOT met"
+    out.append(f"   at {top['agents']} agents MCP ≥ 90 % of REST → {met}")
     return out
 
 

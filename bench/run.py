@@ -5,6 +5,7 @@ Settings (environment): BENCH_QUICK=1 (a 1-2 minute smoke), BENCH_PG (server, de
 postgres://postgres@127.0.0.1:5432), BENCH_DB (default unwind_bench, dropped and created afresh),
 BENCH_N (sagas per case), BENCH_UNWIND_N, BENCH_API_N, BENCH_API_SECONDS, BENCH_CRASH_TRIALS,
 BENCH_SIZES (actions, comma-separated), BENCH_PAGE_REQUESTS, BENCH_OUT (where the files go, default bench/).
+Part 6 (MCP against REST, bench/mcp.py) uses BENCH_API_N and BENCH_API_SECONDS too.
 """
 from __future__ import annotations
 
@@ -101,6 +102,11 @@ def main() -> None:
 
         log(f"api: {API_N} alternating requests, then 1/4/16 agents for {API_SECONDS:g} s each")
         results["api"] = api.measure(tenant, n=API_N, seconds=API_SECONDS)
+        connection.close()
+        from bench import mcp
+
+        log(f"mcp: {API_N} REST/MCP/no-op requests in turn, then 1/4/16 agents, REST and MCP by turns")
+        results["mcp"] = mcp.measure(tenant, n=API_N, seconds=API_SECONDS)
     else:
         results["api"] = {"not_measured": "the agent API (POST /api/v1/runs/{id}/actions) is not in the URLconf"}
     connection.close()
@@ -216,6 +222,11 @@ def table(r: dict) -> str:
     add(f"5. crash recovery (kill after the tool call → picked up → succeeded): p50 {c['finished_p50_s']:.2f} s, "
         f"max {c['finished_max_s']:.2f} s; target lease {c['target_s'] - 1:.0f} s + 1 s = {c['target_s']:.1f} s → "
         f"p50 {verdict(c['finished_p50_s'] <= c['target_s'])}, max {verdict(c['finished_max_s'] <= c['target_s'])}")
+    if "mcp" in r:
+        from bench import mcp
+
+        add("")
+        lines.extend(mcp.lines(r["mcp"]))
     return "\n".join(lines)
 
 

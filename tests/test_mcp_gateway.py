@@ -386,3 +386,64 @@ def test_first_calls_sent_at_once_share_one_run(gateway):
     answers = session(gateway.url, gateway.world.key, script)
     assert all(not is_error for is_error, _, _ in answers)
     assert len({payload["run_id"] for _, payload, _ in answers}) == 1 and Run.objects.count() == 1
+
+
+def initialized(url: str, key: str) -> dict:
+    """The headers of a session opened by a raw initialize, as a client sends them afterwards."""
+    headers = {"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"}
+    opened = requests.post(url, timeout=10, headers=headers, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}})
+    assert opened.status_code == 200 and opened.headers["Content-Type"] == "application/json", opened.text
+    assert opened.json()["result"]["protocolVersion"] == "2025-06-18"  # the client's version, when known
+    assert opened.json()["result"]["capabilities"] == {"tools": {"listChanged": False}}
+    return {**headers, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"], "Mcp-Protocol-Version": "2025-06-18"}
+
+
+@pytest.mark.parametrize("case, status, code", [
+    ("no session id", 400, -32600), ("unknown session id", 404, -32600), ("a batch", 400, -32600),
+    ("not JSON", 400, -32700), ("text/plain", 415, -32600), ("unknown protocol version", 400, -32600),
+    ("an unknown method", 200, -32601), ("tools/call without a name", 200, -32602),
+    ("accepts neither JSON nor SSE", 406, -32600)])
+def test_the_transport_refuses_what_is_not_a_json_rpc_request_of_a_live_session(gateway, case, status, code):
+    headers = initialized(gateway.url, gateway.world.key)
+    body: object = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": "hr.create_user", "arguments": USER}}
+    data = None
+    if case == "no session id":
+        del headers["Mcp-Session-Id"]
+    elif case == "unknown session id":
+        headers["Mcp-Session-Id"] = "0" * 32
+    elif case == "a batch":
+        body = [body]
+    elif case == "not JSON":
+        body, data = None, b"{not json"
+        headers["Content-Type"] = "application/json"
+    elif case == "text/plain":
+        body, data = None, json.dumps(body).encode()
+        headers["Content-Type"] = "text/plain"
+    elif case == "unknown protocol version":
+        headers["Mcp-Protocol-Version"] = "1999-01-01"
+    elif case == "an unknown method":
+        body = {"jsonrpc": "2.0", "id": 2, "method": "resources/list", "params": {}}
+    elif case == "tools/call without a name":
+        body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"arguments": USER}}
+    elif case == "accepts neither JSON nor SSE":
+        headers["Accept"] = "text/html"
+    answered = requests.post(gateway.url, json=body, data=data, headers=headers, timeout=10)
+    assert answered.status_code == status, answered.text
+    assert answered.json()["error"]["code"] == code and "result" not in answered.json()
+    assert not Run.objects.exists() and effects("hr.create_user") == []
+
+
+def test_ping_a_notification_and_delete_on_a_live_session(gateway):
+    headers = initialized(gateway.url, gateway.world.key)
+    pinged = requests.post(gateway.url, json={"jsonrpc": "2.0", "id": "p", "method": "ping"}, headers=headers,
+                           timeout=10)
+    assert pinged.status_code == 200 and pinged.json() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+    noted = requests.post(gateway.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                          headers=headers, timeout=10)
+    assert noted.status_code == 202 and noted.content == b""
+    assert requests.delete(gateway.url, headers=headers, timeout=10).status_code == 204
+    gone = requests.post(gateway.url, json={"jsonrpc": "2.0", "id": 3, "method": "ping"}, headers=headers, timeout=10)
+    assert gone.status_code == 404 and McpSession.objects.get().ended_at is not None
