@@ -163,6 +163,78 @@ def throughput(tenant, base: str, levels, seconds: float, server_pid: int) -> li
     return rows
 
 
+class InProcess:
+    """REST propose and MCP tools/call through Django's test client in this process (the full middleware and view,
+    no socket): the process CPU each request costs, by turns, which the machine's other load hardly moves."""
+
+    def __init__(self, tenant):
+        from django.test import Client
+
+        from ledger.services.tenancy import agent_create
+
+        stamp = int(time.time() * 1000)
+        self.rest = Client(HTTP_AUTHORIZATION=f"Bearer {agent_create(tenant=tenant, name=f'pr-{stamp}')[1]}")
+        self.mcp = Client(HTTP_AUTHORIZATION=f"Bearer {agent_create(tenant=tenant, name=f'pm-{stamp}')[1]}",
+                          HTTP_ACCEPT="application/json, text/event-stream")
+        opened = self.mcp.post("/mcp", {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}},
+            content_type="application/json")
+        self.mcp_headers = {"HTTP_MCP_SESSION_ID": opened["Mcp-Session-Id"], "HTTP_MCP_PROTOCOL_VERSION": PROTOCOL}
+        self.run_id, self.done, self.counter = None, ACTIONS_PER_RUN, 0
+
+    def rest_call(self) -> None:
+        if self.done >= ACTIONS_PER_RUN:
+            if self.run_id is not None:
+                assert self.rest.post(f"/api/v1/runs/{self.run_id}/complete", {}, "application/json").status_code == 200
+            self.run_id = self.rest.post("/api/v1/runs", {"goal": "bench"}, "application/json").json()["id"]
+            self.done = 0
+        self.counter += 1
+        answered = self.rest.post(f"/api/v1/runs/{self.run_id}/actions", {
+            "tool": "bench.noop", "args": {"n": self.counter}}, "application/json")
+        assert answered.status_code == 201, answered.content[:300]
+        self.done += 1
+
+    def mcp_call(self, name: str = "bench.noop", arguments: dict | None = None) -> dict:
+        self.counter += 1
+        answered = self.mcp.post("/mcp", {"jsonrpc": "2.0", "id": self.counter, "method": "tools/call", "params": {
+            "name": name, "arguments": {"n": self.counter} if arguments is None else arguments}},
+            content_type="application/json", **self.mcp_headers)
+        assert answered.status_code == 200 and not answered.json()["result"]["isError"], answered.content[:300]
+        if name == "bench.noop" and self.counter % ACTIONS_PER_RUN == 0:
+            self.mcp_call("unwind_commit", {})
+            self.mcp_call("unwind_begin", {})
+        return answered.json()
+
+
+def in_process(tenant, n: int, profile_path=None) -> dict:
+    """Process CPU per request, REST and MCP by turns; and (profile_path) a pyinstrument profile of each."""
+    both = InProcess(tenant)
+    for _ in range(20):
+        both.rest_call(), both.mcp_call()
+    rest, mcp = [], []
+    for _ in range(n):
+        for calls, one in ((rest, both.rest_call), (mcp, both.mcp_call)):
+            started = time.process_time()
+            one()
+            calls.append(time.process_time() - started)
+    result = {"rest_cpu": summary(rest), "mcp_cpu": summary(mcp)}
+    if profile_path is not None:
+        from pyinstrument import Profiler
+
+        texts = []
+        for label, one in (("REST POST /api/v1/runs/{id}/actions", both.rest_call),
+                           ("MCP tools/call", both.mcp_call)):
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+            for _ in range(min(n, 100)):
+                one()
+            profiler.stop()
+            texts.append(f"=== {label}, {min(n, 100)} calls in process\n"
+                         + profiler.output_text(unicode=False, color=False, show_all=False))
+        profile_path.write_text("\n".join(texts))
+    return result
+
+
 def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4) -> dict:
     from bench.server import Server
 
@@ -177,6 +249,10 @@ def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int =
 
 def lines(r: dict) -> list[str]:
     """The part's lines in the bench table."""
+    if "per_call" not in r:
+        c = r["in_process"]
+        return [f"6. MCP against REST, process CPU per request in process (p50): REST {c['rest_cpu']['p50']:.2f} ms, "
+                f"MCP {c['mcp_cpu']['p50']:.2f} ms"]
     p = r["per_call"]
     gap = p["mcp_minus_rest_p50_ms"]
     out = [f"6. MCP against REST ({r['server']}, no sticky routing), per call p50: REST propose "
@@ -207,7 +283,13 @@ def main() -> None:
     from bench.engine import tenant_with_tools
 
     tenant, _, _ = tenant_with_tools()
-    result = measure(tenant, n=API_N, seconds=API_SECONDS)
+    from pathlib import Path
+
+    result = {"in_process": in_process(tenant, API_N, Path(__file__).resolve().parent / "profile_mcp.txt")}
+    log(f"mcp: process CPU per request p50: REST {result['in_process']['rest_cpu']['p50']} ms, MCP "
+        f"{result['in_process']['mcp_cpu']['p50']} ms")
+    if os.environ.get("BENCH_MCP_IN_PROCESS_ONLY") in (None, "", "0"):
+        result.update(measure(tenant, n=API_N, seconds=API_SECONDS))
     result["load"] = os.getloadavg()
     out = os.environ.get("BENCH_MCP_OUT")
     if out:
