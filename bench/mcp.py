@@ -6,7 +6,9 @@
 - throughput: 1, 4 and 16 agents at once, REST then MCP at each level, twice, in turns (ABBA), each agent with its
   own key, run (REST) or session (MCP) and keep-alive connection.
 
-Alone (a fresh BENCH_DB, migrated): `.venv/bin/python -m bench.mcp`; in `make bench` it runs after part 2.
+Alone (a fresh BENCH_DB, migrated; writes bench/results_mcp.json, or BENCH_MCP_OUT, and bench/profile_mcp.txt):
+`.venv/bin/python -m bench.mcp`, first the in-process CPU comparison and the profiles, then the server parts
+(BENCH_MCP_IN_PROCESS_ONLY=1 skips them). In `make bench` the server parts run after part 2.
 """
 from __future__ import annotations
 
@@ -291,10 +293,9 @@ def main() -> None:
     if os.environ.get("BENCH_MCP_IN_PROCESS_ONLY") in (None, "", "0"):
         result.update(measure(tenant, n=API_N, seconds=API_SECONDS))
     result["load"] = os.getloadavg()
-    out = os.environ.get("BENCH_MCP_OUT")
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
+    out = os.environ.get("BENCH_MCP_OUT") or Path(__file__).resolve().parent / "results_mcp.json"
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
     print("\n".join(lines(result)))
 
 
