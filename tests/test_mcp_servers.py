@@ -59,12 +59,18 @@ class Gunicorn:
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> Gunicorn:
+        return self.launch().ready()
+
+    def launch(self) -> Gunicorn:
         env = dict(os.environ, DATABASE_URL=database_url(), PYTHONPATH=str(ROOT), DEBUG="0",
                    UNWIND_THROTTLE_RATE="100000/min", UNWIND_TASKS_SYNC="1", UNWIND_SANDBOX="1")
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [GUNICORN, "config.wsgi", "-w", "4", "-b", f"127.0.0.1:{self.port}", "--timeout", "60",
                  "--log-level", "warning"], cwd=ROOT, env=env, start_new_session=True, stdout=log, stderr=log)
+        return self
+
+    def ready(self) -> Gunicorn:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
@@ -75,8 +81,9 @@ class Gunicorn:
         raise AssertionError(f"gunicorn on {self.port} did not start: {self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
+        """Quick shutdown (SIGINT: gunicorn stops its workers at once), as a crash or a redeploy would."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, signal.SIGINT)
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -91,7 +98,9 @@ def servers(tmp_path_factory, django_db_setup):
     pair = [Gunicorn(free_port(), logs / f"server{n}.log") for n in (1, 2)]
     try:
         for server in pair:
-            server.start()
+            server.launch()
+        for server in pair:
+            server.ready()
         yield pair
     finally:
         for server in pair:
