@@ -3,12 +3,13 @@
 - per call: REST `POST /api/v1/runs/{id}/actions`, MCP `tools/call` (raw JSON-RPC over streamable HTTP with the
   session's `Mcp-Session-Id`, JSON answer), and the no-op endpoint, one agent, the three requests in turn, so all
   see the same conditions; the MCP session is initialized once;
-- throughput: 1, 4 and 16 agents at once, REST then MCP at each level, twice, in turns (ABBA), each agent with its
-  own key, run (REST) or session (MCP) and keep-alive connection.
+- throughput: 1, 4 and 16 agents at once, REST and MCP in pairs of rounds at each level, in turns (ABBA), each agent
+  with its own key, run (REST) or session (MCP) and connection.
 
 Alone (a fresh BENCH_DB, migrated; writes bench/results_mcp.json, or BENCH_MCP_OUT, and bench/profile_mcp.txt):
 `.venv/bin/python -m bench.mcp`, first the in-process CPU comparison and the profiles, then the server parts
-(BENCH_MCP_IN_PROCESS_ONLY=1 skips them). In `make bench` the server parts run after part 2.
+(BENCH_MCP_IN_PROCESS_ONLY=1 skips them; BENCH_MCP_LEVELS=16 and BENCH_MCP_PAIRS=6 for more, shorter pairs at
+one level). In `make bench` the server parts run after part 2.
 """
 from __future__ import annotations
 
@@ -147,20 +148,24 @@ def load(agents: list, seconds: float, server_pid: int) -> dict:
     return row
 
 
-def throughput(tenant, base: str, levels, seconds: float, server_pid: int) -> list[dict]:
-    """At each level: REST, MCP, MCP, REST (fresh agents each time), so a drift of the machine hits both alike."""
+def throughput(tenant, base: str, levels, seconds: float, server_pid: int, pairs: int = 2) -> list[dict]:
+    """At each level, `pairs` pairs of rounds: REST, MCP, then MCP, REST, ... (ABBA; fresh agents each round), so a
+    drift of the machine hits both alike; the ratio of the sums, and each pair's own ratio."""
     rows = []
     for level in levels:
         rounds = {"rest": [], "mcp": []}
-        for kind in ("rest", "mcp", "mcp", "rest"):
-            agents = (new_rest_agents if kind == "rest" else new_mcp_agents)(tenant, level, base)
-            rounds[kind].append(load(agents, seconds, server_pid))
-        rest = sum(r["actions_per_s"] for r in rounds["rest"]) / 2
-        mcp = sum(r["actions_per_s"] for r in rounds["mcp"]) / 2
+        for pair in range(pairs):
+            for kind in (("rest", "mcp") if pair % 2 == 0 else ("mcp", "rest")):
+                agents = (new_rest_agents if kind == "rest" else new_mcp_agents)(tenant, level, base)
+                rounds[kind].append(load(agents, seconds, server_pid))
+        rest = sum(r["actions_per_s"] for r in rounds["rest"]) / pairs
+        mcp = sum(r["actions_per_s"] for r in rounds["mcp"]) / pairs
+        by_pair = sorted(m["actions_per_s"] / r["actions_per_s"] for r, m in zip(rounds["rest"], rounds["mcp"]))
         row = {"agents": level, "rest_actions_per_s": round(rest, 1), "mcp_actions_per_s": round(mcp, 1),
-               "mcp_over_rest": round(mcp / rest, 3) if rest else None, "rounds": rounds}
+               "mcp_over_rest": round(mcp / rest, 3) if rest else None,
+               "pair_ratios": [round(x, 3) for x in by_pair], "rounds": rounds}
         log(f"mcp: {level} agents -> REST {row['rest_actions_per_s']}, MCP {row['mcp_actions_per_s']} actions/s "
-            f"({row['mcp_over_rest']})")
+            f"({row['mcp_over_rest']}; pairs {row['pair_ratios']})")
         rows.append(row)
     return rows
 
@@ -182,7 +187,7 @@ class InProcess:
             "protocolVersion": PROTOCOL, "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}},
             content_type="application/json")
         self.mcp_headers = {"HTTP_MCP_SESSION_ID": opened["Mcp-Session-Id"], "HTTP_MCP_PROTOCOL_VERSION": PROTOCOL}
-        self.run_id, self.done, self.counter = None, ACTIONS_PER_RUN, 0
+        self.run_id, self.done, self.mcp_done, self.counter = None, ACTIONS_PER_RUN, 0, 0
 
     def rest_call(self) -> None:
         if self.done >= ACTIONS_PER_RUN:
@@ -202,9 +207,12 @@ class InProcess:
             "name": name, "arguments": {"n": self.counter} if arguments is None else arguments}},
             content_type="application/json", **self.mcp_headers)
         assert answered.status_code == 200 and not answered.json()["result"]["isError"], answered.content[:300]
-        if name == "bench.noop" and self.counter % ACTIONS_PER_RUN == 0:
-            self.mcp_call("unwind_commit", {})
-            self.mcp_call("unwind_begin", {})
+        if name == "bench.noop":
+            self.mcp_done += 1
+            if self.mcp_done >= ACTIONS_PER_RUN:  # as rest_call: a new run every ACTIONS_PER_RUN calls
+                self.mcp_call("unwind_commit", {})
+                self.mcp_call("unwind_begin", {})
+                self.mcp_done = 0
         return answered.json()
 
 
@@ -237,7 +245,8 @@ def in_process(tenant, n: int, profile_path=None) -> dict:
     return result
 
 
-def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4) -> dict:
+def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4,
+            pairs: int = int(os.environ.get("BENCH_MCP_PAIRS", "2"))) -> dict:
     from bench.server import Server
 
     with Server(workers=workers) as server:
@@ -245,7 +254,7 @@ def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int =
         p = result["per_call"]
         log(f"mcp: p50 REST {p['rest']['p50']} ms, MCP {p['mcp']['p50']} ms, no-op {p['noop']['p50']} ms "
             f"(MCP - REST {p['mcp_minus_rest_p50_ms']} ms, paired {p['paired_median_ms']} ms)")
-        result["throughput"] = throughput(tenant, server.url, levels, seconds, server.process.pid)
+        result["throughput"] = throughput(tenant, server.url, levels, seconds, server.process.pid, pairs)
     return result
 
 
@@ -291,7 +300,8 @@ def main() -> None:
     log(f"mcp: process CPU per request p50: REST {result['in_process']['rest_cpu']['p50']} ms, MCP "
         f"{result['in_process']['mcp_cpu']['p50']} ms")
     if os.environ.get("BENCH_MCP_IN_PROCESS_ONLY") in (None, "", "0"):
-        result.update(measure(tenant, n=API_N, seconds=API_SECONDS))
+        levels = tuple(int(x) for x in os.environ.get("BENCH_MCP_LEVELS", "1,4,16").split(","))
+        result.update(measure(tenant, n=API_N, seconds=API_SECONDS, levels=levels))
     result["load"] = os.getloadavg()
     out = os.environ.get("BENCH_MCP_OUT") or Path(__file__).resolve().parent / "results_mcp.json"
     with open(out, "w") as f:
