@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import mcp_types as types
-
 from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
