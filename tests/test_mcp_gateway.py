@@ -21,6 +21,7 @@ from approvals.models import ApprovalRequest
 from ledger.models import Action, Run
 from ledger.services.runs import run_expire_idle
 from ledger.services.tenancy import agent_revoke, deploy_key_create
+from mcp_gateway import gateway as gateway_module
 from mcp_gateway.models import McpSession
 from sandbox.selectors import world_state
 from tests.api_support import effects
@@ -57,6 +58,11 @@ def session(url: str, key: str, script, **options):
         async with connected(url, key, **options) as mcp:
             return await script(mcp)
     return asyncio.run(main())
+
+
+async def in_thread(work, *args, **kwargs):
+    """ORM work from the client's event loop, in a thread whose database connection is closed after."""
+    return await asyncio.to_thread(gateway_module.in_thread, work, *args, **kwargs)
 
 
 async def call(mcp, name, args=None, **options):
@@ -107,7 +113,7 @@ def test_a_step_awaiting_approval_answers_pending_at_once_and_status_waits_with_
     async def on_progress(done, total, message):
         progress.append((done, total, message))
         if len(progress) == 1:  # a person decides while the agent waits on unwind_status
-            approval = await asyncio.to_thread(lambda: ApprovalRequest.objects.get(action_id=pending["action_id"]))
+            approval = await in_thread(ApprovalRequest.objects.get, action_id=pending["action_id"])
             await asyncio.to_thread(approve, live_server.url, approval.pk)
 
     pending, took = {}, []
@@ -118,7 +124,7 @@ def test_a_step_awaiting_approval_answers_pending_at_once_and_status_waits_with_
         took.append(time.monotonic() - started)
         pending.update(answered)
         assert not is_error and progress == []  # nothing waited for a person
-        assert await asyncio.to_thread(effects, "payments.charge") == []
+        assert await in_thread(effects, "payments.charge") == []
         return await call(mcp, "unwind_status", {"action_id": answered["action_id"], "wait": 10},
                           progress_callback=on_progress)
 
@@ -312,7 +318,7 @@ def test_who_may_not_connect_gets_no_session(gateway, live_server, who):
 def test_a_revoked_key_stops_an_open_session(gateway):
     async def script(mcp):
         first = await call(mcp, "hr.create_user", USER)
-        await asyncio.to_thread(agent_revoke, agent=gateway.world.agent, actor="test")
+        await in_thread(agent_revoke, agent=gateway.world.agent, actor="test")
         try:
             return first, await call(mcp, "hr.create_user", {"email": "b@example.com", "name": "B"})
         except Exception as refused:  # the next request's 401 ends the session on the client's side

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx2
 import pytest
 import requests
+from django.db import connection
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
@@ -30,6 +31,7 @@ from approvals.models import ApprovalRequest
 from ledger.models import Action, Run
 from ledger.services.tenancy import agent_create
 from ledger.services.tools import tool_upsert
+from mcp_gateway.gateway import in_thread
 from mcp_gateway.models import McpSession
 from sandbox.selectors import world_state
 from tests.api_support import effects
@@ -92,7 +94,7 @@ class Gunicorn:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory, django_db_setup):
+def servers(tmp_path_factory, django_db_setup, django_db_blocker):
     """Two servers on two ports, 4 worker processes each, sharing the test database (started once per module)."""
     logs = tmp_path_factory.mktemp("gunicorn")
     pair = [Gunicorn(free_port(), logs / f"server{n}.log") for n in (1, 2)]
@@ -105,6 +107,20 @@ def servers(tmp_path_factory, django_db_setup):
     finally:
         for server in pair:
             server.stop()
+        with django_db_blocker.unblock():
+            disconnected()
+
+
+def disconnected(timeout: float = 10.0) -> None:
+    """Wait until the stopped servers' database sessions are gone, so the test database can be dropped."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                           "AND pid <> pg_backend_pid()")
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.2)
 
 
 @pytest.fixture
@@ -159,8 +175,9 @@ async def call(mcp, name, args=None, **options):
 
 
 def approve(base_url: str, action_id: int) -> None:
-    """A person approves in the inbox (here the approvals API) of the other server."""
-    approval = ApprovalRequest.objects.get(action_id=action_id)
+    """A person approves in the inbox (here the approvals API) of the other server. Runs in a worker thread, whose
+    database connection is closed after (none may outlive the test)."""
+    approval = in_thread(ApprovalRequest.objects.get, action_id=action_id)
     decided = requests.post(f"{base_url}/api/v1/approvals/{approval.pk}/approve", json={"reason": "ok"},
                             auth=("alice", "pw-alice"), timeout=10)
     assert decided.status_code == 200, decided.text
