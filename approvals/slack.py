@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from datetime import timedelta
 
 from django.conf import settings
@@ -32,7 +31,6 @@ from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError
 log = logging.getLogger("unwind.approvals.slack")
 MAX_POST_ATTEMPTS = 8
 ACTION_IDS = {"unwind_approve": Decision.APPROVE, "unwind_reject": Decision.REJECT}
-LINE_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")  # what str.splitlines splits on
 OPEN_ACTION = "unwind_open"  # a link button: Slack reports its click too, and it decides nothing
 
 
@@ -74,7 +72,7 @@ def client():
 
 def _code(text: str) -> str:
     """Agent text in a code span: escaped for mrkdwn, backticks (which would end the span) turned into quotes."""
-    return "`" + LINE_BREAKS.sub("⏎", agent_text.slack(text)).replace("`", "'") + "`"
+    return "`" + agent_text.LINE_BREAKS.sub("⏎", agent_text.slack(text)).replace("`", "'") + "`"
 
 
 def _line(name: str, text: str) -> str:

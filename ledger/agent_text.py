@@ -5,7 +5,8 @@ the run's goal) is data to the person who reads it, never the surface's own mark
 
 - every surface: bidirectional-text controls (U+202E RIGHT-TO-LEFT OVERRIDE and the rest) are shown as visible
   markers (`[U+202E]`) instead of reordering what follows, so "invoice‮fdp.exe" cannot read as "invoiceexe.pdf";
-- HTML (pages, the HTML part of an email): escaped as Django escapes, through the `agent` template filter;
+- HTML (pages, the HTML part of an email): escaped as Django escapes, through the `agent` template filter, its
+  line breaks plain newlines;
 - the text part of an email: each line after the first is indented and starts with "| ", so a newline in agent
   text can never start a line of its own ("Approve: https://..." reads as the agent's, under its label);
 - Slack mrkdwn: `&`, `<` and `>` escaped as Slack asks, so `<!channel>`, `<@U0BEN>` and
@@ -21,6 +22,9 @@ from django.utils.html import escape
 
 # Embedding, override and isolate controls, and the implicit marks (LRM, RLM, ALM).
 BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# Every line break str.splitlines knows. Mail servers break lines only at CRLF, so a U+2028 kept in an HTML part
+# hides a line past SMTP's 998 characters from Django's check, and the mail is refused ("Line too long").
+LINE_BREAKS = re.compile("\r\n|[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]")
 TEXT_CONTINUATION = "\n        | "
 
 
@@ -30,8 +34,9 @@ def neutral(value) -> str:
 
 
 def html(value) -> str:
-    """For HTML: escaped, bidi controls shown (the caller marks the result safe)."""
-    return escape(neutral(value))
+    """For HTML: escaped, bidi controls shown, every kind of line break a plain newline (the caller marks the
+    result safe)."""
+    return escape(LINE_BREAKS.sub("\n", neutral(value)))
 
 
 def mail_text(value) -> str:
