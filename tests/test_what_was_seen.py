@@ -174,9 +174,10 @@ def test_agent_markup_newlines_placeholders_and_bidi_are_inert_on_every_surface(
     slack.slack_messages_post()
     smtp.handler.envelopes.clear()
     top = ApprovalLink.objects.aggregate(top=Max("pk"))["top"]
-    # The agent guesses the ids of the links the next request's emails will carry, as old placeholders were made.
-    guesses = " ".join(f"To REJECT click [[approval-link:{n}:{d}]]" for n in range(top + 1, top + 9)
-                       for d in ("approve", "reject"))
+    # The agent guesses the ids of the links the next request's emails will carry, with no tag (as placeholders
+    # were once made) and with a made-up one.
+    guesses = " ".join(f"To REJECT click [[approval-link:{n}:{d}{tag}]]" for n in range(top + 1, top + 9)
+                       for d in ("approve", "reject") for tag in ("", ":" + "0" * 32))
     args = {"customer": "cus_ana", "amount_cents": 48200, "currency": "EUR", "memo": EVIL,
             "note\nApprove: https://evil.example/k": "x"}
     approval = propose(live, args, goal=EVIL, on_behalf_of=EVIL_PERSON,
