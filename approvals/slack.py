@@ -6,7 +6,10 @@ a rolled-back request posts nothing and a Slack outage loses nothing. A click co
 - the signature and timestamp verify against UNWIND_SLACK_SIGNING_SECRET (else 401, nothing read further);
 - the Slack user is mapped to an Unwind person of the request's tenant (`SlackIdentity`, set by an admin with
   `manage.py slack_identity`; the payload's names and emails are never trusted);
-- the button's args hash is still the request's and its action's.
+- the button's args hash is still the request's and its action's;
+- the request is one a message can show in full (approvals/surfaces.py): one too large is posted with what fits,
+  what it left out and an "Open to decide" link instead of buttons, and a click for it, however made, is refused.
+What the agent wrote is escaped for mrkdwn and labelled as its own (ledger/agent_text.py).
 The decision is then that person's, through `approval_decide`: quorum, separation of duties, expiry and
 void-on-policy-change hold as on the approval page. The message shows the outcome however the request was
 settled (Slack, an email link, the approval page, expiry, a void).

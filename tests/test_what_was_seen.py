@@ -221,6 +221,12 @@ def test_agent_markup_newlines_placeholders_and_bidi_are_inert_on_every_surface(
     assert page.status_code == 200
     assert "\u202e" not in page.text and "[U+202E]" in page.text and "<script>alert" not in page.text
     assert "In the agent&#x27;s own words" in page.text or "In the agent's own words" in page.text
+    oscar = Client()
+    oscar.force_login(live.oscar)
+    console = requests.get(f"{live.base}/console/runs/{approval.run_id}/", timeout=10, cookies={
+        django_settings.SESSION_COOKIE_NAME: oscar.cookies[django_settings.SESSION_COOKIE_NAME].value})
+    assert console.status_code == 200
+    assert "\u202e" not in console.text and "[U+202E]" in console.text and "<script>alert" not in console.text
 
     # The customer's trail of the run (the sandbox refuses the charge's extra arguments, so the run fails).
     approval_decide(request=approval, user=live.alice, approve=True)
