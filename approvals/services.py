@@ -158,7 +158,7 @@ def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str
                "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
     Notification.objects.create(
         tenant_id=request.tenant_id, kind=DIGEST_ENTRY, recipients=[email], next_attempt_at=None,
-        subject=f"{action.tool.name} ({action.risk} risk), request {request.pk}"[:250],
+        subject=f"In the next digest: {action.tool.name} ({action.risk} risk), request {request.pk}"[:250],
         body_text=render_to_string("approvals/email/approval_digest_entry.txt", context),
         body_html=render_to_string("approvals/email/approval_digest_entry.html", context))
     open_digest = (Notification.objects.select_for_update(no_key=True)

@@ -249,9 +249,9 @@ def outcome_text(request: ApprovalRequest) -> str:
     if request.status == ApprovalStatus.APPROVED:
         return f":white_check_mark: Approved by {approvers}. Unwind runs the action now."
     if request.status == ApprovalStatus.REJECTED:
-        return f":x: Rejected by {rejecter}: {request.outcome_reason}"
+        return f":x: Rejected by {rejecter}: {agent_text.slack(request.outcome_reason)}"
     if request.status != ApprovalStatus.PENDING:
-        return f"{request.status.capitalize()}: {request.outcome_reason or 'nothing was approved'}."
+        return f"{request.status.capitalize()}: {agent_text.slack(request.outcome_reason or 'nothing was approved')}."
     given = sum(d.decision == Decision.APPROVE for d in decisions)
     return f":hourglass: {approvers} approved ({given} of {request.required}); it runs once enough people approve."
 
