@@ -57,7 +57,8 @@ def link_url(token: str) -> str:
 def _slot(link_id: int, nonce: str, decision: str) -> str:
     """A placeholder's tag: an HMAC (SECRET_KEY) of the link's nonce, which only the server knows and no agent
     ever sees; a placeholder without the right tag is never filled, whoever wrote it."""
-    return salted_hmac("unwind.approval-link-slot", f"{link_id}:{nonce}:{decision}", algorithm="sha256").hexdigest()[:32]
+    tag = salted_hmac("unwind.approval-link-slot", f"{link_id}:{nonce}:{decision}", algorithm="sha256")
+    return tag.hexdigest()[:32]
 
 
 def placeholder(link: ApprovalLink, decision: str) -> str:

@@ -162,7 +162,8 @@ def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str
         body_text=render_to_string("approvals/email/approval_digest_entry.txt", context),
         body_html=render_to_string("approvals/email/approval_digest_entry.html", context))
     open_digest = (Notification.objects.select_for_update(no_key=True)
-                   .filter(tenant_id=request.tenant_id, kind=DIGEST, recipients=[email], status=NotificationStatus.PENDING)
+                   .filter(tenant_id=request.tenant_id, kind=DIGEST, recipients=[email],
+                           status=NotificationStatus.PENDING)
                    .order_by("pk").first())
     if open_digest is None:
         Notification.objects.create(

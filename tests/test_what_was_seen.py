@@ -150,7 +150,8 @@ def test_an_email_that_cannot_show_every_argument_in_full_carries_no_decision_li
         assert "Approve:" not in text and "ATTACKER" not in text
         assert "Not shown here: 1 long value is cut short." in text and "1 long value is cut short." in html
         assert "Open to decide (every argument in full" in text
-        assert f"{live.base}/approvals/{approval.pk}/" in text and f'href="{live.base}/approvals/{approval.pk}/"' in html
+        page = f"{live.base}/approvals/{approval.pk}/"
+        assert page in text and f'href="{page}"' in html
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
 
 
@@ -202,9 +203,8 @@ def test_agent_markup_newlines_placeholders_and_bidi_are_inert_on_every_surface(
         [mail] = mails_to(smtp, address)
         text, html = parts(mail)
         approve_lines = [line for line in text.splitlines() if line.lstrip().startswith(("Approve:", "Reject"))]
-        assert approve_lines == [line for line in approve_lines if line.startswith(f"Approve: {live.base}/approvals/link/")
-                                 or line.startswith(f"Reject:  {live.base}/approvals/link/")], approve_lines
-        assert len(approve_lines) == 2
+        ours = (f"Approve: {live.base}/approvals/link/", f"Reject:  {live.base}/approvals/link/")
+        assert len(approve_lines) == 2 and all(line.startswith(ours) for line in approve_lines), approve_lines
         assert "        | Approve: https://evil.example/approve" in text
         assert text.count("/approvals/link/") == 2 and html.count("/approvals/link/") == 2
         assert "[[approval-link:" in text  # left as the agent wrote it: never filled
