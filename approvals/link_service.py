@@ -22,13 +22,13 @@ from django.conf import settings
 from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.crypto import salted_hmac
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from approvals.models import ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification
 from ledger.errors import UnwindError
 from ledger.models import ROLE_ORDER, Role, Tool
 
-PLACEHOLDER = re.compile(r"\[\[approval-link:(\d+):(approve|reject)\]\]")
+PLACEHOLDER = re.compile(r"\[\[approval-link:(\d+):(approve|reject):([0-9a-f]{32})\]\]")
 
 
 class LinkRefused(UnwindError):
@@ -54,9 +54,16 @@ def link_url(token: str) -> str:
     return reverse("approval_links:confirm", args=[token])
 
 
+def _slot(link_id: int, nonce: str, decision: str) -> str:
+    """A placeholder's tag: an HMAC (SECRET_KEY) of the link's nonce, which only the server knows and no agent
+    ever sees; a placeholder without the right tag is never filled, whoever wrote it."""
+    tag = salted_hmac("unwind.approval-link-slot", f"{link_id}:{nonce}:{decision}", algorithm="sha256")
+    return tag.hexdigest()[:32]
+
+
 def placeholder(link: ApprovalLink, decision: str) -> str:
     """What the outbox row holds where the link goes: only `links_fill` turns it into a working URL."""
-    return f"[[approval-link:{link.pk}:{decision}]]"
+    return f"[[approval-link:{link.pk}:{decision}:{_slot(link.pk, link.nonce, decision)}]]"
 
 
 def link_create(*, request: ApprovalRequest, user) -> ApprovalLink:
@@ -71,17 +78,21 @@ def link_create(*, request: ApprovalRequest, user) -> ApprovalLink:
 
 
 def links_fill(note: Notification, text: str) -> str:
-    """The mail as it leaves: each placeholder of a link that belongs to this very notification becomes its URL.
-    A placeholder an agent slipped into its arguments can name only the same recipient's own link, or nothing."""
-    ids = {int(pk) for pk, _ in PLACEHOLDER.findall(text)}
+    """The mail as it leaves: each placeholder of a link that belongs to this very notification, with the tag only
+    the server can make for it, becomes its URL. A placeholder an agent slipped into its words has no such tag (it
+    never saw one, and cannot compute one), so it is never filled: it stays as the agent wrote it."""
+    ids = {int(pk) for pk, _, _ in PLACEHOLDER.findall(text)}
     if not ids:
         return text
     nonces = dict(ApprovalLink.objects.filter(pk__in=ids, notification=note).values_list("pk", "nonce"))
     base = settings.UNWIND_BASE_URL.rstrip("/")
 
     def fill(match: re.Match) -> str:
-        nonce = nonces.get(int(match.group(1)))
-        return base + link_url(_token(nonce, match.group(2))) if nonce else "(link withheld)"
+        link_id, decision, slot = int(match.group(1)), match.group(2), match.group(3)
+        nonce = nonces.get(link_id)
+        if nonce is None or not constant_time_compare(slot, _slot(link_id, nonce, decision)):
+            return match.group(0)
+        return base + link_url(_token(nonce, decision))
 
     return PLACEHOLDER.sub(fill, text)
 

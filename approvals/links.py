@@ -67,4 +67,6 @@ def slack_interactions(request):
         body = problem(status=error.status, code=error.code, title=error.title, detail=error.detail,
                        instance=request.path, **error.extra)
         return JsonResponse(body, status=error.status, content_type="application/problem+json")
+    if decided is None:  # the "Open" link button: Slack opened the page, nothing to decide here
+        return JsonResponse({"ok": True})
     return JsonResponse({"ok": True, "status": decided.status})

@@ -12,7 +12,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import link_service, slack
+from approvals import link_service, slack, surfaces
 from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
@@ -24,6 +24,7 @@ from ledger.services.actions import action_approve, action_reject
 log = logging.getLogger("unwind.approvals")
 SEND_BATCH = 50
 MAX_SEND_ATTEMPTS = 8
+REQUESTED, DIGEST, DIGEST_ENTRY = "approval_requested", "approval_digest", "approval_digest_entry"
 
 
 class ApprovalVoided(StateConflict):
@@ -112,19 +113,82 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
     with recording(action.tenant_id) as audit:
         audit.record("approval.requested", actor=requested_by, request=request.pk, for_action=action.pk, rows=[request])
     url = reverse("approvals:detail", args=[request.pk])
+    shown = surfaces.shown(request, surfaces.EMAIL)
     for approver in approvers(action.tenant_id):
-        # One email per approver: each carries approve/reject links made for that person alone (link_service.py).
-        # Who may not decide (separation of duties) gets the email without links.
-        link = None if is_requester(request, approver) else link_service.link_create(request=request, user=approver)
-        context = {"request": request, "action": action, "url": url,
+        if digest_due(tenant_id=action.tenant_id, email=approver.email):
+            digest_add(request=request, action=action, email=approver.email, url=url)
+            continue
+        # One email per approver: each carries approve/reject links made for that person alone (link_service.py),
+        # only when the email shows everything the decision covers (approvals/surfaces.py). Who may not decide
+        # (separation of duties) gets the email without links.
+        decides = shown.complete and not is_requester(request, approver)
+        link = link_service.link_create(request=request, user=approver) if decides else None
+        context = {"request": request, "action": action, "url": url, "shown": shown,
                    "approve_url": link and link_service.placeholder(link, Decision.APPROVE),
                    "reject_url": link and link_service.placeholder(link, Decision.REJECT)}
-        note = notify(tenant_id=action.tenant_id, kind="approval_requested", recipients=[approver.email],
+        note = notify(tenant_id=action.tenant_id, kind=REQUESTED, recipients=[approver.email],
                       subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)",
                       template="approvals/email/approval_requested", context=context)
         if link is not None:
             ApprovalLink.objects.filter(pk=link.pk).update(notification=note)
     slack.on_approval_requested(request=request)
+
+
+# --- the digest: one email for many requests ---------------------------------------------------------
+# More than UNWIND_APPROVAL_DIGEST_AFTER requests for one approver within UNWIND_APPROVAL_DIGEST_WINDOW seconds:
+# each further request becomes an entry row (an outbox row never sent by itself: no next_attempt_at), and one
+# digest row, sent a window after it was opened, lists every entry waiting for that address. The entries are
+# written in the request's transaction like any email and gathered by the worker as it sends, so nothing is
+# counted in a process's memory and a crash between the two loses nothing (an entry stays pending until the
+# digest that lists it has gone out). A digest carries no decision: each entry links to its approval page.
+
+def digest_due(*, tenant_id: int, email: str) -> bool:
+    """Whether this approver already had UNWIND_APPROVAL_DIGEST_AFTER requests mailed (singly or as digest
+    entries) within the window, so that the next one goes into a digest."""
+    since = timezone.now() - timedelta(seconds=settings.UNWIND_APPROVAL_DIGEST_WINDOW)
+    recent = Notification.objects.filter(tenant_id=tenant_id, kind__in=[REQUESTED, DIGEST_ENTRY], recipients=[email],
+                                         created_at__gte=since)
+    return recent.count() >= settings.UNWIND_APPROVAL_DIGEST_AFTER
+
+
+def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str) -> None:
+    """In the request's transaction: its entry for this approver, and the digest that will carry it (the open one,
+    locked so that the worker cannot claim it meanwhile, or a new one due a window from now)."""
+    context = {"request": request, "action": action, "url": url, "shown": surfaces.shown(request, surfaces.EMAIL),
+               "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
+    Notification.objects.create(
+        tenant_id=request.tenant_id, kind=DIGEST_ENTRY, recipients=[email], next_attempt_at=None,
+        subject=f"In the next digest: {action.tool.name} ({action.risk} risk), request {request.pk}"[:250],
+        body_text=render_to_string("approvals/email/approval_digest_entry.txt", context),
+        body_html=render_to_string("approvals/email/approval_digest_entry.html", context))
+    open_digest = (Notification.objects.select_for_update(no_key=True)
+                   .filter(tenant_id=request.tenant_id, kind=DIGEST, recipients=[email],
+                           status=NotificationStatus.PENDING)
+                   .order_by("pk").first())
+    if open_digest is None:
+        Notification.objects.create(
+            tenant_id=request.tenant_id, kind=DIGEST, recipients=[email],
+            subject="[Unwind] Approval requests are waiting for you",
+            body_text="(written when it is sent: every request waiting for this address by then)",
+            next_attempt_at=timezone.now() + timedelta(seconds=settings.UNWIND_APPROVAL_DIGEST_WINDOW))
+
+
+def digest_compose(note: Notification) -> list[int] | None:
+    """Write the digest's subject and body from the entries waiting for its address; their ids (to mark sent
+    once the mail is out), or None when an earlier digest already carried them all."""
+    entries = list(Notification.objects.filter(
+        tenant_id=note.tenant_id, kind=DIGEST_ENTRY, recipients=note.recipients, status=NotificationStatus.PENDING,
+        next_attempt_at__isnull=True).order_by("created_at", "pk"))
+    if not entries:
+        return None
+    context = {"entries": entries, "count": len(entries), "after": settings.UNWIND_APPROVAL_DIGEST_AFTER,
+               "window": settings.UNWIND_APPROVAL_DIGEST_WINDOW, "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
+    note.subject = f"[Unwind] {len(entries)} approval request{'s' if len(entries) != 1 else ''} waiting for you"
+    note.body_text = render_to_string("approvals/email/approval_digest.txt", context)
+    note.body_html = render_to_string("approvals/email/approval_digest.html", context)
+    Notification.objects.filter(pk=note.pk).update(subject=note.subject, body_text=note.body_text,
+                                                   body_html=note.body_html)
+    return [entry.pk for entry in entries]
 
 
 def on_approval_withdrawn(*, action: Action, reason: str) -> None:
@@ -287,6 +351,12 @@ def notifications_send(*, now=None) -> int:
                 status=NotificationStatus.SENDING, lease_expires_at=lease) != 1:
             continue
         note = Notification.objects.get(pk=pk)
+        entries = []
+        if note.kind == DIGEST:
+            entries = digest_compose(note)
+            if entries is None:  # its requests went out in an earlier digest: nothing to send
+                Notification.objects.filter(pk=pk, status=NotificationStatus.SENDING).delete()
+                continue
         # Approval links exist only in the mail as it leaves, never in the stored row (link_service.py).
         message = EmailMultiAlternatives(note.subject, link_service.links_fill(note, note.body_text),
                                          settings.DEFAULT_FROM_EMAIL, note.recipients)
@@ -306,6 +376,8 @@ def notifications_send(*, now=None) -> int:
         Notification.objects.filter(pk=pk, status=NotificationStatus.SENDING).update(
             status=NotificationStatus.SENT, attempts=note.attempts + 1, sent_at=timezone.now(), lease_expires_at=None,
             last_error="")
+        Notification.objects.filter(pk__in=entries, status=NotificationStatus.PENDING).update(
+            status=NotificationStatus.SENT, sent_at=timezone.now())
         sent += 1
     return sent
 

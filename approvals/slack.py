@@ -6,7 +6,10 @@ a rolled-back request posts nothing and a Slack outage loses nothing. A click co
 - the signature and timestamp verify against UNWIND_SLACK_SIGNING_SECRET (else 401, nothing read further);
 - the Slack user is mapped to an Unwind person of the request's tenant (`SlackIdentity`, set by an admin with
   `manage.py slack_identity`; the payload's names and emails are never trusted);
-- the button's args hash is still the request's and its action's.
+- the button's args hash is still the request's and its action's;
+- the request is one a message can show in full (approvals/surfaces.py): one too large is posted with what fits,
+  what it left out and an "Open to decide" link instead of buttons, and a click for it, however made, is refused.
+What the agent wrote is escaped for mrkdwn and labelled as its own (ledger/agent_text.py).
 The decision is then that person's, through `approval_decide`: quorum, separation of duties, expiry and
 void-on-policy-change hold as on the approval page. The message shows the outcome however the request was
 settled (Slack, an email link, the approval page, expiry, a void).
@@ -20,15 +23,18 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
+from django.urls import reverse
 from django.utils import timezone
 
+from approvals import surfaces
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackIdentity, SlackMessage
-from ledger import egress
+from ledger import agent_text, egress
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 
 log = logging.getLogger("unwind.approvals.slack")
 MAX_POST_ATTEMPTS = 8
 ACTION_IDS = {"unwind_approve": Decision.APPROVE, "unwind_reject": Decision.REJECT}
+OPEN_ACTION = "unwind_open"  # a link button: Slack reports its click too, and it decides nothing
 
 
 class SlackSignatureInvalid(UnwindError):
@@ -37,6 +43,10 @@ class SlackSignatureInvalid(UnwindError):
 
 class SlackUserUnmapped(PermissionDenied):
     code, title = "slack_user_unmapped", "Slack user not mapped to a person"
+
+
+class SlackCannotShow(StateConflict):
+    code, title = "slack_cannot_show_request", "Decide this request on its page"
 
 
 def configured() -> bool:
@@ -63,30 +73,61 @@ def client():
 
 # --- the message ----------------------------------------------------------------------------------
 
-def _code(value) -> str:
-    return "`" + json.dumps(value, ensure_ascii=False, sort_keys=True)[:300].replace("`", "'") + "`"
+def _code(text: str) -> str:
+    """Agent text in a code span: escaped for mrkdwn, backticks (which would end the span) turned into quotes."""
+    return "`" + agent_text.LINE_BREAKS.sub("⏎", agent_text.slack(text)).replace("`", "'") + "`"
+
+
+def _line(name: str, text: str) -> str:
+    return f"• {_code(name)}: {_code(text)}"
+
+
+def _prose(text: str) -> str:
+    return agent_text.slack_quote(text)
+
+
+# Slack allows 3,000 characters in a section's text; what the agent wrote is measured as posted (escapes included).
+LIMITS = surfaces.Limits(value_chars=300, total_chars=2800, prose_chars=2800, line=_line, prose=_prose)
 
 
 def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]:
-    """Block Kit: the preview (tool, target, args, risk, why) and, while it waits, Approve / Reject buttons."""
+    """Block Kit: the preview (tool, target, args, risk, why) and, while it waits, Approve / Reject buttons, only
+    when the message shows everything the decision covers; otherwise it says what it left out and links to the
+    approval page instead (approvals/surfaces.py). The agent's words are escaped, quoted and labelled as its."""
     preview = request.preview or {}
+    shown = surfaces.shown(request, LIMITS)
+    texts = shown.texts
     target = preview.get("target") or {}
-    intent = preview.get("intent") or {}
-    why = intent.get("reasoning") or intent.get("goal") or preview.get("run_goal") or "(no reason given)"
-    args = "\n".join(f"• `{name}`: {_code(value)}" for name, value in (preview.get("args") or {}).items()) or "none"
+    args = "\n".join(_line(arg["name"], arg["text"]) for arg in shown.args) or "none"
     what = "Undo with" if request.is_compensation else "Approval needed:"
+    why = [f"*The agent's reasoning*\n{_prose(texts['reasoning'])}" if texts["reasoning"] else
+           "*The agent's reasoning*\n(none given)"]
+    goals = [f"*{label} (as the agent wrote it)*\n{_prose(texts[key])}"
+             for key, label in (("goal", "Step goal"), ("run_goal", "Run goal")) if texts[key]]
     blocks = [
         {"type": "section", "text": {
             "type": "mrkdwn", "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
         {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": f"*Target*\n{target.get('type') or 'target'} {target.get('id') or '(new)'}"},
-            {"type": "mrkdwn", "text": f"*On behalf of*\n{preview.get('on_behalf_of') or '(nobody named)'}"},
+            {"type": "mrkdwn", "text": f"*Target*\n{target.get('type') or 'target'} "
+                                       f"{_code(texts['target']) if texts['target'] else '(new)'}"},
+            {"type": "mrkdwn", "text": "*On behalf of (the agent says)*\n"
+                                       + (_code(texts["on_behalf_of"]) if texts["on_behalf_of"] else "(nobody named)")},
         ]},
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Arguments*\n{args}"[:2900]}},
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Why*\n{why}"[:2900]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Arguments, as the agent sent them*\n{args}"}},
+        *({"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in why + goals),
     ]
+    page = settings.UNWIND_BASE_URL.rstrip("/") + reverse("approvals:detail", args=[request.pk])
+    if not shown.complete:
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": (
+            f":warning: {shown.missing} This message cannot show everything this decision covers, so it carries no "
+            "buttons: open the approval page to see it all and decide there.")}})
     if outcome:
         blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": outcome[:2900]}]})
+        return blocks
+    if not shown.complete:
+        blocks.append({"type": "actions", "block_id": f"unwind_approval_{request.pk}", "elements": [
+            {"type": "button", "action_id": OPEN_ACTION, "url": page, "style": "primary",
+             "text": {"type": "plain_text", "text": "Open to decide"}}]})
         return blocks
     value = json.dumps({"approval": request.pk, "args_hash": request.args_hash})
     blocks.append({"type": "actions", "block_id": f"unwind_approval_{request.pk}", "elements": [
@@ -94,6 +135,7 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
          "text": {"type": "plain_text", "text": "Approve"}},
         {"type": "button", "action_id": "unwind_reject", "style": "danger", "value": value,
          "text": {"type": "plain_text", "text": "Reject"}},
+        {"type": "button", "action_id": OPEN_ACTION, "url": page, "text": {"type": "plain_text", "text": "Open"}},
     ]})
     return blocks
 
@@ -156,11 +198,14 @@ def verify(*, body: bytes, headers) -> None:
         raise SlackSignatureInvalid("the request's Slack signature or timestamp is not valid (or is stale)")
 
 
-def parse_click(payload: str) -> tuple[str, str, int, str]:
-    """(Slack user id, decision, approval id, args hash) of a block_actions payload; refused when it is not one."""
+def parse_click(payload: str) -> tuple[str, str, int, str] | None:
+    """(Slack user id, decision, approval id, args hash) of a block_actions payload; None for the "Open" link
+    button (which decides nothing); refused when it is not one."""
     try:
         data = json.loads(payload)
         action = data["actions"][0]
+        if action["action_id"] == OPEN_ACTION:
+            return None
         value = json.loads(action["value"])
         decision = ACTION_IDS[action["action_id"]]
         return str(data["user"]["id"]), decision, int(value["approval"]), str(value["args_hash"])
@@ -168,15 +213,22 @@ def parse_click(payload: str) -> tuple[str, str, int, str]:
         raise ValidationFailed("not an Unwind approval button click", field="payload") from None
 
 
-def slack_decide(*, payload: str) -> ApprovalRequest:
+def slack_decide(*, payload: str) -> ApprovalRequest | None:
     """The decision a verified click asks for, as the mapped person's, through `approval_decide` (which refreshes
-    the message after its commit)."""
+    the message after its commit); None for a click on the "Open" link. A request whose message could not show
+    everything its decision covers was posted without buttons and cannot be decided from Slack at all."""
     from approvals.services import approval_decide
 
-    slack_user, decision, approval_id, args_hash = parse_click(payload)
-    request = ApprovalRequest.objects.select_related("action", "run").filter(pk=approval_id).first()
+    click = parse_click(payload)
+    if click is None:
+        return None
+    slack_user, decision, approval_id, args_hash = click
+    request = ApprovalRequest.objects.select_related("action__tool", "run", "tool").filter(pk=approval_id).first()
     if request is None:
         raise NotFound(f"there is no approval request {approval_id}")
+    if not surfaces.fits(request, LIMITS):
+        raise SlackCannotShow(f"request {request.pk} is too large for a Slack message to show in full, so it cannot be "
+                              "decided from Slack; nothing was decided. Open the approval page to decide.")
     identity = SlackIdentity.objects.select_related("user").filter(
         tenant_id=request.tenant_id, slack_user_id=slack_user).first()
     if identity is None:
@@ -197,9 +249,9 @@ def outcome_text(request: ApprovalRequest) -> str:
     if request.status == ApprovalStatus.APPROVED:
         return f":white_check_mark: Approved by {approvers}. Unwind runs the action now."
     if request.status == ApprovalStatus.REJECTED:
-        return f":x: Rejected by {rejecter}: {request.outcome_reason}"
+        return f":x: Rejected by {rejecter}: {agent_text.slack(request.outcome_reason)}"
     if request.status != ApprovalStatus.PENDING:
-        return f"{request.status.capitalize()}: {request.outcome_reason or 'nothing was approved'}."
+        return f"{request.status.capitalize()}: {agent_text.slack(request.outcome_reason or 'nothing was approved')}."
     given = sum(d.decision == Decision.APPROVE for d in decisions)
     return f":hourglass: {approvers} approved ({given} of {request.required}); it runs once enough people approve."
 

@@ -253,6 +253,10 @@ UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, 
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
 UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
+# Approval emails per approver: after this many requests within the window (seconds), further requests for the same
+# person go into one digest email, sent a window after the first of them, instead of one email each.
+UNWIND_APPROVAL_DIGEST_AFTER = env_int("UNWIND_APPROVAL_DIGEST_AFTER", 3, minimum=0)
+UNWIND_APPROVAL_DIGEST_WINDOW = env_int("UNWIND_APPROVAL_DIGEST_WINDOW", 60, minimum=1)
 # Slack (approvals/slack.py): with a bot token and a channel, each approval request is posted there with Approve /
 # Reject buttons; Slack's clicks come back to /integrations/slack/interactions/, signed with the signing secret.
 # The API base is a deployer's setting only (tests point it at a local stand-in for Slack).

@@ -81,7 +81,7 @@ def test_a_placeholder_fills_only_in_the_email_its_link_belongs_to(tools, smtp):
     alice_note = Notification.objects.get(recipients=["alice@example.com"])
     bens = ApprovalLink.objects.get(request=approval, user=tools.ben)
     smuggled = link_service.placeholder(bens, "approve")  # as an agent could put it into its arguments
-    assert link_service.links_fill(alice_note, f"see {smuggled}") == "see (link withheld)"
+    assert link_service.links_fill(alice_note, f"see {smuggled}") == f"see {smuggled}"  # never filled
 
 
 def test_opening_the_link_changes_nothing_only_the_button_decides(tools, smtp):

@@ -109,8 +109,8 @@ def test_approval_requested_mail_arrives_with_text_html_and_a_working_link(tools
     text, html = body_parts(message)
     link = detail_link(settings, approval)
     assert link in text and f'href="{link}"' in html
-    assert "amount_cents: 48200" in text and "the holds are in place" in text and "carol@example.com" in text
-    assert "<code>amount_cents</code>: <code>48200</code>" in html
+    assert "amount_cents: €482.00 (48200 as sent)" in text and "the holds are in place" in text and "carol@example.com" in text
+    assert "<code>amount_cents</code>: <code>€482.00 (48200 as sent)</code>" in html
     note = Notification.objects.get(kind="approval_requested", recipients=["alice@example.com"])
     assert (note.status, note.attempts, note.last_error) == ("sent", 1, "") and note.sent_at is not None
     assert notifications_send() == 0 and len(smtp.messages) == 4
@@ -187,6 +187,7 @@ def test_a_second_sender_never_sends_a_row_the_first_has_claimed(tools, smtp, mo
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_senders_send_each_row_exactly_once(tools, smtp, settings):
     """Two workers sweep the outbox at the same moment, with a slow mail server."""
+    settings.UNWIND_APPROVAL_DIGEST_AFTER = 100  # one email per request and approver, no digest
     approvals_waiting = [charge_waiting(tools, customer=f"cus_{n}") for n in range(8)]
     smtp.handler.delay = 0.02
     start = threading.Barrier(2)

@@ -129,7 +129,8 @@ def test_a_request_is_posted_with_its_preview_and_buttons(live, slack_api):
     text = json.dumps(blocks)
     assert "payments.charge" in text and "high risk" in text and "48200" in text and "the holds are in place" in text
     buttons = blocks[-1]["elements"]
-    assert [b["action_id"] for b in buttons] == ["unwind_approve", "unwind_reject"]
+    assert [b["action_id"] for b in buttons] == ["unwind_approve", "unwind_reject", "unwind_open"]
+    assert buttons[2]["url"].endswith(f"/approvals/{approval.pk}/") and "value" not in buttons[2]
     assert json.loads(buttons[0]["value"]) == {"approval": approval.pk, "args_hash": approval.args_hash}
     message = SlackMessage.objects.get(request=approval)
     assert message.ts and message.posted_at and message.channel == "C0APPROVALS"
