@@ -150,3 +150,12 @@ def person_at(role: str | None, company: str) -> str:
     """"a reviewer at Demo Company": the words a customer reads for a member of staff with `role`."""
     who = ROLE_WORDS.get(role or "", "someone")
     return f"{who} at {company}" if company else who
+
+
+def money_in(args: Any, display: dict) -> list[str]:
+    """Every amount among the arguments, in words ("€920.00"), in the order the hint names them: what a list row
+    shows so a person knows what a request is about without opening it."""
+    if not isinstance(args, dict):
+        return []
+    return [shown for name in (display or {}) if name in args
+            for shown in [display_value(display, name, args[name], args)] if shown is not None]

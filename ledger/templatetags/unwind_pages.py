@@ -42,3 +42,11 @@ def at(when):
     if not when:
         return "—"
     return format_html('<time datetime="{}" title="{}">{}</time>', when.isoformat(), relative(when), _stamp(when))
+
+
+@register.filter
+def money_in(args, display) -> str:
+    """`{{ request.preview.args|money_in:request.action.tool.display }}`: the amounts a row shows, "€920.00"."""
+    from ledger.display import money_in as amounts
+
+    return ", ".join(amounts(args, display or {}))

@@ -228,6 +228,19 @@ class Command(BaseCommand):
             internals = [word for word in ("email.send", "answered", "/sandbox/", "audit chain", "<a ")
                          if word in page]
             checks.append(Check("0 pages", "customer trail shows no internals", [], internals))
+        checks += self.crawl_checks(base_url, start=("/", f"/console/trail/{token}/") if run is not None else ("/",))
+        return checks
+
+    def crawl_checks(self, base_url: str, *, start: tuple[str, ...]) -> list:
+        """Every page the demo reaches, as each of its people: every link followed, every GET form submitted."""
+        from sandbox.crawl import crawl, login
+        from sandbox.demo import Check
+
+        checks = []
+        for username, role, password, _ in [*PEOPLE, ADMIN]:
+            result = crawl(base_url, login(base_url, username, password), start=start)
+            checks.append(Check("0 pages", f"as {username}: {len(result.pages)} pages, none broken", [],
+                                result.problems[:5]))
         return checks
 
     def welcome(self, base_url: str, runs: dict, waiting: int) -> None:
@@ -259,6 +272,9 @@ class Command(BaseCommand):
 def port_free_or_fail(port: int) -> None:
     """CommandError (exit 1, within a second) when 127.0.0.1:`port` cannot be served on, saying what to do."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As the web server will (socketserver's allow_reuse_address): connections of a demo that just stopped, still in
+    # TIME_WAIT, do not hold the port; a server listening on it does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(("127.0.0.1", port))
     except OSError as exc:
