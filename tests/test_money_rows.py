@@ -25,3 +25,10 @@ def test_the_inbox_row_shows_the_amount(tools):
     row = client.get("/approvals/").content.decode()
     assert '<td data-label="Amount" class="amount">€920.00</td>' in row
     assert "92000" not in row
+
+
+def test_a_tool_name_wraps_only_after_its_dots_and_underscores():
+    from ledger.templatetags.unwind_pages import breakable
+
+    assert breakable("travel.cancel_flight") == "travel.<wbr>cancel_<wbr>flight"
+    assert breakable("<b>x.y</b>") == "&lt;b&gt;x.<wbr>y&lt;/b&gt;"  # escaped first: the name is text
