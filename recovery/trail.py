@@ -340,8 +340,10 @@ def _sentence(text: str) -> str:
 
 
 def _thing(action) -> str:
-    """What a step changed, without its internal id: "the ticket", or "it"."""
+    """What a step changed: "ticket T-5035" when its id is one a person knows, "the license" when it is internal."""
     kind = _human(action.target_type)
+    if kind and action.target_id and _short(action.target_id) is not None:
+        return f"{kind} {action.target_id}"
     return f"the {kind}" if kind else "it"
 
 
