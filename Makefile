@@ -75,4 +75,4 @@ schema: $(TEST_STAMP)
 	$(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
 
 clean:
-	rm -rf $(VENV) var/*.sqlite3* var/test-artifacts var/demo-mail var/demo-agent.key
+	rm -rf $(VENV) var/*.sqlite3* var/test-artifacts var/demo-mail var/demo-agent.key var/demo.env

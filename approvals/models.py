@@ -137,6 +137,8 @@ class SlackIdentity(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name = "Slack identity"
+        verbose_name_plural = "Slack identities"
         constraints = [
             models.UniqueConstraint(fields=["tenant", "slack_user_id"], name="one_person_per_slack_user"),
             models.UniqueConstraint(fields=["tenant", "user"], name="one_slack_user_per_person"),

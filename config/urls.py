@@ -1,7 +1,9 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from recovery.views import home
 
@@ -9,6 +11,8 @@ from mcp_gateway.views import mcp_endpoint
 
 urlpatterns = [
     path("", home, name="home"),
+    # Browsers ask for /favicon.ico wherever a page names no icon (Django's admin): the one the pages name.
+    path("favicon.ico", RedirectView.as_view(url=static("unwind/favicon.svg"), permanent=True)),
     path("admin/", admin.site.urls),
     path("mcp", mcp_endpoint, name="mcp"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),

@@ -25,6 +25,12 @@ Set up a server with the sandbox tools, an agent key and two approvers, then run
   .venv/bin/python examples/agent_loop.py --url http://127.0.0.1:8000 --key "$KEY" \\
       --approver alice:pw-alice --rejecter ben:pw-ben --operator oscar:pw-oscar
 
+With `make demo` serving, a second terminal needs only its people (`. var/demo.env` sets the URL and key):
+
+  . var/demo.env
+  .venv/bin/python examples/agent_loop.py --approver approver:approver-demo --rejecter approver:approver-demo \\
+      --operator operator:operator-demo
+
 The email outage of the unwind task is a fault injected into the tenant's sandbox world, which only an
 operator of the tenant may do: --operator names one (seed_people creates oscar).
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -211,14 +218,18 @@ def credentials(text: str | None) -> tuple[str, str] | None:
 
 def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the Unwind server")
-    parser.add_argument("--key", required=True, help="the agent's API key (manage.py create_agent prints it)")
+    parser.add_argument("--url", default=os.environ.get("UNWIND_URL", "http://127.0.0.1:8000"),
+                        help="the Unwind server (default: $UNWIND_URL, which `. var/demo.env` sets)")
+    parser.add_argument("--key", default=os.environ.get("UNWIND_AGENT_KEY"),
+                        help="the agent's API key (default: $UNWIND_AGENT_KEY; manage.py create_agent prints one)")
     parser.add_argument("--approver", help="username:password of the person who approves")
     parser.add_argument("--rejecter", help="username:password of the person who rejects")
     parser.add_argument("--operator", help="username:password of an operator, who injects the sandbox outages")
     parser.add_argument("--task", choices=[task.name for task in TASKS], action="append",
                         help="run only this task (repeatable)")
     options = parser.parse_args(argv)
+    if not options.key:
+        parser.error("no agent key: pass --key, or set UNWIND_AGENT_KEY (after make demo: . var/demo.env)")
     unwind = Unwind(options.url, options.key)
     people = People(options.url.rstrip("/"), credentials(options.approver), credentials(options.rejecter),
                     credentials(options.operator), say=say)

@@ -18,6 +18,7 @@ With a real model, replace `ScriptedChatModel(plan=…)` by e.g. `ChatOpenAI(mod
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -25,11 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
+
+try:
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import tools_condition
+except ImportError as missing:  # the adapter's extra is not installed: say which, not a traceback
+    raise SystemExit(f"This example needs LangGraph ({missing.name} is not installed): "
+                     "pip install '.[langgraph]' (or .venv/bin/pip install -e '.[langgraph]')") from None
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -146,14 +152,15 @@ def settled(run, say: Callable[[str], None]) -> str:
 
 def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the Unwind server (make demo's by default)")
+    parser.add_argument("--url", default=os.environ.get("UNWIND_URL", "http://127.0.0.1:8000"),
+                        help="the Unwind server (default: $UNWIND_URL, which `. var/demo.env` sets)")
     parser.add_argument("--key", help="the agent's key (default: var/demo-agent.key, written by make demo)")
     parser.add_argument("--operator", default="operator:operator-demo", help="who injects the sandbox outage")
     parser.add_argument("--approver", default="approver:approver-demo",
                         help="who approves the charge ('' to approve in the browser yourself)")
     parser.add_argument("--task", choices=list(EXPECTED), action="append", help="run only this task (repeatable)")
     options = parser.parse_args(argv)
-    key = options.key or (ROOT / "var" / "demo-agent.key").read_text().strip()
+    key = options.key or os.environ.get("UNWIND_AGENT_KEY") or (ROOT / "var" / "demo-agent.key").read_text().strip()
     unwind = Unwind(options.url, key)
     tools = server_tools(unwind, TOOLS)
     people = {"operator": credentials(options.operator), "approver": credentials(options.approver)}

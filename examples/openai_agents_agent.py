@@ -25,6 +25,7 @@ and the outputs stay the same.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import json
 import sys
@@ -34,8 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from agents import Agent, Model, ModelResponse, Runner, Usage, set_tracing_disabled
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+
+try:
+    from agents import Agent, Model, ModelResponse, Runner, Usage, set_tracing_disabled
+    from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+except ImportError as missing:  # the adapter's extra is not installed: say which, not a traceback
+    raise SystemExit(f"This example needs the OpenAI Agents SDK ({missing.name} is not installed): "
+                     "pip install '.[openai-agents]' (or .venv/bin/pip install -e '.[openai-agents]')") from None
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -143,14 +149,15 @@ def settled(agent_run: AgentRun, say: Callable[[str], None]) -> str:
 
 def main(argv: list[str] | None = None, say: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="the Unwind server (make demo's by default)")
+    parser.add_argument("--url", default=os.environ.get("UNWIND_URL", "http://127.0.0.1:8000"),
+                        help="the Unwind server (default: $UNWIND_URL, which `. var/demo.env` sets)")
     parser.add_argument("--key", help="the agent's key (default: var/demo-agent.key, written by make demo)")
     parser.add_argument("--operator", default="operator:operator-demo", help="who injects the sandbox outage")
     parser.add_argument("--approver", default="approver:approver-demo",
                         help="who approves the charge ('' to approve in the browser yourself)")
     parser.add_argument("--task", choices=list(EXPECTED), action="append", help="run only this task (repeatable)")
     options = parser.parse_args(argv)
-    key = options.key or (ROOT / "var" / "demo-agent.key").read_text().strip()
+    key = options.key or os.environ.get("UNWIND_AGENT_KEY") or (ROOT / "var" / "demo-agent.key").read_text().strip()
     set_tracing_disabled(True)  # the SDK's tracing exports to OpenAI: not for a scripted model
     unwind = Unwind(options.url, key)
     tools = function_tools(server_tools(unwind, TOOLS))

@@ -8,6 +8,7 @@ change them through the API, pipelines with a deploy key.
 """
 from django import forms
 from django.contrib import admin, messages
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
@@ -17,7 +18,7 @@ from ledger.models import (
     POLICY_FIELDS, Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant,
     TenantPolicyVersion, Tool,
 )
-from ledger.services.tenancy import agent_revoke, deploy_key_revoke, membership_set, tenant_create
+from ledger.services.tenancy import agent_create, agent_revoke, deploy_key_revoke, membership_set, tenant_create
 from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
@@ -137,11 +138,61 @@ class IssuedKeyAdmin(admin.ModelAdmin):
         self.message_user(request, f"{revoked} {self.noun}(s) revoked.", messages.SUCCESS)
 
 
+class AgentAddForm(forms.ModelForm):
+    class Meta:
+        model = Agent
+        fields = ("tenant", "name")
+
+    def clean(self):
+        cleaned = super().clean()
+        tenant, name = cleaned.get("tenant"), cleaned.get("name")
+        if tenant is not None and name and Agent.objects.filter(tenant=tenant, name=name).exists():
+            raise forms.ValidationError(f"{tenant.slug} already has an agent named {name!r}.")
+        return cleaned
+
+
 @admin.register(Agent)
 class AgentAdmin(IssuedKeyAdmin):
     noun = "agent key"
-    help_text = ("Agents are created only with the command `manage.py create_agent TENANT NAME`, which prints the API "
+    help_text = ("Add an agent here (superusers) or with `manage.py create_agent TENANT NAME`: either shows the API "
                  "key once; only its hash is stored, and only its prefix is shown here.")
+
+    def has_add_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_superuser
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        if obj is None:
+            kwargs["form"] = AgentAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        return ("tenant", "name") if obj is None else self.fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else self.readonly_fields
+
+    def save_model(self, request, obj, form, change):
+        # The service makes the key, stores its hash and records the audit event; the key is shown once, below.
+        agent, key = agent_create(tenant=form.cleaned_data["tenant"], name=form.cleaned_data["name"],
+                                  actor=actor_of(request))
+        obj.pk, obj.key_prefix, obj.created_at = agent.pk, agent.key_prefix, agent.created_at
+        obj._state.adding = False
+        request.issued_agent_key = key
+
+    def save_related(self, request, form, formsets, change):
+        pass  # an agent has no related rows to save
+
+    def log_addition(self, request, obj, message):
+        pass  # the audit chain has it (agent.created); the admin log would be a second record with less in it
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """The key, on this page and nowhere else: rendered, not redirected (no message cookie, no log line)."""
+        response = TemplateResponse(request, "admin/ledger/agent/key_once.html", {
+            **self.admin_site.each_context(request), "agent": obj, "key": request.issued_agent_key,
+            "opts": self.model._meta, "title": f"API key of {obj.name}",
+        })
+        response["Cache-Control"] = "no-store"
+        return response
 
     def revoke_one(self, key, actor: str) -> None:
         agent_revoke(agent=key, actor=actor)

@@ -119,3 +119,43 @@ def shown_value(value: Any, *, name: str, display: dict, args: dict) -> dict:
     if value is None or isinstance(value, (bool, int, float)):
         return {"text": raw, "raw": raw, "block": False, "hinted": False}
     return {"text": raw, "raw": raw, "block": True, "hinted": False}
+
+
+def shown_args(args: Any, display: dict) -> dict:
+    """The arguments with every hinted value in words ("€920.00"), for sentences a person reads.
+
+    What the hint does not fit stays as it is (the caller decides whether a raw value may be shown at all).
+    """
+    if not isinstance(args, dict):
+        return {}
+    shown = dict(args)
+    for name, value in args.items():
+        hinted = display_value(display, name, value, args)
+        if hinted is not None:
+            shown[name] = hinted
+    return shown
+
+
+def money_source_args(display: dict) -> set[str]:
+    """The arguments a money hint reads its currency from: already said by the amount, so not repeated."""
+    return {hint["money"]["currency_from"][5:] for hint in (display or {}).values()
+            if isinstance(hint, dict) and "currency_from" in hint.get("money", {})}
+
+
+# How a person outside the company reads who decided: their role and the company, never a login.
+ROLE_WORDS = {"viewer": "someone", "approver": "a reviewer", "operator": "an operator", "admin": "an administrator"}
+
+
+def person_at(role: str | None, company: str) -> str:
+    """"a reviewer at Demo Company": the words a customer reads for a member of staff with `role`."""
+    who = ROLE_WORDS.get(role or "", "someone")
+    return f"{who} at {company}" if company else who
+
+
+def money_in(args: Any, display: dict) -> list[str]:
+    """Every amount among the arguments, in words ("€920.00"), in the order the hint names them: what a list row
+    shows so a person knows what a request is about without opening it."""
+    if not isinstance(args, dict):
+        return []
+    return [shown for name in (display or {}) if name in args
+            for shown in [display_value(display, name, args[name], args)] if shown is not None]

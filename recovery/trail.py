@@ -20,6 +20,7 @@ from django.utils import timezone
 from approvals.services import notify, require_role
 from ledger import describe
 from ledger.audit import event_is_authentic, ledger_transaction
+from ledger.display import display_value, money_source_args, person_at, shown_args
 from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
     ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,
@@ -33,34 +34,48 @@ SUMMARY_ARGS = 3
 SUMMARY_VALUE_LENGTH = 60
 
 HAD_EFFECT = {A.SUCCEEDED, A.COMPENSATING, A.COMPENSATED, A.COMPENSATION_FAILED}
+# Steps that ended without touching anything: declined, expired, failed (the tool turned it down or never took it),
+# cancelled before they ran. They read as what was asked, never in the words of a done step.
+NOT_DONE = {A.REJECTED, A.EXPIRED, A.FAILED, A.SKIPPED}
+STOPPED_BY = {A.FAILED: "could not be completed", A.REJECTED: "was declined", A.EXPIRED: "was not approved in time"}
+# A value made only of an identifier's characters with an underscore (cus_carol, lic_3f2a) or a long hex or
+# UUID: an internal id the customer does not know, so a plain sentence leaves it out.
+INTERNAL_ID = re.compile(r"^(?:[A-Za-z]+_[A-Za-z0-9_]+|[0-9a-fA-F-]{16,})$")
 IRREVERSIBLE = {ActionClass.EXTERNAL_IRREVERSIBLE}
 
 
 def correction_trail(run: Run) -> dict:
-    """The run's correction trail: a headline and statements (changed|restored|corrected|not_undone|reviewed|pending).
+    """The run's correction trail: a headline and statements
+    (changed|not_done|restored|corrected|not_undone|reviewed|pending).
 
     Written for the person the agent acted for: each step reads in the tool's own words (its policy's `describe`
-    sentences) or, without them, in a plain sentence made from its description and target. Tool names, URLs,
-    error texts, HTTP statuses and audit event numbers stay on the operator's run page; `audit` (the reference into
-    the chain) is for the API and the operator, and the customer's pages leave it out.
+    sentences, amounts as money) or, without them, in a plain sentence made from its description. A step that had
+    no effect is never told in the words of a done one: it reads as what was asked, and why it was not done. People
+    are named by their role and the company ("a reviewer at Demo Company"), never by their login. Tool names, ids,
+    URLs, error texts, HTTP statuses and audit event numbers stay on the operator's run page; `audit` (the reference
+    into the chain) is for the API and the operator, and the customer's pages leave it out.
     """
     actions = list(run.actions.select_related("tool").order_by("seq"))
     events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
+    company = run.tenant.name
     latest_comp = {}
     for action in actions:
         if action.kind == ActionKind.COMPENSATION:
             latest_comp[action.compensates_id] = action  # ordered by seq: the newest attempt at undoing wins
-    forward = [a for a in actions if a.kind == ActionKind.FORWARD]
+    forward = [a for a in actions if a.kind == ActionKind.FORWARD and a.tool.action_class != ActionClass.READ_ONLY]
+    declines = {e.action_ref: e for e in events if e.kind == "approval.reject"}
     statements: list[dict] = []
 
     def say(kind: str, text: str) -> None:
         statements.append({"kind": kind, "text": text})
 
     for action in forward:
-        if action.status in HAD_EFFECT and action.tool.action_class != ActionClass.READ_ONLY:
+        if action.status in HAD_EFFECT:
             say("changed", _effect(action))
+        elif action.status in NOT_DONE:
+            say("not_done", _not_done(action, declines.get(action.pk), company))
 
-    why = _why_corrected(run, events, forward)
+    why = _why_corrected(run, events, forward, company)
     if why:
         say("corrected", why)
 
@@ -79,20 +94,21 @@ def correction_trail(run: Run) -> dict:
                 say("restored", _restored(action, comp))
         elif action.status == A.COMPENSATION_FAILED:
             not_undone += 1
-            say("not_undone", f"This could not be undone: {_quiet(step)}. The reason: {_failure_cause(action, comp, events)}.")
+            say("not_undone", f"This could not be undone: {_quiet(step)}. "
+                              f"The reason: {_failure_cause(action, comp, events, company)}.")
         elif action.status == A.COMPENSATING:
             waiting = comp is not None and comp.status == A.AWAITING_APPROVAL
             say("pending", f"Undoing this is {'waiting for a person to approve it' if waiting else 'in progress'}: "
                            f"{_quiet(step)}.")
         elif action.status == A.SUCCEEDED and run.status in (R.COMPENSATED, R.CLOSED, R.NEEDS_ATTENTION, R.UNWINDING) \
-                and action.tool.action_class != ActionClass.READ_ONLY and _has_no_undo(action):
+                and _has_no_undo(action):
             not_undone += 1
             say("not_undone", f"This has no automatic undo and still stands: {_quiet(step)}.")
         elif action.status == A.LOST:
-            say("pending", f"We do not know yet whether this happened, and a person has been asked to check: "
-                           f"{_quiet(step)}.")
+            say("pending", f"We do not know yet whether this step was taken, and a person has been asked to check: "
+                           f"{_proposed(action)}.")
 
-    reviewers = _reviews(events, actions, say)
+    reviewers = _reviews(events, actions, say, company)
     if not reviewers:
         if run.status in (R.COMPLETED, R.COMPENSATED):
             say("reviewed", "No person needed to review this: it was handled automatically, by the rules set for it.")
@@ -109,7 +125,7 @@ def correction_trail(run: Run) -> dict:
     return {
         "run": run.pk,
         "status": run.status,
-        "headline": _headline(run, forward, not_undone),
+        "headline": _headline(run, forward, not_undone, company),
         "statements": statements,
         "reviewed_by": reviewers,
         "audit": _audit(run, events),
@@ -239,50 +255,63 @@ def _short(value) -> str | None:
         return None
     if isinstance(value, (int, float)):
         return str(value)
-    if isinstance(value, str) and 0 < len(value) <= SUMMARY_VALUE_LENGTH and value.isprintable():
+    if (isinstance(value, str) and 0 < len(value) <= SUMMARY_VALUE_LENGTH and value.isprintable()
+            and not INTERNAL_ID.match(value)):
         return value
     return None
 
 
 def _args_summary(args, tool) -> str:
-    """A few short arguments, in the order the tool's schema requires them (JSON objects keep no order)."""
+    """A few short arguments, in the order the tool's schema requires them (JSON objects keep no order).
+
+    An amount reads as money and by itself ("€920.00", not "amount cents: 92000"), its currency argument is not
+    repeated, and internal ids are left out.
+    """
     if not isinstance(args, dict):
         return ""
+    display = tool.display or {}
+    skip = money_source_args(display)
     required = [name for name in (tool.args_schema or {}).get("required", []) if name in args]
     parts = []
     for name in [*required, *sorted(set(args) - set(required))]:
-        shown = _short(args[name])
-        if shown is not None:
+        if name in skip:
+            continue
+        money = display_value(display, name, args[name], args)
+        if money is not None:
+            parts.append(money)
+        elif name not in display and (shown := _short(args[name])) is not None:
             parts.append(f"{_human(name)}: {shown}")
         if len(parts) == SUMMARY_ARGS:
             break
     return f" ({', '.join(parts)})" if parts else ""
 
 
-def _target(action) -> str:
-    return " ".join(p for p in (_human(action.target_type), action.target_id) if p)
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _declared(action, kind: str) -> str | None:
-    """The tool's own sentence for this step (its policy's `describe`), or None to fall back to a plain one."""
+    """The tool's own sentence for this step (its policy's `describe`), amounts as money, or None to fall back."""
     template = (action.tool.describe or {}).get(kind) if isinstance(action.tool.describe, dict) else None
     if not template:
         return None
-    return describe.render(template, args=action.args, result=action.result, target=action.target_id or "")
+    return describe.render(template, args=shown_args(action.args, action.tool.display or {}), result=action.result,
+                           target=action.target_id or "")
 
 
-def _generic(action) -> str:
-    """What the step was, without the tool's own words: its description and arguments, else its target."""
+def _proposed(action) -> str:
+    """What the step was asked to do, as a verb phrase that claims nothing happened ("charge a customer's card
+    (€920.00)"): its description and short arguments, else the kind of thing it would have changed."""
     what = _first_sentence(action.tool.description)
     if what:
         return f"{_lower_first(what)}{_args_summary(action.args, action.tool)}"
-    target = _target(action)
-    return f"a change to {target}" if target else "a step taken on your behalf"
+    kind = _human(action.target_type)
+    return f"a change to {_a(kind)}" if kind else "a step on your behalf"
 
 
 def _step(action) -> str:
-    """The step as a sentence: the tool's `describe.done`, or the plain fallback."""
-    return _declared(action, "done") or f"we took this step: {_generic(action)}"
+    """The step as a done sentence: the tool's `describe.done`, or the plain fallback. Only for steps with an effect."""
+    return _declared(action, "done") or f"we took this step: {_proposed(action)}"
 
 
 def _fields(tool, *snapshots) -> list[str]:
@@ -292,12 +321,17 @@ def _fields(tool, *snapshots) -> list[str]:
     return [*listed, *sorted(present - set(listed))]
 
 
+def _value(action, field, value) -> str:
+    """A snapshot value as a person reads it: money when the tool's display hint names the field."""
+    return display_value(action.tool.display or {}, field, value, action.args or {}) or str(value)
+
+
 def _changes(action) -> list[str]:
     before, after = action.before, action.after
     if not isinstance(before, dict) or not isinstance(after, dict):
         return []
-    return [f"{_human(field)} from {before.get(field)} to {after.get(field)}" for field in _fields(action.tool, after)
-            if field in before and before.get(field) != after.get(field)]
+    return [f"{_human(field)} from {_value(action, field, before.get(field))} to {_value(action, field, after.get(field))}"
+            for field in _fields(action.tool, after) if field in before and before.get(field) != after.get(field)]
 
 
 def _sentence(text: str) -> str:
@@ -305,111 +339,143 @@ def _sentence(text: str) -> str:
     return (text[:1].upper() + text[1:]).rstrip(".") + "."
 
 
+def _thing(action) -> str:
+    """What a step changed: "ticket T-5035" when its id is one a person knows, "the license" when it is internal."""
+    kind = _human(action.target_type)
+    if kind and action.target_id and _short(action.target_id) is not None:
+        return f"{kind} {action.target_id}"
+    return f"the {kind}" if kind else "it"
+
+
 def _effect(action) -> str:
     declared = _declared(action, "done")
     if declared:
         return _sentence(declared)
-    target = _target(action)
     changes = _changes(action)
-    if changes and target:
-        return f"We changed {target}: {', '.join(changes)}."
-    return _sentence(f"we took this step: {_generic(action)}")
+    if changes and action.target_type:
+        return f"We changed {_thing(action)}: {', '.join(changes)}."
+    return _sentence(f"we took this step: {_proposed(action)}")
 
 
 def _restored(action, comp) -> str:
     declared = _declared(action, "undone")
     if declared:
         return _sentence(declared)
-    target = _target(action) or "it"
+    thing = _thing(action)
     if action.compensation_plan.get("strategy") == CompensationStrategy.SNAPSHOT:
-        back = [f"{_human(field)} back to {action.before.get(field)}" for field in _fields(action.tool, action.after)
+        back = [f"{_human(field)} back to {_value(action, field, action.before.get(field))}"
+                for field in _fields(action.tool, action.after)
                 if isinstance(action.before, dict) and field in action.before
                 and action.before.get(field) != (action.after or {}).get(field)]
         if back:
-            return f"We restored {target}: {', '.join(back)}."
-        return f"We restored {target} to how it was before."
+            return f"We restored {thing}: {', '.join(back)}."
+        return f"We restored {thing} to how it was before."
     undo = _declared(comp, "done")
     if undo:
         return _sentence(undo)
-    return _sentence(f"we undid this step: {_generic(action)}")
+    return _sentence(f"we undid this step: {_proposed(action)}")
 
 
 def _has_no_undo(action) -> bool:
     return action.compensation_plan.get("strategy") in (None, "", CompensationStrategy.NONE)
 
 
-def _failure_cause(action, comp, events) -> str:
+def _when(event) -> str:
+    return f"on {event.created_at:%Y-%m-%d %H:%M} UTC"
+
+
+def _not_done(action, declined, company: str) -> str:
+    """The sentence for a step that ended without an effect: what was asked, and why it was not done."""
+    asked = _proposed(action)
+    if action.status == A.REJECTED:
+        reason = f" ({action.decision_reason})" if action.decision_reason else ""
+        who = person_at("approver", company) if declined is None or declined.actor.startswith("user:") else "the rules"
+        when = f" {_when(declined)}" if declined is not None else ""
+        return _sentence(f"{who} declined this step{when}{reason}, so it was not taken: {asked}")
+    if action.status == A.EXPIRED:
+        return f"Nobody approved this step in time, so it was not taken: {asked}."
+    if action.status == A.SKIPPED:
+        return f"This step was called off before it was taken: {asked}."
+    failed = _declared(action, "failed")
+    if failed:
+        return _sentence(failed)
+    return f"This step could not be completed: {asked}."
+
+
+def _failure_cause(action, comp, events, company: str) -> str:
     if comp is not None and comp.error_class == "drift":
         current = next((e.data.get("current") for e in reversed(events)
                         if e.action_ref == comp.pk and e.kind == "compensation.failed" and "current" in e.data), None)
         current = current if isinstance(current, dict) else {}
-        now = [f"{_human(field)} is now {current[field]}" for field in _fields(action.tool, current)
+        now = [f"{_human(field)} is now {_value(action, field, current[field])}"
+               for field in _fields(action.tool, current)
                if isinstance(action.after, dict) and action.after.get(field) != current[field]]
         detail = f" ({', '.join(now)})" if now else ""
         return (f"someone else changed it after the agent did{detail}, and their change was kept rather than "
                 f"overwritten")
     if comp is not None and comp.status == A.REJECTED:
-        return f"a person decided not to undo it: {comp.decision_reason or 'no reason given'}"
+        return f"{person_at('approver', company)} decided not to undo it: {comp.decision_reason or 'no reason given'}"
     if comp is not None and comp.status == A.EXPIRED:
         return "nobody approved undoing it in time"
     return "undoing it did not succeed, and a person has been told"
 
 
-def _why_corrected(run, events, forward) -> str:
-    """Why the run was unwound, from the audit chain and the steps: a failed or declined step, a cancellation."""
+def _why_corrected(run, events, forward, company: str) -> str:
+    """Why the run was unwound, when it had changed something: a declined or failed step, a cancellation, a person.
+
+    A run that changed nothing was not corrected: its steps say why they were not taken, and nothing more.
+    """
     started = next((e for e in events if e.kind == "run.unwinding"), None)
-    if started is None:
+    if started is None or not any(a.status in HAD_EFFECT for a in forward):
         return ""
-    who = started.actor
-    if who.startswith("user:"):
-        reason = started.data.get("reason") or ""
-        if reason:
-            return f"Why it was corrected: {who[5:]} decided to undo it ({reason})."
-        cancelled = next((e for e in events if e.kind == "run.cancel_requested" and e.actor == who), None)
-        if cancelled is not None:
-            note = cancelled.data.get("reason")
-            return f"Why it was corrected: {who[5:]} cancelled it{f' ({note})' if note else ''}."
-        return f"Why it was corrected: {who[5:]} decided to undo it."
-    if who.startswith("agent:") and any(e.kind == "run.cancel_requested" for e in events):
+    stopped = next((a for a in reversed(forward) if a.status in STOPPED_BY), None)
+    cancelled = next((e for e in events if e.kind == "run.cancel_requested"), None)
+    if stopped is not None:
+        return f"Why it was corrected: a later step {STOPPED_BY[stopped.status]}, so we began undoing the changes made before it."
+    if cancelled is not None and cancelled.actor.startswith("user:"):
+        note = cancelled.data.get("reason")
+        return f"Why it was corrected: {person_at('operator', company)} cancelled it{f' ({note})' if note else ''}."
+    if cancelled is not None:
         return "Why it was corrected: the agent stopped before it finished."
-    stopped = next((a for a in reversed(forward) if a.status in (A.FAILED, A.REJECTED, A.EXPIRED)), None)
-    if stopped is None:
-        return "Why it was corrected: a step could not be completed."
-    if stopped.status == A.REJECTED:
-        reason = f" ({stopped.decision_reason})" if stopped.decision_reason else ""
-        return f"Why it was corrected: a person declined this step{reason}: {_quiet(_step(stopped))}."
-    if stopped.status == A.EXPIRED:
-        return f"Why it was corrected: nobody approved this step in time: {_quiet(_step(stopped))}."
-    failed = _declared(stopped, "failed")
-    if failed:
-        return f"Why it was corrected: {_quiet(failed)}."
-    return f"Why it was corrected: this step could not be completed: {_generic(stopped)}."
+    if started.actor.startswith("user:"):
+        reason = started.data.get("reason") or ""
+        return f"Why it was corrected: {person_at('operator', company)} decided to undo it{f' ({reason})' if reason else ''}."
+    return "Why it was corrected: a step could not be completed."
 
 
-def _reviews(events, actions, say) -> list[str]:
-    """Statements for each human decision in the audit chain; returns who made them, in order."""
+def _reviews(events, actions, say, company: str) -> list[str]:
+    """Statements for each human decision in the audit chain; returns who made them (role and company), in order.
+
+    A declined step is told once, by its own statement (`_not_done`); its reviewer is still listed.
+    """
     by_id = {a.pk: a for a in actions}
     people: list[str] = []
     for event in events:
         if not event.actor.startswith("user:"):
             continue
-        person = event.actor[5:]
         action = by_id.get(event.action_ref)
         reason = event.data.get("reason") or ""
-        tail = f" on {event.created_at:%Y-%m-%d %H:%M} UTC" + (f" ({reason})" if reason else "")
+        tail = f" {_when(event)}" + (f" ({reason})" if reason else "")
         if event.kind in ("approval.approve", "approval.reject") and action is not None:
+            person = person_at("approver", company)
             verb = "approved" if event.kind == "approval.approve" else "declined"
             undone = by_id.get(action.compensates_id) if action.kind == ActionKind.COMPENSATION else None
-            what, step = ("undoing this step", undone) if undone is not None else ("this step", action)
-            say("reviewed", f"{person} reviewed and {verb} {what}{tail}: {_quiet(_step(step))}.")
+            if undone is not None:
+                say("reviewed", _sentence(f"{person} {verb} undoing this step{tail}: {_quiet(_step(undone))}"))
+            elif event.kind == "approval.approve":
+                say("reviewed", _sentence(f"{person} approved this step{tail}: {_proposed(action)}"))
         elif event.kind == "run.running" and event.data.get("status_from") == R.NEEDS_ATTENTION:
-            say("reviewed", f"{person} reviewed it and had the work resumed{tail}.")
+            person = person_at("operator", company)
+            say("reviewed", _sentence(f"{person} reviewed it and had the work resumed{tail}"))
         elif event.kind == "run.unwinding" and "why" not in event.data:  # a cancel says so once, above
-            say("reviewed", f"{person} reviewed it and had it undone{tail}.")
+            person = person_at("operator", company)
+            say("reviewed", _sentence(f"{person} reviewed it and had it undone{tail}"))
         elif event.kind == "run.closed":
-            say("reviewed", f"{person} reviewed it and closed it as handled{tail}.")
+            person = person_at("operator", company)
+            say("reviewed", _sentence(f"{person} reviewed it and closed it as handled{tail}"))
         elif event.kind == "run.cancel_requested":
-            say("reviewed", f"{person} cancelled it{tail}.")
+            person = person_at("operator", company)
+            say("reviewed", _sentence(f"{person} cancelled it{tail}"))
         else:
             continue
         if person not in people:
@@ -417,9 +483,11 @@ def _reviews(events, actions, say) -> list[str]:
     return people
 
 
-def _headline(run, forward, not_undone: int) -> str:
+def _headline(run, forward, not_undone: int, company: str) -> str:
     changed = any(a.status in HAD_EFFECT for a in forward)
     if run.status == R.COMPLETED:
+        if any(a.status in NOT_DONE for a in forward):
+            return "The agent finished the task; the steps it did not take are listed below."
         return "The agent finished the task; nothing needed to be corrected."
     if run.status == R.COMPENSATED:
         if not changed:
@@ -429,9 +497,14 @@ def _headline(run, forward, not_undone: int) -> str:
                     f"and {'was' if not_undone == 1 else 'were'} corrected instead.")
         return "Everything the agent changed has been undone."
     if run.status == R.CLOSED:
-        return "A person reviewed this run and closed it; the statements below say what stands."
+        return (f"A person at {company} reviewed this and closed it; the statements below say what stands."
+                if company else "A person reviewed this and closed it; the statements below say what stands.")
     if run.status == R.NEEDS_ATTENTION:
-        return "Some of the agent's changes could not be undone automatically; a person is deciding what to do."
+        if not_undone:
+            return "Some of the agent's changes could not be undone automatically; a person is deciding what to do."
+        if any(a.status == A.LOST for a in forward):
+            return "We do not know yet whether one of the agent's steps was taken; a person is checking."
+        return "The agent's task could not be finished automatically; a person is deciding what to do."
     if run.status == R.UNWINDING:
         return "The agent's changes are being undone."
     return "The agent is still working on this task."

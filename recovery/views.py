@@ -17,6 +17,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger import selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Role, Run, RunStatus
+from ledger.services.runs import resume_refusal
 from recovery import selectors, services
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
@@ -56,6 +57,8 @@ def home(request):
     there). Someone who operates in any tenant lands on the queue, whatever else they are elsewhere.
     """
     access = selectors.access_for(request.user)
+    if not access.roles:  # a superuser, say: an empty queue would read as "nothing is waiting"
+        return render(request, "recovery/no_role.html")
     approves = any(role == Role.APPROVER for role in access.roles.values())
     if approves and not access.operates_anywhere:
         return redirect("approvals:inbox")
@@ -86,6 +89,7 @@ def queue(request):
 
 def _item_context(access, item: RecoveryItem) -> dict:
     run = item.run
+    cannot_resume = resume_refusal(run) if item.status == ItemStatus.OPEN else ""
     return {
         "item": item, "run": run,
         "failure": (failure := selectors.item_failure(item)),
@@ -94,7 +98,8 @@ def _item_context(access, item: RecoveryItem) -> dict:
         "timeline": selectors.run_timeline(run),
         "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,
         "role": access.roles.get(item.tenant_id),
-        "operations": OPERATIONS,
+        "operations": {op: label for op, label in OPERATIONS.items() if op != "resume" or not cannot_resume},
+        "cannot_resume": cannot_resume,
         "reopened": (RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exclude(pk=item.pk).first()
                      if item.status == ItemStatus.RESOLVED else None),
     }

@@ -76,7 +76,7 @@ def test_recovery_item_links_to_the_console(admin_world):
     assert f'href="/console/recovery/{item.pk}/"' in page
 
 
-def test_agents_show_prefix_not_key_and_cannot_be_added(admin_world):
+def test_agents_show_prefix_not_key_and_cannot_be_edited(admin_world):
     client = admin_world.client
     agent = admin_world.agent
     listing = client.get(url(Agent, "changelist")).content.decode()
@@ -85,8 +85,32 @@ def test_agents_show_prefix_not_key_and_cannot_be_added(admin_world):
     detail = client.get(url(Agent, "change", agent.pk)).content.decode()
     assert agent.key_hash not in detail and admin_world.key not in detail
     assert "create_agent" in detail
-    assert client.get(url(Agent, "add")).status_code == 403
     assert client.post(url(Agent, "change", agent.pk), {"name": "renamed"}).status_code == 403
+
+
+def test_a_superuser_adds_an_agent_and_sees_its_key_once(admin_world, live_server):
+    import requests
+
+    from ledger.services.tenancy import hash_key
+
+    client = admin_world.client
+    assert client.get(url(Agent, "add")).status_code == 200
+    shown = client.post(url(Agent, "add"), {"tenant": admin_world.acme.pk, "name": "my-agent"})
+    assert shown.status_code == 200 and "no-store" in shown["Cache-Control"]
+    page = shown.content.decode()
+    key = page.split('id="agent-key" type="text" readonly value="')[1].split('"')[0]
+    agent = Agent.objects.get(tenant=admin_world.acme, name="my-agent")
+    assert agent.key_hash == hash_key(key) and key not in client.get(url(Agent, "change", agent.pk)).content.decode()
+    assert AuditEvent.objects.filter(kind="agent.created", actor="user:root", data__name="my-agent").exists()
+    answer = requests.get(f"{live_server.url}/api/v1/runs", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    assert answer.status_code == 200  # the key works, over HTTP
+    again = client.post(url(Agent, "add"), {"tenant": admin_world.acme.pk, "name": "my-agent"})
+    assert again.status_code == 200 and "already has an agent named" in again.content.decode()
+    assert Agent.objects.filter(tenant=admin_world.acme, name="my-agent").count() == 1
+    staff = get_user_model().objects.create_user("staffer", "s@example.com", "pw-staffer", is_staff=True)
+    other = Client()
+    other.force_login(staff)
+    assert other.get(url(Agent, "add")).status_code == 403
 
 
 def test_agents_can_be_revoked_through_the_service(admin_world):

@@ -122,8 +122,9 @@ def test_inbox_costs_the_same_queries_whatever_the_number_of_requests(tools, cou
         run = open_run(tools, goal=f"order {number}")
         act(run, "payments.charge", {"customer": f"cus_{number}", "amount_cents": 100 + number})
     client = login(tools.alice)
-    # session, user, memberships, tool names, count, the page's rows (with tenant, run, agent, action, tool)
-    with django_assert_num_queries(6):
+    # session, user, memberships, tool names, count, the page's rows (with tenant, run, agent, action, tool), and
+    # the navigation's memberships (it offers only the pages the person may open)
+    with django_assert_num_queries(7):
         response = client.get("/approvals/")
     assert response.status_code == 200
     assert text(response).count('class="badge high"') == min(count, 20)

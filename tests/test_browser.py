@@ -150,7 +150,9 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
         watch_csp(outsider)
         outsider.goto(share_url)
         sync_api.expect(outsider.locator("h1")).to_have_text("What happened to your request")
-        sync_api.expect(outsider.locator(".statements")).to_contain_text("oscar reviewed it")
+        # the customer reads a role and the company, never the operator's login
+        sync_api.expect(outsider.locator(".statements")).to_contain_text("An operator at Acme reviewed it")
+        sync_api.expect(outsider.locator("main")).not_to_contain_text("oscar")
         outsider.screenshot(path=str(page.shots.folder / "99-shared-trail.png"), full_page=True)
     finally:
         anonymous.close()

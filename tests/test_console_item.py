@@ -29,8 +29,11 @@ def test_item_page_shows_what_failed_and_the_suggestion(drift):
     assert "&quot;priority&quot;: &quot;normal&quot;" in html
     # The run's timeline with the audit events.
     assert "run.cancel_requested" in html and "Checkpoint" in html
-    for operation in ("resume", "compensate", "close"):
+    for operation in ("compensate", "close"):
         assert f'data-op="{operation}"' in html
+    # The agent cancelled this run: resuming it would be refused, so it is not offered, and the page says why.
+    assert 'data-op="resume"' not in html
+    assert "Resume is not offered: run " in html and " was cancelled; compensate or close it instead." in html
 
 
 @pytest.mark.parametrize("persona", ["victor", "alice"])

@@ -90,7 +90,7 @@ def test_the_share_page_of_a_failed_and_unwound_run_shows_no_internals(http_tool
     response = requests.get(f"{http_tools.live_server.url}/console/trail/{token}/", timeout=10)
     assert response.status_code == 200
     page = Page(response.text)
-    assert "Why it was corrected: we could not send the email \u201cWelcome\u201d to ashu@home.example" in page.visible
+    assert "We could not send the email \u201cWelcome\u201d to ashu@home.example" in page.visible
     assert "We removed the HR account we had created for Ashu Kumar." in page.visible
     assert customer_leaks(page.visible, run) == []
     assert page.links == [] and page.forms == []  # no brand link to the login page, no navigation, no logout

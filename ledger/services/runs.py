@@ -212,6 +212,26 @@ def run_expire_idle(*, run_id: int) -> bool:
     return True
 
 
+def _steps_to_retry(run: Run):
+    checkpoint = run.checkpoints.order_by("-id").first()
+    pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
+    # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
+    retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
+        status=A.FAILED, error_class=execution.REFUSED).select_related("tool")
+    return retry.filter(pk__in=pending_ids) if pending_ids else retry
+
+
+def resume_refusal(run: Run) -> str:
+    """Why resuming this run that needs attention cannot work ("" when it can): what `run_resume` refuses with,
+    and what the console says instead of offering it."""
+    if run.cancel_requested_at and not run.pivot_committed:
+        return f"run {run.pk} was cancelled; compensate or close it instead"
+    if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() \
+            and not _steps_to_retry(run).exists():
+        return "this run stopped while being unwound; compensate it (retry the failed compensations) or close it"
+    return ""
+
+
 def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     """Continue from the last checkpoint: retry failed or lost steps with their same idempotency keys."""
     owners = []
@@ -219,17 +239,10 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be resumed")
-        if run.cancel_requested_at and not run.pivot_committed:
-            raise StateConflict(f"run {run.pk} was cancelled; compensate or close it instead")
-        checkpoint = run.checkpoints.order_by("-id").first()
-        pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
-        # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
-        retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
-            status=A.FAILED, error_class=execution.REFUSED).select_related("tool")
-        if pending_ids:
-            retry = retry.filter(pk__in=pending_ids)
-        if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() and not retry.exists():
-            raise StateConflict("this run stopped while being unwound; compensate it (retry the failed compensations) or close it")
+        refusal = resume_refusal(run)
+        if refusal:
+            raise StateConflict(refusal)
+        retry = _steps_to_retry(run)
         run_transition(run, R.RUNNING, log=audit, actor=actor, note={"reason": reason[:1000]}, attention_reason="")
         for action in retry:
             owner = new_owner()

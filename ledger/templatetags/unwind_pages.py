@@ -42,3 +42,21 @@ def at(when):
     if not when:
         return "—"
     return format_html('<time datetime="{}" title="{}">{}</time>', when.isoformat(), relative(when), _stamp(when))
+
+
+@register.filter
+def money_in(args, display) -> str:
+    """`{{ request.preview.args|money_in:request.action.tool.display }}`: the amounts a row shows, "€920.00"."""
+    from ledger.display import money_in as amounts
+
+    return ", ".join(amounts(args, display or {}))
+
+
+@register.filter
+def breakable(name) -> str:
+    """A dotted or snake_case name ("travel.cancel_flight") that may wrap after its dots and underscores on a narrow
+    screen, never in the middle of a word: escaped, with <wbr> after each . and _."""
+    from django.utils.html import escape
+    from django.utils.safestring import mark_safe
+
+    return mark_safe(escape(str(name)).replace(".", ".<wbr>").replace("_", "_<wbr>"))

@@ -9,9 +9,12 @@ checks and ends with where to click and the logins: the web server and the worke
 and var/demo-worker.log, and the email the demo sends goes to files in var/demo-mail/ and to the console's
 outbox page, never to the terminal.
 """
+import errno
 import os
+import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +47,7 @@ VAR = Path(settings.BASE_DIR) / "var"
 DEMO_DATABASE = VAR / "demo.sqlite3"
 MAIL_DIR = VAR / "demo-mail"
 AGENT_KEY_FILE = VAR / "demo-agent.key"
+ENV_FILE = VAR / "demo.env"
 
 
 class Command(BaseCommand):
@@ -60,11 +64,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, serve=False, check=False, port=8000, keep=False, **options):
         base_url = f"http://127.0.0.1:{port}"
+        # Before anything is touched: a second demo on a port in use would wipe the first one's database under it.
+        port_free_or_fail(port)
         VAR.mkdir(exist_ok=True)
         self.start_afresh(keep=keep)
         self.say("migrating the database")
         call_command("migrate", verbosity=0, interactive=False)
         key = self.seed()
+        write_env_file(base_url=base_url, key=key, database=settings.DATABASES["default"])
         # The demo is what the sandbox is for: it is on in the processes the demo starts, whatever the shell says.
         # Its email goes to files and the console's outbox, not to the terminal (a shell's EMAIL_BACKEND still wins).
         env = dict(os.environ, UNWIND_BASE_URL=base_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_TASKS_SYNC="0",
@@ -221,6 +228,19 @@ class Command(BaseCommand):
             internals = [word for word in ("email.send", "answered", "/sandbox/", "audit chain", "<a ")
                          if word in page]
             checks.append(Check("0 pages", "customer trail shows no internals", [], internals))
+        checks += self.crawl_checks(base_url, start=("/", f"/console/trail/{token}/") if run is not None else ("/",))
+        return checks
+
+    def crawl_checks(self, base_url: str, *, start: tuple[str, ...]) -> list:
+        """Every page the demo reaches, as each of its people: every link followed, every GET form submitted."""
+        from sandbox.crawl import crawl, login
+        from sandbox.demo import Check
+
+        checks = []
+        for username, role, password, _ in [*PEOPLE, ADMIN]:
+            result = crawl(base_url, login(base_url, username, password), start=start)
+            checks.append(Check("0 pages", f"as {username}: {len(result.pages)} pages, none broken", [],
+                                result.problems[:5]))
         return checks
 
     def welcome(self, base_url: str, runs: dict, waiting: int) -> None:
@@ -239,6 +259,7 @@ class Command(BaseCommand):
             line(f"  run of scenario {name:18s} {base_url}/console/runs/{run_id}/")
         line(f"  email the demo sent (outbox)       {base_url}/console/outbox/   files: var/demo-mail/")
         line(f"  API docs                           {base_url}/api/docs/   agent key: var/demo-agent.key")
+        line("  in a second terminal, first        . var/demo.env   (URL, agent key, database for manage.py)")
         line("  inject a fault, watch an unwind    docs/demo.md")
         line(f"  MCP server for agents              {base_url}/mcp   run examples/mcp_session.py; docs/mcp.md")
         line("")
@@ -246,6 +267,47 @@ class Command(BaseCommand):
         line(f"  {'user':10s} {'password':15s} {'role':10s} what to try")
         for username, role, password, what in [*PEOPLE, ADMIN]:
             line(f"  {username:10s} {password:15s} {role:10s} {what}")
+
+
+def port_free_or_fail(port: int) -> None:
+    """CommandError (exit 1, within a second) when 127.0.0.1:`port` cannot be served on, saying what to do."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # As the web server will (socketserver's allow_reuse_address): connections of a demo that just stopped, still in
+    # TIME_WAIT, do not hold the port; a server listening on it does.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("127.0.0.1", port))
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+            raise
+        why = "in use" if exc.errno == errno.EADDRINUSE else "not allowed for this user"
+        raise CommandError(
+            f"port {port} is {why} (another demo, or another server, listens on 127.0.0.1:{port}); nothing was "
+            f"changed. Stop the other one (Ctrl-C in its terminal), or start this one on another port: "
+            f"make demo PORT={port + 1}") from None
+    finally:
+        probe.close()
+
+
+def database_url(database: dict) -> str:
+    """The DATABASE_URL that reaches `database` from any directory (a SQLite file by its absolute path)."""
+    if database["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{Path(str(database['NAME'])).resolve()}"
+    return os.environ["DATABASE_URL"]
+
+
+def write_env_file(*, base_url: str, key: str, database: dict) -> None:
+    """var/demo.env: what a second terminal needs to reach this demo (`. var/demo.env`), readable by its owner only.
+
+    The examples read UNWIND_URL and UNWIND_AGENT_KEY; manage.py reads DATABASE_URL and, as the demo does, runs on
+    the public development key (UNWIND_INSECURE_DEV_KEY), never a production setting.
+    """
+    values = {"UNWIND_URL": base_url, "UNWIND_AGENT_KEY": key, "DATABASE_URL": database_url(database),
+              "UNWIND_INSECURE_DEV_KEY": "1", "UNWIND_SANDBOX": "1"}
+    ENV_FILE.unlink(missing_ok=True)
+    ENV_FILE.touch(mode=0o600)
+    ENV_FILE.write_text("# Written by the demo; `. var/demo.env` in a second terminal reaches it.\n"
+                        + "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items()))
 
 
 def demo_database_to_clear(database: dict, *, keep: bool) -> Path | None:
