@@ -12,13 +12,13 @@ from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
-    TargetUnreadable, UnknownTool, UnwindError, ValidationFailed,
+    TargetMismatch, TargetNotFound, TargetUnreadable, UnknownTool, UnwindError, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
-from ledger.policy import ROLE_RANK, approvals_needed, check_order
+from ledger.policy import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.services import execution
 from ledger.transitions import action_transition, run_transition
@@ -58,14 +58,32 @@ def validate_args(tool: Tool, args) -> dict:
 
 
 def target_of(tool: Tool, args: dict, explicit: str | None) -> str:
-    if explicit not in (None, ""):
-        return str(explicit)[:200]
-    if tool.target_from.startswith("args."):
+    """The record the step acts on, which Unwind snapshots, verifies and restores: where the tool's policy derives it
+    (`target.from: args.<name>` or `result.<name>`), the policy's, and an explicit `target` that differs is refused;
+    the agent's own only where the policy says the agent names it (`target.from: agent`, confirmed by the tool's
+    read before anything is recorded: `_propose`)."""
+    sent = "" if explicit is None else str(explicit)
+    where = tool.target_from
+    if where == TARGET_FROM_AGENT:
+        return sent[:200]
+    derived = ""
+    if where.startswith("args."):
         value = args
-        for part in tool.target_from.split(".")[1:]:
+        for part in where.split(".")[1:]:
             value = value.get(part) if isinstance(value, dict) else None
-        return "" if value is None else str(value)[:200]
-    return ""
+        derived = "" if value is None else str(value)[:200]
+    if sent and sent != derived:
+        what = tool.target_type or "target"
+        if where.startswith("args."):
+            why = f"{tool.name} acts on the {what} its {where} names, {derived!r}" if derived else \
+                f"{tool.name} acts on the {what} its {where} names, and this call has none"
+        elif where.startswith("result."):
+            why = f"{tool.name}'s {what} is the one its call creates ({where})"
+        else:
+            why = f"{tool.name}'s policy does not let the agent name a {what}"
+        raise TargetMismatch(f"target {sent!r} was sent, but {why}: send the call without target (or with that one); "
+                             f"nothing was done", field="target", sent=sent, derived=derived, target_from=where)
+    return derived
 
 
 def key_material(tool: Tool, args: dict):
@@ -220,7 +238,10 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     source = "header" if idempotency_key is not None else "derived"
     if Run.tenant.is_cached(run):
         tool.tenant = run.tenant  # the same row: its slug signs the tool call
-    reads_before = bool(target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY)
+    # A target the agent named is read first whatever the tool does: the tool's own read must find it.
+    names_target = tool.target_from == TARGET_FROM_AGENT
+    reads_before = bool(target_id and tool.snapshot.get("read") and (
+        tool.action_class != ActionClass.READ_ONLY or names_target))
     if plain_only and reads_before:
         return None
     # A replay is answered before the target is read. The one-call proposal checks the key itself.
@@ -235,12 +256,16 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     before = None
     if reads_before:
         try:
-            before = execution.snapshot_fields(tool, execution.read_target(tool, target_id))
+            state = execution.read_target(tool, target_id)
         except ToolError as error:
             what = f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}"
             if error.transient:  # nothing was recorded: the same request, sent again, starts afresh
                 raise TargetUnreadable(f"{what}; nothing was done, send the same request again", retry_after=1) from None
             raise StateConflict(what) from None
+        if names_target and state is None:
+            raise TargetNotFound(f"{tool.target_type or 'target'} {target_id!r} was not found by {tool.name}'s own read; "
+                                 f"nothing was done", field="target")
+        before = execution.snapshot_fields(tool, state)
     content_key = content_key_of(tool=tool, target_id=target_id, args=clean)
     try:
         if fast and repeat_of is None:
