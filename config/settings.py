@@ -78,6 +78,10 @@ MIDDLEWARE.append("axes.middleware.AxesMiddleware")
 # Innermost, so its process_exception sees a view's exception first: a database that stops answering mid-request
 # answers 503 with Retry-After (ledger/api/problems.py), never a 500.
 MIDDLEWARE.append("ledger.api.problems.DatabaseUnavailableMiddleware")
+# Right after the security middleware: a NUL in a path, query or form field is a 400 before anything reads it
+# (PostgreSQL refuses NUL in text, which would be a 500).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "ledger.api.problems.NulRefusedMiddleware")
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
