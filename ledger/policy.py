@@ -496,11 +496,15 @@ def parse_document(document: Any) -> PolicyDocument:
 
 def _parse_defaults(defaults: Any) -> dict:
     defaults = _dict(defaults, "defaults")
-    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout"}
+    parsed: dict[str, Any] = {}
+    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive"}
     if unknown:
-        _fail(f"defaults.{sorted(unknown)[0]}",
-              "is not a tenant default (known: approval_threshold, approval_ttl, run_idle_timeout)")
-    parsed = {}
+        _fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl, "
+                                                "run_idle_timeout, local_part_case_sensitive)")
+    if "local_part_case_sensitive" in defaults:
+        if not isinstance(defaults["local_part_case_sensitive"], bool):
+            _fail("defaults.local_part_case_sensitive", "must be true or false")
+        parsed["local_part_case_sensitive"] = defaults["local_part_case_sensitive"]
     if "approval_threshold" in defaults:
         parsed["approval_threshold"] = _choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
     if "approval_ttl" in defaults:

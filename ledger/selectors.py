@@ -203,7 +203,7 @@ def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
 
 def tenant_policy_versions(*, tenant_id: int) -> list[PolicyVersion]:
     """The tenant's defaults versions, newest first; the first against the defaults a tenant is created with."""
-    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds")
+    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive")
     created_with = {name: Tenant._meta.get_field(name).get_default() for name in fields}
     versions = list(TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("version"))
     shown, before = [], created_with
