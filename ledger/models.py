@@ -299,8 +299,12 @@ class Run(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "open_key"], condition=~Q(open_key=""),
-                                    name="run_open_key_unique_per_tenant"),
+            # An agent's keys are its own (issue 31): another agent's key is neither seen nor taken.
+            models.UniqueConstraint(fields=["tenant", "agent", "open_key"],
+                                    condition=~Q(open_key="") & Q(agent__isnull=False),
+                                    name="run_open_key_unique_per_agent"),
+            models.UniqueConstraint(fields=["tenant", "open_key"], condition=~Q(open_key="") & Q(agent__isnull=True),
+                                    name="run_open_key_unique_without_agent"),
         ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),

@@ -79,3 +79,22 @@ def test_a_key_recorded_before_keys_were_scoped_still_answers_its_agent_only(htt
     theirs = propose(b, b_run, "hr.create_user", {"email": "b2@company.com", "name": "B"}, "before-0015")
     assert theirs.status_code == 201 and theirs.json()["id"] != action.pk, theirs.text
     assert len(world_state(tenant=acme())["users"]) == 2
+
+
+def test_a_run_opening_key_is_the_agents_own(http_tools):
+    a, b = two_agents(http_tools)
+
+    def open_with(agent, key: str, goal: str):
+        return agent.post(f"{agent.base}/api/v1/runs", json={"goal": goal, "on_behalf_of": "carol@example.com"},
+                          headers={"Idempotency-Key": key}, timeout=30)
+
+    mine = open_with(a, "open-1", "A's goal")
+    assert mine.status_code == 201, mine.text
+    theirs = open_with(b, "open-1", "B's goal")
+    assert theirs.status_code == 201 and theirs.json()["id"] != mine.json()["id"], theirs.text
+    assert f"run {mine.json()['id']}" not in theirs.text and "A's goal" not in theirs.text
+    squat = open_with(b, "open-2", "B first")
+    later = open_with(a, "open-2", "A later")
+    assert squat.status_code == 201 and later.status_code == 201 and later.json()["goal"] == "A later", later.text
+    replay = open_with(a, "open-1", "A's goal")
+    assert replay.status_code == 200 and replay.json()["id"] == mine.json()["id"], replay.text

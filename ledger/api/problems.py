@@ -224,36 +224,40 @@ def not_found(request, exception=None):
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-def _nul_in(request) -> str | None:
+def _nul_in(request) -> tuple[str, str] | None:
     """Where the request carries a NUL character (U+0000) that would reach the database, which PostgreSQL refuses
-    in text (a 500) and SQLite would store: the path, a query parameter's name or value, a form field's."""
+    in text (a 500) and SQLite would store: ("path", "path"), or ("parameter", its name) for a query parameter's
+    name or value or a form field's."""
     if "\x00" in request.path:
-        return "path"
+        return "path", "path"
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
-            return f"query.{name.replace(chr(0), '?')}"
+            return "parameter", name.replace("\x00", "?")
     if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type in FORM_TYPES:
         for name, values in request.POST.lists():  # the files' bytes are the files': only the fields are text
             if "\x00" in name or any("\x00" in value for value in values):
-                return f"form.{name.replace(chr(0), '?')}"
+                return "parameter", name.replace("\x00", "?")
     return None
 
 
 class NulRefusedMiddleware:
-    """Every page and endpoint answers a NUL character in its path, query or form with 400 `nul_character`, before
-    any view or middleware gives it to the database (a JSON body's NUL is the parser's parse_error already)."""
+    """Every page and endpoint answers a NUL character in its path, query or form with 400 `validation_error` (its
+    `field`: the parameter's name, or `path`), before any view or middleware gives it to the database (a JSON body's
+    NUL is the parser's parse_error already)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        where = _nul_in(request)
-        if where is None:
+        found = _nul_in(request)
+        if found is None:
             return self.get_response(request)
-        detail = (f"the request's {where} holds a NUL character (U+0000), which no value Unwind keeps may "
-                  "contain; nothing was done")
+        kind, where = found
+        what = "path" if kind == "path" else f"parameter {where!r}"
+        detail = (f"the request's {what} holds a NUL character (U+0000), which no value Unwind keeps may contain; "
+                  "nothing was done")
         if request.path.startswith((*API_PREFIXES, "/mcp")):
-            body = problem(status=400, code="nul_character", title="Invalid input", detail=detail,
+            body = problem(status=400, code="validation_error", title="Invalid input", detail=detail,
                            instance=request.path.replace("\x00", "%00"), field=where)
             return JsonResponse(body, status=400, content_type=PROBLEM_JSON)
         return HttpResponse(f"Bad request: {detail}.", status=400, content_type="text/plain; charset=utf-8")

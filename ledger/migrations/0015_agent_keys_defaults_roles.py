@@ -1,6 +1,7 @@
 """Issue 31: agents' keys are separated like tenants', every tenant stores its defaults from its creation, and who
 holds which role is in the audit chain.
 
+- A run's opening key is unique per (tenant, agent, key) too (per tenant for a run no agent opened).
 - `Action.key_agent`: the agent among whose keys the action's `Idempotency-Key` is; the key is unique per (tenant,
   agent, key) instead of per (tenant, key), so another agent's key is neither seen nor taken. Rows recorded before
   keep `key_agent` 0 and the key they were sent with (`Action.tool_key` is unchanged for them); their agent still
@@ -82,6 +83,17 @@ class Migration(migrations.Migration):
             model_name="action",
             constraint=models.UniqueConstraint(fields=("tenant", "key_agent", "idempotency_key"),
                                                name="idempotency_key_unique_per_agent")),
+        migrations.RemoveConstraint(model_name="run", name="run_open_key_unique_per_tenant"),
+        migrations.AddConstraint(
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(models.Q(("open_key", ""), _negated=True), ("agent__isnull", False)),
+                fields=("tenant", "agent", "open_key"), name="run_open_key_unique_per_agent")),
+        migrations.AddConstraint(
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(models.Q(("open_key", ""), _negated=True), ("agent__isnull", True)),
+                fields=("tenant", "open_key"), name="run_open_key_unique_without_agent")),
         migrations.AddField(
             model_name="tenant", name="local_part_case_sensitive",
             field=models.BooleanField(default=False, help_text="Whether Alice@… and alice@… are two people when telling a requester from an approver (the domain is always case-insensitive).")),
