@@ -12,6 +12,7 @@ import pytest
 import requests
 from django.urls import NoReverseMatch, URLPattern, URLResolver, get_resolver, reverse
 
+from ledger.api.problems import API_PREFIXES
 from ledger.models import AuditEvent
 
 
@@ -70,7 +71,10 @@ def test_every_page_and_endpoint_refuses_nul(http_tools, admin_session):
         form = admin_session.post(f"{base}{path}", data={"reason": "no\x00", "csrfmiddlewaretoken": "x"},
                                   timeout=30, allow_redirects=False,
                                   headers={"X-CSRFToken": admin_session.cookies.get("csrftoken", "")})
-        assert form.status_code == 400, (path, form.status_code, form.text[:200])
+        if path.startswith(API_PREFIXES):  # the API takes JSON only: a form is refused whatever it holds
+            assert form.status_code in (400, 405, 415), (path, form.status_code, form.text[:200])
+        else:
+            assert form.status_code == 400, (path, form.status_code, form.text[:200])
     api = agent.get(f"{base}/api/v1/runs?status=%00", timeout=30)
     assert api.headers["Content-Type"].startswith("application/problem+json")
     assert api.json()["code"] == "validation_error" and api.json()["field"] == "status"

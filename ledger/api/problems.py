@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import InterfaceError, OperationalError
 from django.http import Http404
+from django.http.multipartparser import MultiPartParserError
 from drf_spectacular.utils import OpenApiResponse
 from django.http import HttpResponse, JsonResponse
 from django.template import loader
@@ -233,8 +235,15 @@ def _nul_in(request) -> tuple[str, str] | None:
     for name, values in request.GET.lists():
         if "\x00" in name or any("\x00" in value for value in values):
             return "parameter", name.replace("\x00", "?")
-    if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type in FORM_TYPES:
-        for name, values in request.POST.lists():  # the files' bytes are the files': only the fields are text
+    # Forms are the pages' (the API takes JSON only and answers any other body 415). A body Django cannot parse is
+    # left to the view, which answers it as it always has.
+    if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type in FORM_TYPES \
+            and not request.path.startswith(API_PREFIXES):
+        try:
+            fields = list(request.POST.lists())  # the files' bytes are the files': only the fields are text
+        except (MultiPartParserError, SuspiciousOperation, BadRequest):
+            return None
+        for name, values in fields:
             if "\x00" in name or any("\x00" in value for value in values):
                 return "parameter", name.replace("\x00", "?")
     return None
