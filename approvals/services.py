@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import link_service, slack, surfaces
+from approvals.addresses import names_person
 from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
@@ -238,11 +239,12 @@ def on_policy_changed(*, retired: Tool, current: Tool, actor: str) -> None:
 # --- decisions ------------------------------------------------------------------------------------
 
 def is_requester(request: ApprovalRequest, user) -> bool:
-    """Separation of duties: whoever asked for the action, or on whose behalf it acts, cannot approve it."""
-    on_behalf_of = request.run.on_behalf_of
+    """Separation of duties: whoever asked for the action, or on whose behalf it acts, cannot approve it, under any
+    spelling of their address (`approvals.addresses`: parsed, domain case-folded, local part as the tenant says)."""
     if request.requested_by == actor_of(user):
         return True
-    return bool(on_behalf_of) and on_behalf_of in (user.get_username(), user.email)
+    return names_person(request.run.on_behalf_of, username=user.get_username(), email=user.email,
+                        local_part_case_sensitive=request.tenant.local_part_case_sensitive)
 
 
 def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: str = "") -> ApprovalRequest:

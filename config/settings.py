@@ -78,6 +78,10 @@ MIDDLEWARE.append("axes.middleware.AxesMiddleware")
 # Innermost, so its process_exception sees a view's exception first: a database that stops answering mid-request
 # answers 503 with Retry-After (ledger/api/problems.py), never a 500.
 MIDDLEWARE.append("ledger.api.problems.DatabaseUnavailableMiddleware")
+# Right after the security middleware: a NUL in a path, query or form field is a 400 before anything reads it
+# (PostgreSQL refuses NUL in text, which would be a 500).
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "ledger.api.problems.NulRefusedMiddleware")
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
@@ -247,6 +251,11 @@ UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, min
 UNWIND_DEFAULT_MAX_ATTEMPTS = env_int("UNWIND_DEFAULT_MAX_ATTEMPTS", 3, minimum=1)
 UNWIND_DEFAULT_BACKOFF = env_float("UNWIND_DEFAULT_BACKOFF", 0.2, minimum=0)
 UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
+# How many approval requests an agent may have waiting for people at once, in one run and across its runs: one
+# agent cannot flood the approvers. A proposal past either bound is refused (429 too_many_open_approvals) with
+# nothing recorded; counted in the database, under the tenant's chain lock, so every web process agrees.
+UNWIND_MAX_OPEN_APPROVALS_PER_RUN = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_RUN", 5, minimum=1)
+UNWIND_MAX_OPEN_APPROVALS_PER_AGENT = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_AGENT", 20, minimum=1)
 UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.

@@ -18,7 +18,9 @@ from ledger.models import (
     POLICY_FIELDS, Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant,
     TenantPolicyVersion, Tool,
 )
-from ledger.services.tenancy import agent_create, agent_revoke, deploy_key_revoke, membership_set, tenant_create
+from ledger.services.tenancy import (
+    agent_create, agent_revoke, deploy_key_revoke, membership_remove, membership_set, tenant_create,
+)
 from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
@@ -232,6 +234,13 @@ class MembershipAdmin(SuperuserWritesAdmin):
         saved = membership_set(tenant=obj.tenant, user=obj.user, role=obj.role, actor=actor_of(request))
         obj.pk = saved.pk
         obj._state.adding = False
+
+    def delete_model(self, request, obj):
+        membership_remove(membership=obj, actor=actor_of(request))
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset.select_related("user"):
+            membership_remove(membership=membership, actor=actor_of(request))
 
 
 class ToolVersionForm(forms.ModelForm):

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ledger import sql
 from ledger.canonical import digest, dumps
-from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
+from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, Tenant, TenantPolicyVersion, Tool
 
 GENESIS = "0" * 64
 _local = threading.local()
@@ -56,13 +56,15 @@ TOOL_POLICY_FIELDS = (
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
     "on_refusal", "describe", "display",
 )
-TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds")
+TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
+                          "local_part_case_sensitive")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
 # `args_text` is what the tool receives and `content_key` what later calls are matched on: editing either must show
 # like editing `args`.
 ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
+               "local_part_case_sensitive": False,
                "args_text": "", "content_key": "", "repeat_of_id": None}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)
@@ -139,6 +141,11 @@ def tool_fingerprint(tool: Tool) -> str:
 register_fingerprinted(Tool, fields=TOOL_POLICY_FIELDS, kinds=("tool.registered", "tool.updated"))
 register_fingerprinted(TenantPolicyVersion, fields=TENANT_DEFAULTS_FIELDS,
                        kinds=("tenant.defaults",))
+# Who holds which role: a viewer made admin in the database shows. `membership.set` events written before roles were
+# fingerprinted carry none, so only the kinds that always did are held to it (migration 0015 recorded the roles
+# that existed then).
+MEMBERSHIP_FIELDS = ("user_id", "role")
+register_fingerprinted(Membership, fields=MEMBERSHIP_FIELDS, kinds=("membership.removed", "membership.recorded"))
 
 # The keys of an event's data that hold fingerprints: only `verify_chain` reads them, pages leave them out.
 FINGERPRINT_KEYS = ("action_state", "run_state", "rows")
@@ -200,9 +207,11 @@ class AuditLog:
         self.writes.append(statement)
 
     def record(self, kind: str, *, actor: str, run: Run | None = None, action: Action | None = None,
-               rows: tuple[models.Model, ...] | list[models.Model] = (), **data) -> None:
+               rows: tuple[models.Model, ...] | list[models.Model] = (),
+               removed: tuple[models.Model, ...] | list[models.Model] = (), **data) -> None:
         """Append an event at commit. `rows` are rows of fingerprinted models (see `register_fingerprinted`) the
-        event concerns, each fingerprinted as it stands now."""
+        event concerns, each fingerprinted as it stands now; `removed`, such rows the change deletes (recorded with
+        no fingerprint, so that `verify_chain` expects them gone)."""
         if action is not None:
             data["action_state"] = action_fingerprint(action)
             run_ref = action.run_id
@@ -210,8 +219,9 @@ class AuditLog:
             run_ref = run.pk if run is not None else None
         if run is not None:
             data["run_state"] = run_fingerprint(run)
-        if rows:
+        if rows or removed:
             data["rows"] = {f"{row._meta.label_lower}:{row.pk}": row_fingerprint(row) for row in rows}
+            data["rows"].update({f"{row._meta.label_lower}:{row.pk}": None for row in removed})
         self.pending.append((kind, actor, run_ref, action.pk if action is not None else None, data))
 
     def flush(self) -> None:
@@ -320,7 +330,8 @@ class ChainReport:
     ok: bool
     events: int
     problem: str = ""
-    check: str = ""  # which check failed: sequence, link, key, hmac, head, fingerprint, export-signature, export-head
+    check: str = ""  # which check failed: sequence, link, key, hmac, head, fingerprint, policy, attempt, export-signature,
+    # export-head
     exported_head: int | None = None  # the seq of the signed head checked against, when there is one
 
 
@@ -389,7 +400,9 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
                           f"event #{event.seq} ({event.kind}) carries no fingerprint of its {spec.label} row")
         for ref, fingerprint in carried.items():
             label, _, pk = ref.rpartition(":")
-            if label in last_row:
+            if label in last_row and fingerprint is None:
+                last_row[label].pop(pk, None)  # removed by the services
+            elif label in last_row:
                 last_row[label][pk] = (fingerprint, event.seq)
         if exported is not None and event.seq == exported["seq"] and event.hash != exported["hash"]:
             raise _Broken("export-head", f"event #{event.seq} is not the signed head exported at {exported['at']}: "
@@ -411,6 +424,25 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         rows = spec.model._default_manager.filter(**{spec.tenant_lookup: tenant_id})
         _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
     _check_policy_in_force(tenant_id)
+    _check_attempts(tenant_id)
+
+
+# What a step's recorded status (fingerprinted in the chain) can be once one of its attempts succeeded: a success is
+# recorded with its attempt's end in one transaction, and nothing moves a step back from there.
+AFTER_SUCCESS = ("succeeded", "compensating", "compensated", "compensation_failed")
+
+
+def _check_attempts(tenant_id: int) -> None:
+    """An attempt is only as true as its step: one that says it succeeded belongs to a step the chain recorded as
+    succeeded (a lost or failed step's attempt edited to success shows)."""
+    found = sql.fetch_one(
+        "SELECT t.number, a.id, a.status FROM ledger_attempt t JOIN ledger_action a ON a.id = t.action_id"
+        f" WHERE a.tenant_id = %s AND t.outcome = 'succeeded' AND a.status NOT IN"
+        f" ({', '.join(['%s'] * len(AFTER_SUCCESS))}) ORDER BY a.id, t.number LIMIT 1", [tenant_id, *AFTER_SUCCESS])
+    if found is not None:
+        number, action_id, status = found
+        raise _Broken("attempt", f"attempt {number} of action {action_id} says it succeeded, but the action is "
+                                 f"{status} in the audit chain: edited behind the services' back")
 
 
 def _check_policy_in_force(tenant_id: int) -> None:
@@ -430,12 +462,17 @@ def _check_policy_in_force(tenant_id: int) -> None:
             raise _Broken("policy", f"{name} runs version {current.get(name)} but its newest recorded version is "
                                     f"{version}: changed behind the services' back")
     latest = TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("-version").first()
-    if latest is not None:
-        live = Tenant.objects.filter(pk=tenant_id).values_list(
-            "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds").first()
-        if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds):
-            raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
-                                    "changed behind the services' back")
+    if latest is None:
+        # Every tenant stores its defaults from its creation (version 0; migration 0015 for older tenants).
+        raise _Broken("policy", "the tenant has no recorded defaults version: its defaults (approval threshold, "
+                                "approval TTL, idle timeout) cannot be checked, and were removed behind the "
+                                "services' back")
+    live = Tenant.objects.filter(pk=tenant_id).values_list(
+        "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive").first()
+    if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds,
+                latest.local_part_case_sensitive):
+        raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
+                                "changed behind the services' back")
 
 
 def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool) -> None:

@@ -63,5 +63,20 @@ class TargetUnreadable(UnwindError):
     code, status, title = "target_unreadable", 503, "The target could not be read before acting"
 
 
+class TargetMismatch(UnwindError):
+    """The agent sent a target its tool's policy does not let it choose (the policy derives it, or names none)."""
+    code, status, title = "target_mismatch", 422, "The target is not the agent's to choose"
+
+
+class TargetNotFound(UnwindError):
+    """The agent named a target (`target.from: agent`) that the tool's own read does not find."""
+    code, status, title = "target_not_found", 422, "The named target does not exist"
+
+
+class TooManyOpenApprovals(UnwindError):
+    """The agent (or its run) already has as many approval requests waiting for people as the deployment allows."""
+    code, status, title = "too_many_open_approvals", 429, "Too many approval requests waiting"
+
+
 class PermissionDenied(UnwindError):
     code, status, title = "permission_denied", 403, "Not allowed"

@@ -5,15 +5,17 @@ and its audit event) and the outcome; a run adds its opening and its completion,
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
 (ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, the opening and the completion
-as 0013 did, each as a few SQL statements since 0014) in autocommit, so PostgreSQL runs the whole transaction in that
+as 0013 did, each as a few SQL statements since 0014; 0015 scoped `unwind_propose`'s key by agent) in autocommit, so PostgreSQL runs the whole transaction in that
 call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
   tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
   what this process keeps: `kept_tool`; else it answers 'stale'), then what the Python path checks under those
   locks (the run takes steps and is not cancelled, no step of the run has the same content, the ordering law finds
-  no later-role step); then inserts the action (its id drawn beforehand, with the tool's read or by this thread's
-  previous proposal) unless its key is taken (a replay: the key's unique index says so, and nothing is written),
+  no later-role step, and no action from before keys were scoped by agent holds the key: the Python path says
+  whose it is); then inserts the action (its id drawn beforehand, with the tool's read or by this thread's
+  previous proposal) unless its agent's key is taken (a replay: the unique index on tenant, agent and key says
+  so, and nothing is written),
   takes the step's number, inserts the attempt, appends the event, and draws the id of this thread's next proposal.
 - `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
   opening) and appends its event, and draws the id of this thread's next run.
@@ -68,7 +70,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0014_fastpath_fewer_statements"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0015_agent_keys_defaults_roles"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 

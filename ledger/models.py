@@ -87,6 +87,9 @@ class Tenant(models.Model):
         default=3600, validators=[MinValueValidator(RUN_IDLE_TIMEOUT_SECONDS[0]),
                                   MaxValueValidator(RUN_IDLE_TIMEOUT_SECONDS[1])],
         help_text="A running run with no agent activity for this long (seconds) is unwound: the agent went away.")
+    local_part_case_sensitive = models.BooleanField(
+        default=False, help_text="Whether Alice@… and alice@… are two people when telling a requester from an "
+                                 "approver (the domain is always case-insensitive).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -242,6 +245,7 @@ class TenantPolicyVersion(models.Model):
     approval_threshold = models.CharField(max_length=16, choices=Risk.choices)
     approval_ttl_seconds = models.PositiveIntegerField()
     run_idle_timeout_seconds = models.PositiveIntegerField(default=3600)
+    local_part_case_sensitive = models.BooleanField(default=False)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -295,8 +299,12 @@ class Run(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "open_key"], condition=~Q(open_key=""),
-                                    name="run_open_key_unique_per_tenant"),
+            # An agent's keys are its own (issue 31): another agent's key is neither seen nor taken.
+            models.UniqueConstraint(fields=["tenant", "agent", "open_key"],
+                                    condition=~Q(open_key="") & Q(agent__isnull=False),
+                                    name="run_open_key_unique_per_agent"),
+            models.UniqueConstraint(fields=["tenant", "open_key"], condition=~Q(open_key="") & Q(agent__isnull=True),
+                                    name="run_open_key_unique_without_agent"),
         ]
         indexes = [
             models.Index(fields=["tenant", "-created_at"], name="run_tenant_recent"),
@@ -364,6 +372,10 @@ class Action(models.Model):
     target_type = models.CharField(max_length=60, blank=True)
     target_id = models.CharField(max_length=200, blank=True)
     idempotency_key = models.CharField(max_length=255)
+    key_agent = models.PositiveBigIntegerField(
+        default=0, help_text="The agent among whose keys `idempotency_key` is (agents are separated like tenants: "
+                             "another agent's keys are invisible); 0 for a run no agent opened, and for actions "
+                             "recorded before keys were scoped by agent (migration 0015), whose keys stay as sent.")
     key_source = models.CharField(max_length=16, default="derived")
     status = models.CharField(max_length=24, choices=ActionStatus.choices, default=ActionStatus.PLANNED)
     approvals_required = models.PositiveSmallIntegerField(default=0)
@@ -389,7 +401,8 @@ class Action(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="idempotency_key_unique_per_tenant"),
+            models.UniqueConstraint(fields=["tenant", "key_agent", "idempotency_key"],
+                                    name="idempotency_key_unique_per_agent"),
             models.UniqueConstraint(fields=["run", "seq"], name="action_seq_unique_per_run"),
         ]
         indexes = [
@@ -420,10 +433,12 @@ class Action(models.Model):
     def tool_key(self) -> str:
         """The Idempotency-Key sent to the tool: the ledger key, namespaced by tenant.
 
-        Agents choose their keys freely and two tenants may pick the same one; the services they
-        call are shared, so the key that leaves Unwind must not collide across tenants.
+        Agents choose their keys freely and two tenants (or two agents of one tenant) may pick the same one; the
+        services they call are shared, so the key that leaves Unwind must not collide across tenants or agents. An
+        action recorded before keys were scoped by agent (`key_agent` 0) keeps the key it was sent with.
         """
-        return "uw-" + hashlib.sha256(f"{self.tenant_id}:{self.idempotency_key}".encode()).hexdigest()[:40]
+        scope = f"{self.tenant_id}:{self.key_agent}:" if self.key_agent else f"{self.tenant_id}:"
+        return "uw-" + hashlib.sha256(f"{scope}{self.idempotency_key}".encode()).hexdigest()[:40]
 
 
 class Attempt(models.Model):

@@ -19,6 +19,10 @@ from ledger.models import (
     SagaRole, Tool,
 )
 
+# `target.from: agent`: the agent names the target in its proposal (`target`), for a tool whose arguments do not say
+# which record it acts on; accepted only once the tool's own read (snapshot.read) finds it.
+TARGET_FROM_AGENT = "agent"
+
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
@@ -229,8 +233,9 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     target = _dict(spec.get("target", {}), f"{where}.target")
     fields["target_type"] = str(target.get("type", ""))
     target_from = str(target.get("from", ""))
-    if target_from and target_from.split(".")[0] not in {"args", "result"}:
-        _fail(f"{where}.target.from", f"must start with args. or result., not {target_from!r}")
+    if target_from and target_from != TARGET_FROM_AGENT and (
+            target_from.split(".")[0] not in {"args", "result"} or "." not in target_from):
+        _fail(f"{where}.target.from", f"must be args.<name>, result.<name> or {TARGET_FROM_AGENT}, not {target_from!r}")
     fields["target_from"] = target_from
 
     idem = _dict(spec.get("idempotency", {}), f"{where}.idempotency")
@@ -248,6 +253,9 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
         fields[part] = _template(_dict(spec.get(part, {}), f"{where}.{part}"), f"{where}.{part}")
         if "read" in fields[part]:
             _reader(fields[part]["read"], f"{where}.{part}.read")
+    if target_from == TARGET_FROM_AGENT and not fields["snapshot"].get("read"):
+        _fail(f"{where}.target.from", "an agent-named target is accepted only once the tool's own read finds it: "
+                                      "add snapshot.read")
     if fields["verify"] and not (fields["snapshot"].get("read") or fields["verify"].get("read")):
         _fail(f"{where}.verify", "needs a snapshot.read (or verify.read) to read the target back")
 
@@ -488,11 +496,15 @@ def parse_document(document: Any) -> PolicyDocument:
 
 def _parse_defaults(defaults: Any) -> dict:
     defaults = _dict(defaults, "defaults")
-    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout"}
+    parsed: dict[str, Any] = {}
+    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive"}
     if unknown:
-        _fail(f"defaults.{sorted(unknown)[0]}",
-              "is not a tenant default (known: approval_threshold, approval_ttl, run_idle_timeout)")
-    parsed = {}
+        _fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl, "
+                                                "run_idle_timeout, local_part_case_sensitive)")
+    if "local_part_case_sensitive" in defaults:
+        if not isinstance(defaults["local_part_case_sensitive"], bool):
+            _fail("defaults.local_part_case_sensitive", "must be true or false")
+        parsed["local_part_case_sensitive"] = defaults["local_part_case_sensitive"]
     if "approval_threshold" in defaults:
         parsed["approval_threshold"] = _choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
     if "approval_ttl" in defaults:

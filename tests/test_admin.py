@@ -170,7 +170,7 @@ def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
     tenant.refresh_from_db()
     assert (tenant.approval_threshold, tenant.approval_ttl_seconds) == ("critical", 600)
     assert tenant.run_idle_timeout_seconds == 1800
-    version = TenantPolicyVersion.objects.get(tenant=tenant)
+    version = TenantPolicyVersion.objects.filter(tenant=tenant).latest("version")  # version 0: as created
     assert (version.version, version.approval_threshold, version.actor) == (1, "critical", "user:root")
     assert AuditEvent.objects.filter(tenant=tenant, kind="tenant.defaults", actor="user:root", data__version=1).exists()
     assert verify_chain(tenant.pk).ok

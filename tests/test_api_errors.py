@@ -111,10 +111,15 @@ def test_parse_errors_and_validation_errors_say_where(api_db):
 
 @pytest.mark.parametrize("path", [
     "/api/v1/runs/99999999999999999999999999", "/api/v1/actions/-1", "/api/v1/actions/1.5/wait",
-    "/api/v1/runs/%00", "/api/v1/tools/%00", "/api/v1/tools/a%0Ab",
+    "/api/v1/tools/a%0Ab",
 ])
 def test_odd_paths_are_404(api_db, path):
     assert api_db.agent.get(path).status_code == 404
+
+
+@pytest.mark.parametrize("path", ["/api/v1/runs/%00", "/api/v1/tools/%00"])
+def test_a_nul_in_the_path_is_400(api_db, path):
+    assert assert_problem(api_db.agent.get(path), 400, "validation_error")["field"] == "path"
 
 
 @pytest.mark.parametrize("query", [

@@ -115,7 +115,9 @@ def test_inbox_htmx_partial_returns_only_the_fragment(tools):
 
 
 @pytest.mark.parametrize("count", [5, 30])
-def test_inbox_costs_the_same_queries_whatever_the_number_of_requests(tools, count, django_assert_num_queries):
+def test_inbox_costs_the_same_queries_whatever_the_number_of_requests(tools, count, django_assert_num_queries,
+                                                                     settings):
+    settings.UNWIND_MAX_OPEN_APPROVALS_PER_AGENT = count  # one agent asks for every request here
     tool_upsert(tenant=tools.acme, name="payments.charge", actor="test",
                 spec=in_process_policy()["tools"]["payments.charge"])
     for number in range(count):

@@ -20,7 +20,7 @@ from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Ru
 from ledger.services import execution
 from ledger.services.actions import action_propose
 from ledger.services.runs import run_cancel, run_complete
-from ledger.services.tools import tool_upsert
+from ledger.services.tools import tenant_defaults_set, tool_upsert
 from tests.conftest import needs_postgres
 from tests.helpers import act, open_run
 
@@ -480,7 +480,7 @@ def test_a_threshold_lowered_since_the_tool_was_kept_gates_the_next_step(tools):
     needs a person) and the agent proposes at once, hoping the process still decides from what it kept."""
     run = open_run(tools, goal="gate")
     act(run, "hr.create_user", {"email": "g1@company.com", "name": "G"})
-    Tenant.objects.filter(pk=tools.acme.pk).update(approval_threshold="low")
+    tenant_defaults_set(tenant=tools.acme, values={"approval_threshold": "low"}, actor="user:ada")
     proposal = _propose_now(run, "hr.create_user", {"email": "g2@company.com", "name": "G"})
     recorded = Action.objects.get(pk=proposal.action.pk)
     assert not proposal.claimed and recorded.status == "awaiting_approval" and recorded.attempts == 0

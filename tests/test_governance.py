@@ -185,7 +185,7 @@ def test_a_deploy_key_pushes_a_reviewed_policy_and_is_the_audited_actor(http_too
     assert [t["name"] for t in pipeline.get("/api/v1/tools").json()].count("chat.post") == 1
     actors = set(AuditEvent.objects.filter(tenant=http_tools.acme, kind__in=["tenant.defaults", "tool.registered",
                                                                                "tool.updated"])
-                 .exclude(actor="test").values_list("actor", flat=True))
+                 .exclude(actor="test").exclude(data__version=0).values_list("actor", flat=True))
     assert actors == {"deploy:ci-policy"}
     assert verify_chain(http_tools.acme.pk).ok
 

@@ -80,9 +80,14 @@ def test_key_fields_decide_what_is_the_same_call(rec):
 
 
 def test_another_target_or_tool_is_another_call(rec):
+    # A target the agent names (and the tool's read finds) is part of what the call is.
+    put_tool(rec, "rec.note", {"endpoint": f"{rec.recorder.origin}/rec.note", "args_schema": {"type": "object"},
+                               "compensation": "none", "retry": {"max_attempts": 1},
+                               "target": {"type": "ticket", "from": "agent"},
+                               "snapshot": {"read": "/sandbox/crm/tickets/{target}", "fields": ["priority"]}})
     run_id = open_run(rec)
-    assert propose(rec, run_id, ORDER, key="a", target="T-1").status_code == 201
-    assert propose(rec, run_id, ORDER, key="b", target="T-2").status_code == 201
+    assert propose(rec, run_id, ORDER, tool="rec.note", key="a", target="T-204").status_code == 201
+    assert propose(rec, run_id, ORDER, tool="rec.note", key="b", target="T-311").status_code == 201
     assert propose(rec, run_id, {"order_id": "o-1"}, tool="rec.order").status_code == 201
     assert propose(rec, run_id, {"order_id": "o-1"}, tool="rec.charge").status_code == 201
     assert len(rec.recorder.bodies) == 4

@@ -78,7 +78,10 @@ class ProposeIn(StrictSerializer):
     tool = serializers.CharField(max_length=120, help_text="A registered tool's name, e.g. hr.create_user.")
     args = serializers.DictField(help_text="The tool's arguments, checked against its JSON Schema.")
     target = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=200,
-                                   help_text="The target's id, when the tool's policy does not say where it comes from.")
+                                   help_text="The target's id, only for a tool whose policy says the agent names it "
+                                             "(target.from: agent; the tool's own read must find it). Where the "
+                                             "policy derives the target, leave it out: a different one is refused "
+                                             "(422 target_mismatch).")
     intent = IntentIn(required=False, help_text="Why the agent proposes it: kept in the ledger and shown to approvers.")
     repeat_of = ActionIdField(
         required=False, allow_null=True, min_value=1, max_value=2**63 - 1,
@@ -133,14 +136,18 @@ class ActionProposeView(ApiView):
                                                           "still running after the inline wait, or handed to the "
                                                           "worker (the tenant's share of the inline pool is busy): "
                                                           "poll links.wait."),
-            **problems(404, 409, 422, 503, body=True, codes={
+            **problems(404, 409, 422, 429, 503, body=True, codes={
                 400: "validation_error (field, errors), parse_error",
                 404: "not_found (the run), unknown_tool",
                 409: "in_flight (action_id; matched_by: content when an earlier step with the same content is in "
                      "flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), "
                      "run_cancelled, run_not_active, state_conflict",
-                422: "idempotency_mismatch (action_id), tool_refused (reason, tool, action_id, run_id, run_status, "
+                422: "idempotency_mismatch (action_id), target_mismatch (sent, derived, target_from: a target the "
+                     "policy does not let the agent choose), target_not_found (an agent-named target the tool's read "
+                     "does not find), tool_refused (reason, tool, action_id, run_id, run_status, "
                      "replayed, action): nothing was done and the run stays open",
+                429: "too_many_open_approvals (scope, limit: the agent or run already has that many approval "
+                     "requests waiting; nothing was recorded), throttled",
                 503: "target_unreadable (retry_after): the target's before-snapshot could not be read for a passing "
                      "reason; nothing was recorded, send the same request again"}),
         },

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import BadRequest, SuspiciousOperation
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import InterfaceError, OperationalError
 from django.http import Http404
+from django.http.multipartparser import MultiPartParserError
 from drf_spectacular.utils import OpenApiResponse
 from django.http import HttpResponse, JsonResponse
 from django.template import loader
@@ -219,3 +221,52 @@ def not_found(request, exception=None):
                        detail=f"{request.path} names nothing here: check the path and the id", instance=request.path)
         return JsonResponse(body, status=404, content_type="application/problem+json")
     return page_not_found(request, exception)
+
+
+FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+def _nul_in(request) -> tuple[str, str] | None:
+    """Where the request carries a NUL character (U+0000) that would reach the database, which PostgreSQL refuses
+    in text (a 500) and SQLite would store: ("path", "path"), or ("parameter", its name) for a query parameter's
+    name or value or a form field's."""
+    if "\x00" in request.path:
+        return "path", "path"
+    for name, values in request.GET.lists():
+        if "\x00" in name or any("\x00" in value for value in values):
+            return "parameter", name.replace("\x00", "?")
+    # Forms are the pages' (the API takes JSON only and answers any other body 415). A body Django cannot parse is
+    # left to the view, which answers it as it always has.
+    if request.method not in ("GET", "HEAD", "OPTIONS") and request.content_type in FORM_TYPES \
+            and not request.path.startswith(API_PREFIXES):
+        try:
+            fields = list(request.POST.lists())  # the files' bytes are the files': only the fields are text
+        except (MultiPartParserError, SuspiciousOperation, BadRequest):
+            return None
+        for name, values in fields:
+            if "\x00" in name or any("\x00" in value for value in values):
+                return "parameter", name.replace("\x00", "?")
+    return None
+
+
+class NulRefusedMiddleware:
+    """Every page and endpoint answers a NUL character in its path, query or form with 400 `validation_error` (its
+    `field`: the parameter's name, or `path`), before any view or middleware gives it to the database (a JSON body's
+    NUL is the parser's parse_error already)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        found = _nul_in(request)
+        if found is None:
+            return self.get_response(request)
+        kind, where = found
+        what = "path" if kind == "path" else f"parameter {where!r}"
+        detail = (f"the request's {what} holds a NUL character (U+0000), which no value Unwind keeps may contain; "
+                  "nothing was done")
+        if request.path.startswith((*API_PREFIXES, "/mcp")):
+            body = problem(status=400, code="validation_error", title="Invalid input", detail=detail,
+                           instance=request.path.replace("\x00", "%00"), field=where)
+            return JsonResponse(body, status=400, content_type=PROBLEM_JSON)
+        return HttpResponse(f"Bad request: {detail}.", status=400, content_type="text/plain; charset=utf-8")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
@@ -12,13 +13,13 @@ from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
-    TargetUnreadable, UnknownTool, UnwindError, ValidationFailed,
+    TargetMismatch, TargetNotFound, TargetUnreadable, TooManyOpenApprovals, UnknownTool, UnwindError, ValidationFailed,
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
-from ledger.policy import ROLE_RANK, approvals_needed, check_order
+from ledger.policy import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.services import execution
 from ledger.transitions import action_transition, run_transition
@@ -58,14 +59,32 @@ def validate_args(tool: Tool, args) -> dict:
 
 
 def target_of(tool: Tool, args: dict, explicit: str | None) -> str:
-    if explicit not in (None, ""):
-        return str(explicit)[:200]
-    if tool.target_from.startswith("args."):
+    """The record the step acts on, which Unwind snapshots, verifies and restores: where the tool's policy derives it
+    (`target.from: args.<name>` or `result.<name>`), the policy's, and an explicit `target` that differs is refused;
+    the agent's own only where the policy says the agent names it (`target.from: agent`, confirmed by the tool's
+    read before anything is recorded: `_propose`)."""
+    sent = "" if explicit is None else str(explicit)
+    where = tool.target_from
+    if where == TARGET_FROM_AGENT:
+        return sent[:200]
+    derived = ""
+    if where.startswith("args."):
         value = args
-        for part in tool.target_from.split(".")[1:]:
+        for part in where.split(".")[1:]:
             value = value.get(part) if isinstance(value, dict) else None
-        return "" if value is None else str(value)[:200]
-    return ""
+        derived = "" if value is None else str(value)[:200]
+    if sent and sent != derived:
+        what = tool.target_type or "target"
+        if where.startswith("args."):
+            why = f"{tool.name} acts on the {what} its {where} names, {derived!r}" if derived else \
+                f"{tool.name} acts on the {what} its {where} names, and this call has none"
+        elif where.startswith("result."):
+            why = f"{tool.name}'s {what} is the one its call creates ({where})"
+        else:
+            why = f"{tool.name}'s policy does not let the agent name a {what}"
+        raise TargetMismatch(f"target {sent!r} was sent, but {why}: send the call without target (or with that one); "
+                             f"nothing was done", field="target", sent=sent, derived=derived, target_from=where)
+    return derived
 
 
 def key_material(tool: Tool, args: dict):
@@ -220,7 +239,10 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     source = "header" if idempotency_key is not None else "derived"
     if Run.tenant.is_cached(run):
         tool.tenant = run.tenant  # the same row: its slug signs the tool call
-    reads_before = bool(target_id and tool.snapshot.get("read") and tool.action_class != ActionClass.READ_ONLY)
+    # A target the agent named is read first whatever the tool does: the tool's own read must find it.
+    names_target = tool.target_from == TARGET_FROM_AGENT
+    reads_before = bool(target_id and tool.snapshot.get("read") and (
+        tool.action_class != ActionClass.READ_ONLY or names_target))
     if plain_only and reads_before:
         return None
     # A replay is answered before the target is read. The one-call proposal checks the key itself.
@@ -235,12 +257,16 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     before = None
     if reads_before:
         try:
-            before = execution.snapshot_fields(tool, execution.read_target(tool, target_id))
+            state = execution.read_target(tool, target_id)
         except ToolError as error:
             what = f"could not read {tool.target_type or 'the target'} {target_id} before acting: {error.message}"
             if error.transient:  # nothing was recorded: the same request, sent again, starts afresh
                 raise TargetUnreadable(f"{what}; nothing was done, send the same request again", retry_after=1) from None
             raise StateConflict(what) from None
+        if names_target and state is None:
+            raise TargetNotFound(f"{tool.target_type or 'target'} {target_id!r} was not found by {tool.name}'s own read; "
+                                 f"nothing was done", field="target")
+        before = execution.snapshot_fields(tool, state)
     content_key = content_key_of(tool=tool, target_id=target_id, args=clean)
     try:
         if fast and repeat_of is None:
@@ -264,15 +290,22 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
         if plain_only:
             return None
         # A concurrent request with the same key won the insert: answer as its duplicate.
-        existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, idempotency_key=key)
+        existing = Action.objects.select_related("tool").get(tenant_id=run.tenant_id, key_agent=run.agent_id or 0,
+                                                             idempotency_key=key)
         return replay(existing, run=run, tool=tool, args_hash=args_hash, repeat_of=repeat_of)
 
 
 def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of: int | None) -> Proposal | None:
     """The answer to a key already used (a replay, or a refusal), or None for a new key."""
-    # A narrow look-up: most keys are new, and only a replay needs the recorded action itself.
-    existing = sql.fetch_one("SELECT id FROM ledger_action WHERE tenant_id = %s AND idempotency_key = %s",
-                             [run.tenant_id, key])
+    # A narrow look-up: most keys are new, and only a replay needs the recorded action itself. Agents are separated
+    # like tenants: only the run's agent's keys are looked at, with those it used before keys were scoped by agent
+    # (`key_agent` 0, in its own runs); another agent's key is unknown here, and taking it takes nothing from it.
+    agent = run.agent_id or 0
+    existing = sql.fetch_one(
+        "SELECT a.id FROM ledger_action a WHERE a.tenant_id = %s AND a.idempotency_key = %s AND (a.key_agent = %s"
+        " OR (a.key_agent = 0 AND a.run_id IN (SELECT r.id FROM ledger_run r WHERE r.tenant_id = %s"
+        " AND coalesce(r.agent_id, 0) = %s))) ORDER BY a.key_agent DESC LIMIT 1",
+        [run.tenant_id, key, agent, run.tenant_id, agent])
     if existing is None:
         return None
     return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash,
@@ -309,7 +342,8 @@ def _new_action(*, run, tool, seq, defaults_version, args, args_text, args_hash,
         tenant_id=run.tenant_id, run=run, seq=seq, kind=ActionKind.FORWARD, tool=tool, saga_role=tool.saga_role,
         risk=tool.risk, args=args, args_text=args_text, args_hash=args_hash, content_key=content_key,
         repeat_of_id=repeat_of, target_type=tool.target_type, target_id=target_id,
-        idempotency_key=key, key_source=source, status=A.AWAITING_APPROVAL if required else A.RUNNING,
+        idempotency_key=key, key_agent=run.agent_id or 0, key_source=source,
+        status=A.AWAITING_APPROVAL if required else A.RUNNING,
         approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
         max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
         before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin),
@@ -389,6 +423,8 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
         required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
                                     threshold=threshold)
+        if required:
+            _check_open_approvals(run)
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
         action = sql.insert(_new_action(
@@ -407,6 +443,32 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
         else:
             execution.start_attempt(action, owner, log=audit)
     return Proposal(action=action, replayed=False, owner="" if client else owner)
+
+
+def _check_open_approvals(run: Run) -> None:
+    """One agent cannot flood the people: a run, and an agent across its runs, have at most
+    UNWIND_MAX_OPEN_APPROVALS_PER_RUN and _PER_AGENT forward steps waiting for approval. Counted under the tenant's
+    chain lock (`ledger_transaction`, which every writer of the tenant takes first), so no two proposals both pass."""
+    waiting = [A.AWAITING_APPROVAL, ActionKind.FORWARD]
+    in_run = sql.fetch_one("SELECT count(*) FROM ledger_action WHERE run_id = %s AND status = %s AND kind = %s",
+                           [run.pk, *waiting])[0]
+    limit = settings.UNWIND_MAX_OPEN_APPROVALS_PER_RUN
+    if in_run >= limit:
+        raise TooManyOpenApprovals(
+            f"run {run.pk} already has {in_run} steps waiting for approval (at most {limit} at once); nothing was "
+            f"recorded: wait for people to decide, then propose again", scope="run", limit=limit, retry_after=60)
+    if run.agent_id is None:
+        return
+    by_agent = sql.fetch_one(
+        "SELECT count(*) FROM ledger_action a JOIN ledger_run r ON r.id = a.run_id WHERE r.tenant_id = %s"
+        " AND r.agent_id = %s AND r.status = %s AND a.status = %s AND a.kind = %s",
+        [run.tenant_id, run.agent_id, R.AWAITING_APPROVAL, *waiting])[0]
+    limit = settings.UNWIND_MAX_OPEN_APPROVALS_PER_AGENT
+    if by_agent >= limit:
+        raise TooManyOpenApprovals(
+            f"this agent already has {by_agent} steps waiting for approval across its runs (at most {limit} at "
+            f"once); nothing was recorded: wait for people to decide, then propose again", scope="agent",
+            limit=limit, retry_after=60)
 
 
 def action_report(*, action: Action, ok: bool, result=None, error: str = "", actor: str,

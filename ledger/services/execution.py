@@ -1056,6 +1056,7 @@ def new_compensation(run: Run, forward: Action, forward_tool: str, tool: Tool, *
         args_hash=digest(args),
         target_type=forward.target_type, target_id=forward.target_id,
         idempotency_key=f"{forward.idempotency_key}:undo" + (f":{earlier + 1}" if earlier else ""),
+        key_agent=forward.key_agent,
         key_source="compensation",
         status=A.AWAITING_APPROVAL if required else A.RUNNING, approvals_required=required,
         defaults_version=defaults_version, attempts=0 if required else 1, max_attempts=tool.max_attempts,

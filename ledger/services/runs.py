@@ -46,7 +46,7 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         check_plan(plan, {t.name: t for t in Tool.objects.filter(tenant=tenant, name__in=plan, is_current=True)})
     if idempotency_key is not None:
         idempotency_key = check_key(idempotency_key)
-        existing = Run.objects.filter(tenant=tenant, open_key=idempotency_key).first()
+        existing = Run.objects.filter(tenant=tenant, agent=agent, open_key=idempotency_key).first()
         if existing is not None:
             return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
     run = Run(tenant=tenant, agent=agent, goal=str(goal)[:10000], on_behalf_of=str(on_behalf_of)[:200],
@@ -62,7 +62,7 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
     except IntegrityError:
         if not idempotency_key:
             raise
-        existing = Run.objects.get(tenant=tenant, open_key=idempotency_key)  # a concurrent retry won the insert
+        existing = Run.objects.get(tenant=tenant, agent=agent, open_key=idempotency_key)  # a concurrent retry won
         return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
     return run
 

@@ -20,6 +20,7 @@ from ledger import sql
 from ledger.audit import ledger_transaction
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Agent, AuditHead, DeployKey, Membership, Role, Tenant
+from ledger.services.tools import defaults_record_initial
 
 KEY_PREFIX = "uw_"
 DEPLOY_KEY_PREFIX = "uwd_"
@@ -40,6 +41,7 @@ def tenant_create(*, slug: str, name: str = "", actor: str = "system:admin") -> 
         AuditHead.objects.create(tenant=tenant)
         with ledger_transaction(tenant.pk) as audit:
             audit.record("tenant.created", actor=actor, slug=slug)
+            defaults_record_initial(tenant=tenant, actor=actor, audit=audit)
     return tenant
 
 
@@ -114,8 +116,16 @@ def membership_set(*, tenant: Tenant, user: AbstractBaseUser, role: str, actor: 
         raise ValidationFailed(f"role must be one of {', '.join(Role.values)}", field="role")
     with ledger_transaction(tenant.pk) as audit:
         membership, _ = Membership.objects.update_or_create(tenant=tenant, user=user, defaults={"role": role})
-        audit.record("membership.set", actor=actor, user=user.get_username(), role=role)
+        audit.record("membership.set", actor=actor, user=user.get_username(), role=role, rows=[membership])
     return membership
+
+
+def membership_remove(*, membership: Membership, actor: str) -> None:
+    """Take a person's role in a tenant away, in the tenant's audit chain."""
+    with ledger_transaction(membership.tenant_id) as audit:
+        Membership.objects.filter(pk=membership.pk).delete()
+        audit.record("membership.removed", actor=actor, user=membership.user.get_username(), role=membership.role,
+                     removed=[membership])
 
 
 def user_create(*, username: str, email: str, password: str, tenant: Tenant, role: str,

@@ -16,7 +16,7 @@ from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, 
 from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
 from ledger.selectors import policy_of_version
 
-DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds")
+DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive")
 
 
 def policy_digest(fields: dict) -> str:
@@ -171,6 +171,16 @@ def _write_defaults(*, tenant: Tenant, values: dict, actor: str, audit: AuditLog
     audit.record("tenant.defaults", actor=actor, version=version.version, policy=digest(merged),
                  changed=sorted(key for key in DEFAULT_FIELDS if merged[key] != now[key]), rows=[version], **merged,
                  **extra)
+    return version
+
+
+def defaults_record_initial(*, tenant: Tenant, actor: str, audit: AuditLog) -> TenantPolicyVersion:
+    """Version 0 of the tenant's defaults: those it was created with, stored and chained from its creation on, so an
+    edit of the tenant's row beside its versions (switching approvals off, say) is caught by `verify_audit`."""
+    values = Tenant.objects.values(*DEFAULT_FIELDS).get(pk=tenant.pk)
+    version = TenantPolicyVersion.objects.create(tenant=tenant, version=0, actor=actor[:160], **values)
+    audit.record("tenant.defaults", actor=actor, version=0, policy=digest(values), changed=[], rows=[version],
+                 **values)
     return version
 
 
