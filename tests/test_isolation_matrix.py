@@ -164,6 +164,10 @@ def sweep(world, clients: dict, *, shared: tuple[str, ...] = ()) -> tuple[int, l
                         allowed = {200}
                     if route == "mcp":  # agents only: a person's session or password is no key there (401);
                         allowed = allowed | {401, 406}  # the MCP SDK refuses a request not accepting its answers
+                    if route == "favicon.ico":  # public: the icon's static file, the same for everyone
+                        if response.status_code != 301:
+                            leaks.append(f"{persona} {method.upper()} {url}: {response.status_code}, not the icon")
+                        continue
                     if page and persona != "mallory (session)":  # pages take a session, nothing else
                         allowed = {302}
                         if not response.get("Location", "").startswith("/accounts/login/"):
