@@ -18,6 +18,7 @@ from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
 from ledger.audit import ledger_transaction, recording
+from ledger.display import money_in
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
 from ledger.services.actions import action_approve, action_reject
@@ -87,6 +88,12 @@ def approvers(tenant_id: int) -> list:
     return list(by_email.values())
 
 
+def what_it_is(action: Action) -> str:
+    """A subject's name for the step: the tool and, where its display hint names amounts, those amounts as money
+    ("payments.charge, €920.00"), so an inbox or the outbox list says what a request is about unopened."""
+    return ", ".join([action.tool.name, *money_in(action.args, action.tool.display)])
+
+
 def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict) -> Notification | None:
     """Write an outbox row in the current transaction; a worker sends it after commit."""
     if not recipients:
@@ -128,7 +135,7 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
                    "approve_url": link and link_service.placeholder(link, Decision.APPROVE),
                    "reject_url": link and link_service.placeholder(link, Decision.REJECT)}
         note = notify(tenant_id=action.tenant_id, kind=REQUESTED, recipients=[approver.email],
-                      subject=f"[Unwind] Approval needed: {action.tool.name} ({action.risk} risk)",
+                      subject=f"[Unwind] Approval needed: {what_it_is(action)} ({action.risk} risk)",
                       template="approvals/email/approval_requested", context=context)
         if link is not None:
             ApprovalLink.objects.filter(pk=link.pk).update(notification=note)
@@ -159,7 +166,7 @@ def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str
                "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
     Notification.objects.create(
         tenant_id=request.tenant_id, kind=DIGEST_ENTRY, recipients=[email], next_attempt_at=None,
-        subject=f"In the next digest: {action.tool.name} ({action.risk} risk), request {request.pk}"[:250],
+        subject=f"In the next digest: {what_it_is(action)} ({action.risk} risk), request {request.pk}"[:250],
         body_text=render_to_string("approvals/email/approval_digest_entry.txt", context),
         body_html=render_to_string("approvals/email/approval_digest_entry.html", context))
     open_digest = (Notification.objects.select_for_update(no_key=True)
@@ -332,7 +339,7 @@ def approvals_expire(*, now=None) -> int:
                 action_reject(action=action, reason=f"no decision within {request.tenant.approval_ttl_seconds}s: expired",
                               actor="system:sweeper", expired=True)
             notify(tenant_id=request.tenant_id, kind="approval_expired", recipients=approvers_emails(request.tenant_id),
-                   subject=f"[Unwind] Approval expired: {action.tool.name}", template="approvals/email/approval_expired",
+                   subject=f"[Unwind] Approval expired: {what_it_is(action)}", template="approvals/email/approval_expired",
                    context={"request": request, "action": action, "url": reverse("approvals:detail", args=[request.pk])})
             expired += 1
     return expired

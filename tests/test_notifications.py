@@ -105,7 +105,7 @@ def test_approval_requested_mail_arrives_with_text_html_and_a_working_link(tools
     assert sorted(e.rcpt_tos for e in smtp.handler.envelopes) == [
         ["ada@example.com"], ["alice@example.com"], ["ben@example.com"], ["oscar@example.com"]]
     message = next(m for m in smtp.messages if m["To"] == "alice@example.com")
-    assert message["Subject"] == "[Unwind] Approval needed: payments.charge (high risk)"
+    assert message["Subject"].strip() == "[Unwind] Approval needed: payments.charge, €482.00 (high risk)"  # folded: non-ASCII
     text, html = body_parts(message)
     link = detail_link(settings, approval)
     assert link in text and f'href="{link}"' in html
@@ -222,7 +222,7 @@ def test_an_expired_request_tells_the_approvers(tools, smtp, settings, django_ca
         assert approvals_expire(now=later) == 1
     assert notifications_send(now=later) == 1
     message = smtp.messages[-1]
-    assert message["Subject"] == "[Unwind] Approval expired: payments.charge"
+    assert message["Subject"].strip() == "[Unwind] Approval expired: payments.charge, €482.00"
     text, html = body_parts(message)
     assert "counts as a rejection" in text and "counts as a rejection" in html
     assert "Unwind undoes the run's earlier steps" in text

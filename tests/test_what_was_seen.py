@@ -242,6 +242,7 @@ def test_agent_markup_newlines_placeholders_and_bidi_are_inert_on_every_surface(
 def test_forty_requests_reach_each_approver_in_a_bounded_number_of_emails(live, smtp, settings):
     settings.UNWIND_APPROVAL_DIGEST_AFTER = 3
     settings.UNWIND_APPROVAL_DIGEST_WINDOW = 60
+    settings.UNWIND_MAX_OPEN_APPROVALS_PER_AGENT = settings.UNWIND_MAX_OPEN_APPROVALS_PER_RUN = 100  # the digest alone
     requests_made = [propose(live, {"customer": "cus_ana", "amount_cents": 100 + n, "currency": "EUR"},
                              on_behalf_of=EVIL_PERSON) for n in range(40)]
     # Within the window only the first three per approver leave; the digest waits for the window to close.
@@ -252,7 +253,7 @@ def test_forty_requests_reach_each_approver_in_a_bounded_number_of_emails(live, 
     assert len(smtp.messages) == 4 * len(APPROVERS)  # was 40 x 4 = 160
     for address in APPROVERS:
         mails = mails_to(smtp, address)
-        singles = [m for m in mails if m["Subject"].startswith("[Unwind] Approval needed")]
+        singles = [m for m in mails if m["Subject"].strip().startswith("[Unwind] Approval needed")]
         [digest] = [m for m in mails if "approval requests waiting for you" in m["Subject"]]
         assert len(singles) == 3 and digest["Subject"] == "[Unwind] 37 approval requests waiting for you"
         text, html = parts(digest)
