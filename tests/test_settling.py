@@ -171,3 +171,45 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
     assert run.status == "running" and RecoveryItem.objects.filter(run=run, status="open").count() == 0
     assert list(sent.action.attempt_set.values_list("resend_by", flat=True)) == ["", "user:oscar"]
     assert len(world_state(tenant=acme())["messages"]) == 1
+
+
+def test_a_step_whose_worker_keeps_being_lost_goes_to_a_person_after_the_bound(tools, settings,
+                                                                               django_capture_on_commit_callbacks):
+    """Each takeover's task is lost too (never run here): after UNWIND_MAX_RECLAIMS lost attempts of a call that
+    may have left, the sweep stops taking it over and a person is told, instead of a loop for good."""
+    from tests.test_g05_crash_safety import short_lease, wait_for_lease
+
+    settings.UNWIND_MAX_RECLAIMS = 2
+    settings.UNWIND_LEASE_SECONDS = 0.1
+    short_lease(tools, "hr.create_user")
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "l@x.io", "name": "L"},
+                              actor="agent:booker")
+    for reclaimed in (1, 0):
+        wait_for_lease(proposal.action)
+        with django_capture_on_commit_callbacks(execute=False):
+            assert sweep()["reclaimed"] == reclaimed
+    proposal.action.refresh_from_db()
+    run.refresh_from_db()
+    assert proposal.action.status == "lost" and "lost 2 times" in proposal.action.error_message
+    assert run.status == "needs_attention" and RecoveryItem.objects.get(run=run).reason == "lease_lost"
+
+
+def test_claims_never_sent_are_taken_over_without_a_bound_and_without_a_person(tools, settings,
+                                                                               django_capture_on_commit_callbacks):
+    """A key-ignoring tool's claims that never left (a broker that lost the task, a frozen worker) do not count
+    towards the bound: nothing was sent, so nothing is asked of a person."""
+    from tests.test_g05_crash_safety import short_lease, wait_for_lease
+
+    settings.UNWIND_MAX_RECLAIMS = 2
+    settings.UNWIND_LEASE_SECONDS = 0.1
+    short_lease(tools, "email.send")
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
+                              actor="agent:booker")
+    for _ in range(3):
+        wait_for_lease(proposal.action)
+        with django_capture_on_commit_callbacks(execute=False):
+            assert sweep()["reclaimed"] == 1
+    proposal.action.refresh_from_db()
+    assert proposal.action.status == "running" and not RecoveryItem.objects.filter(run=run).exists()
