@@ -150,6 +150,7 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
     from ledger.services.execution import mark_sent
     from recovery.forms import SEND_AGAIN, operations_for
     from recovery.services import recovery_resume
+    from tests.test_console_queue import client_for
     from tests.test_g05_crash_safety import sweep_until_settled, wait_for_lease
 
     spec = dict(in_process_policy()["tools"]["email.send"], timeout=0.2)
@@ -163,6 +164,10 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
     item = RecoveryItem.objects.get(run=run)
     assert operations_for(item)["resume"] == SEND_AGAIN
+    page = client_for(tools.oscar).get(f"/console/recovery/{item.pk}/").content.decode()
+    assert "The tool says it did not happen: send it again…" in page
+    confirm = client_for(tools.oscar).get(f"/console/recovery/{item.pk}/resume/").content.decode()
+    assert "your word that the tool did not act" in confirm and "if it did act, it acts twice" in confirm
     with django_capture_on_commit_callbacks(execute=True):
         recovery_resume(item=item, user=tools.oscar, reason="the outbox shows nothing")
     sent.action.refresh_from_db()
