@@ -68,7 +68,8 @@ class Scenarios:
                          self.stale_checkpoint_resumed, self.duplicate_task_delivery,
                          self.approval_expires_while_workers_are_down, self.tool_hang, self.late_answer,
                          self.tool_server_down, self.workers_frozen_past_their_leases, self.broker_lost,
-                         self.database_restart, self.database_stall):
+                         self.database_restart, self.database_stall, self.web_frozen_past_its_lease,
+                         self.failing_undo):
             started = time.monotonic()
             try:
                 ok, detail = scenario()
@@ -457,3 +458,58 @@ class Scenarios:
                 self.database.thaw()
 
         return self.emails_in_flight_through("database stall", stall)
+
+    def web_frozen_past_its_lease(self):
+        """The web processes are frozen (SIGSTOP) while their inline call of an email is at the relay, past the
+        step's lease: the sweep takes the step over, knows it was sent, reads it back and finds it. When the web
+        thaws, its own recording finds the step already settled. One email, no person."""
+        from chaos.processes import signal_all
+        import signal as signals
+
+        self.quick_email()
+        try:
+            run_id = self.open_run("web frozen past its lease")
+            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 1500, "times": 1})
+            text = json.dumps({"tool": "email.send", "args": {"to": "frozen-web@chaos.invalid", "subject": "Frozen web",
+                                                              "body": "b"}})
+            answer = {}
+            request = threading.Thread(target=lambda: answer.update(response=self.post_raw(run_id, text)))
+            request.start()
+            time.sleep(0.8)  # the inline call is at the relay
+            frozen = [self.web.child.process.pid, *self.web.worker_pids()]
+            signal_all(frozen, signals.SIGSTOP)
+            try:
+                time.sleep(6)  # past the inline lease (the tool's 2 s timeout + 1 s)
+            finally:
+                signal_all(frozen, signals.SIGCONT)
+            request.join(timeout=90)
+            ids = list(Action.objects.filter(run_id=run_id, kind="forward").values_list("pk", flat=True))
+            self.seen(run_id, *ids)
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 90)
+            ok = ok and len(ids) == 1
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.restore_email()
+
+    def failing_undo(self):
+        """The flight's undo refuses every time (400): the run is cancelled, the undo fails once for good (a refusal
+        is not retried), and a person is told which undo failed; the flight stands, booked once."""
+        from recovery.models import RecoveryItem
+
+        run_id = self.open_run("failing undo")
+        run = self.agent.get_run(run_id)
+        run.act("travel.book_flight", {"passenger": "Undo", "flight": "LH405", "date": "2027-04-06"})
+        flight_id = Action.objects.get(run_id=run_id, tool__name="travel.book_flight").pk
+        self.seen(run_id, flight_id)
+        fault(self.url, {"tool": "travel.cancel_flight", "mode": "status", "status": 400, "times": 1})
+        run.cancel("the customer changed their plans")
+        settled = wait_until(lambda: run_status(run_id) == "needs_attention", 60)
+        item = RecoveryItem.objects.filter(run_id=run_id, status="open").first()
+        flight = Action.objects.get(pk=flight_id)
+        undo_calls = sum(ToolCall.objects.filter(idempotency_key=undo.tool_key).count()
+                         for undo in Action.objects.filter(compensates=flight))
+        ok = settled and item is not None and item.reason == "compensation_failed" and "(step 1)" in item.detail \
+            and flight.status == "compensation_failed" and effects_of(flight.pk) == 1 and undo_calls == 1
+        return ok, (f"run {run_status(run_id)}; item {item.reason if item else 'none'}; flight {flight.status} with "
+                    f"{effects_of(flight.pk)} effect(s); undo calls {undo_calls}")
