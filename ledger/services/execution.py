@@ -125,8 +125,8 @@ class ReadBack:
 
 
 def shaped(action: Action, record) -> tuple[object, str]:
-    """`record` in the shape of the tool's answer (its `lookup.result`, resolved with `$result` the record), and ""
-    ; or the record as it is and why it could not be."""
+    """`record` in the shape of the tool's answer (its `lookup.result`, resolved with `$result` the record) and "";
+    or, when that cannot be resolved, the record as it is and why."""
     template = action.tool.lookup.get("result")
     if template is None:
         return record, ""
