@@ -461,25 +461,33 @@ class Scenarios:
 
     def web_frozen_past_its_lease(self):
         """The web processes are frozen (SIGSTOP) while their inline call of an email is at the relay, past the
-        step's lease: the sweep takes the step over, knows it was sent, reads it back and finds it. When the web
-        thaws, its own recording finds the step already settled. One email, no person."""
+        step's lease: the sweep takes the step over, knows it was sent, waits until the call cannot still arrive,
+        reads it back and finds it. When the web thaws, its own recording finds the step already settled, or settles
+        it first. One email, no person.
+
+        Here the relay is the sandbox inside the same web processes, so it is frozen too; the freeze ends 0.8 s
+        after the lease, well inside the 5 s (twice the tool's timeout, plus 1 s) Unwind waits before reading back.
+        A tool that acts later than that after receiving a call breaks the tool contract (docs/tools.md): frozen 6 s,
+        this scenario once sent the email twice."""
         from chaos.processes import signal_all
         import signal as signals
 
         self.quick_email()
         try:
             run_id = self.open_run("web frozen past its lease")
-            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 1500, "times": 1})
+            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 800, "times": 1})
             text = json.dumps({"tool": "email.send", "args": {"to": "frozen-web@chaos.invalid", "subject": "Frozen web",
                                                               "body": "b"}})
             answer = {}
             request = threading.Thread(target=lambda: answer.update(response=self.post_raw(run_id, text)))
             request.start()
-            time.sleep(0.8)  # the inline call is at the relay
+            leased = wait_until(lambda: Action.objects.filter(run_id=run_id, kind="forward").exists(), 10, 0.05)
+            time.sleep(0.3)  # the inline call is at the relay
             frozen = [self.web.child.process.pid, *self.web.worker_pids()]
             signal_all(frozen, signals.SIGSTOP)
             try:
-                time.sleep(6)  # past the inline lease (the tool's 2 s timeout + 1 s)
+                until = Action.objects.get(run_id=run_id, kind="forward").lease_expires_at if leased else timezone.now()
+                time.sleep(max(0.0, (until - timezone.now()).total_seconds()) + 0.8)  # past the inline lease
             finally:
                 signal_all(frozen, signals.SIGCONT)
             request.join(timeout=90)
