@@ -265,6 +265,11 @@ class PrivateRedis:
             self.process.wait(20)
         self.process = None
 
+    def remove(self) -> None:
+        """Stop it for good, and its directory with it."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 
 class PrivatePostgres:
     """A PostgreSQL cluster of the chaos run's own (Debian's binaries under /usr/lib/postgresql/*/bin, or on PATH),

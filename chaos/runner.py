@@ -252,7 +252,7 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
         pool.stop()
         web.stop()
         if private_redis is not None:
-            private_redis.stop()
+            private_redis.remove()
         elif broker == "redis":
             _forget_queue(redis_url, queue)
         if private_database is not None:
