@@ -38,11 +38,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="gunicorn worker processes [CHAOS_WEB_PROCESSES, 3]")
     parser.add_argument("--brokers", default=env("CHAOS_BROKERS", "orm,redis"),
                         help="comma-separated: orm, redis [CHAOS_BROKERS, orm,redis]")
-    parser.add_argument("--database-url", default=env("CHAOS_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/unwind_chaos"),
-                        help="the database; each broker gets its own, suffixed _orm or _redis, dropped and created "
-                             "[CHAOS_DATABASE_URL, postgres://postgres@127.0.0.1:5432/unwind_chaos]")
-    parser.add_argument("--redis-url", default=env("CHAOS_REDIS_URL", "redis://127.0.0.1:6379/0"),
-                        help="Redis for the redis phase [CHAOS_REDIS_URL, redis://127.0.0.1:6379/0]")
+    parser.add_argument("--database-url", default=env("CHAOS_DATABASE_URL", "private"),
+                        help="the database; each broker gets its own, suffixed _orm or _redis, dropped and created. "
+                             "'private' starts a PostgreSQL server of each phase's own (initdb, pg_ctl) on a free port, "
+                             "which the database_restart and database_stall scenarios restart and freeze; on a "
+                             "shared server they are not run [CHAOS_DATABASE_URL, private]")
+    parser.add_argument("--redis-url", default=env("CHAOS_REDIS_URL", "private"),
+                        help="Redis for the redis phase; 'private' starts a redis-server of the run's own on a free "
+                             "port, which the broker_lost scenario stops and starts [CHAOS_REDIS_URL, private]")
     parser.add_argument("--seed", type=int, default=int(env("CHAOS_SEED", "0")) or random.randrange(1, 10**6),
                         help="random seed [CHAOS_SEED, random]")
     parser.add_argument("--drain-timeout", type=float, default=float(env("CHAOS_DRAIN_TIMEOUT", "180")),
@@ -58,6 +61,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def phase_database(url: str, broker: str) -> str:
+    if url == "private":
+        return url  # each phase starts its own server
     if url.startswith("sqlite:"):
         stem, dot, suffix = url.rpartition(".")
         return f"{stem}_{broker}.{suffix}" if dot else f"{url}_{broker}"

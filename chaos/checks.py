@@ -241,6 +241,23 @@ class Checker:
             lost.append(f"an effect was made with key {key}, which no ledger entry has")
         return lost
 
+    def never_sent_items(self) -> list[str]:
+        """Recovery items (open or resolved) opened for a step whose calls never left Unwind: a key-ignoring tool's
+        step none of whose attempts was marked sent, or any step whose every finished attempt failed to connect
+        (`not_sent`). The tool never got the call, so the step should have been sent again, not handed to a person."""
+        items = []
+        for item in RecoveryItem.objects.filter(tenant_id__in=self.tenant_ids, action__isnull=False) \
+                .select_related("action__tool"):
+            attempts = list(Attempt.objects.filter(action=item.action))
+            if not attempts or item.action.kind != ActionKind.FORWARD or item.action.tool.executor == "client":
+                continue
+            unsent = all(a.sent_at is None for a in attempts) if not item.action.tool.honours_idempotency_key \
+                else all(a.error_class == "not_sent" for a in attempts if a.finished_at is not None)
+            if unsent and any(a.finished_at is not None for a in attempts):
+                items.append(f"item {item.pk} ({item.reason}) for {item.action.tool.name} (step {item.action.seq}, "
+                             f"action {item.action_id}), which was never sent")
+        return items
+
     def report(self) -> dict:
         runs = list(Run.objects.filter(tenant_id__in=self.tenant_ids).select_related("tenant").order_by("pk"))
         verdicts = [self.verdict(run) for run in runs]
@@ -264,6 +281,8 @@ class Checker:
             "outcomes": dict(sorted(Counter(v.status for v in verdicts).items())),
             "attention_reasons": dict(sorted(Counter(v.reason for v in verdicts if v.status == R.NEEDS_ATTENTION).items())),
             "duplicate_effects": duplicates,
+            "never_sent_items": len(never_sent := self.never_sent_items()),
+            "never_sent": never_sent[:50],
             "lost_entries": len(lost),
             "lost": lost[:50],
             "audit_ok": all(a["ok"] for a in audits.values()),

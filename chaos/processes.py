@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -208,6 +210,17 @@ class WorkerPool:
                 restarted += 1
         return restarted
 
+    def freeze_all(self) -> None:
+        """SIGSTOP every worker tree: frozen, not dead (a stalled machine, a stop-the-world pause)."""
+        for child in self.children:
+            if child.alive:
+                signal_all([child.process.pid, *descendants(child.process.pid)], signal.SIGSTOP)
+
+    def thaw_all(self) -> None:
+        for child in self.children:
+            if child.alive:
+                signal_all([child.process.pid, *descendants(child.process.pid)], signal.SIGCONT)
+
     def restart_all(self, *, failpoints: str = "") -> None:
         self.stop()
         self.start(failpoints=failpoints)
@@ -218,3 +231,101 @@ class WorkerPool:
 
     def stop(self) -> None:
         stop_together(self.children)
+
+
+class PrivateRedis:
+    """A Redis of the chaos run's own (`redis-server` on a free port, in a temporary directory, nothing saved): the
+    broker of the Redis phase, which a scenario may stop and start again without touching anyone else's."""
+
+    def __init__(self, *, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.dir = tempfile.mkdtemp(prefix="unwind-chaos-redis-")
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 20.0) -> None:
+        import redis
+
+        self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                         "--appendonly", "no", "--dir", self.dir], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, start_new_session=True)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(20)
+        self.process = None
+
+    def remove(self) -> None:
+        """Stop it for good, and its directory with it."""
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of the chaos run's own (Debian's binaries under /usr/lib/postgresql/*/bin, or on PATH),
+    in a temporary directory on a free port: the phase's database, which the database scenarios restart and stall
+    without touching anyone else's. As root, its commands run as the `postgres` user (initdb refuses root)."""
+
+    def __init__(self):
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        pg_ctl = str(found[-1]) if found else shutil.which("pg_ctl")
+        if pg_ctl is None:
+            raise RuntimeError("no PostgreSQL server binaries (pg_ctl, initdb) found for the chaos run's database")
+        self.bin = Path(pg_ctl).parent
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="unwind-chaos-pg-"))
+        self.data = self.dir / "data"
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(self.dir, "postgres", "postgres")
+
+    def url(self, name: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{name}"
+
+    def _run(self, *argv: str) -> None:
+        subprocess.run([*self.as_user, *argv], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=120)
+
+    def start(self) -> None:
+        if not self.data.exists():
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                      "--no-sync")
+        options = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=200 "
+                   f"-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"), "-w",
+                  "-o", options, "start")
+
+    def restart(self) -> None:
+        """A fast restart: every connection is cut, the server comes back on the same port."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "restart")
+
+    def pids(self) -> list[int]:
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *descendants(postmaster)]
+
+    def freeze(self) -> None:
+        """SIGSTOP the server and every backend: the database stalls (answers nothing) without dropping anyone."""
+        signal_all(self.pids(), signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        signal_all(self.pids(), signal.SIGCONT)
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                self.thaw()
+            except (OSError, ValueError):
+                pass
+            subprocess.run([*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w",
+                            "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        shutil.rmtree(self.dir, ignore_errors=True)

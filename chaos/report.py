@@ -29,6 +29,8 @@ def _rows(phase: dict, phases: list[dict]) -> list[tuple[str, str]]:
         ("integrity (world matches outcome)", f"{phase['integrity_pct']:.2f}% ({phase['runs_ok']}/{phase['runs']})"),
         ("duplicate effects", str(phase["duplicate_effects"])),
         ("lost entries", str(phase["lost_entries"])),
+        ("items for never-sent steps", str(phase.get("never_sent_items", "-"))),
+        ("runs left running after the drain", str(phase.get("left_running", "-"))),
         ("wrong answers to agents", str(len(phase.get("wrong_answers", [])))),
         ("audit verification", f"{'ok' if phase['audit_ok'] else 'BROKEN'} ({events} events)"),
         ("scenarios passed", f"{sum(1 for s in scenarios if s['ok'])}/{len(scenarios)}"),
@@ -68,6 +70,8 @@ def table(phases: list[dict]) -> str:
             failures.append(f"[{phase['broker']}] … and {len(phase['violations']) - 15} more runs (see results.json)")
         for wrong in phase.get("wrong_answers", [])[:10]:
             failures.append(f"[{phase['broker']}] run {wrong['run']} answered: {wrong['answer']}")
+        for item in phase.get("never_sent", [])[:10]:
+            failures.append(f"[{phase['broker']}] {item}")
         for lost in phase.get("lost", [])[:10]:
             failures.append(f"[{phase['broker']}] lost: {lost}")
         for tenant, audit in phase.get("audit", {}).items():

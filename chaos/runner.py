@@ -118,7 +118,21 @@ class Approver:
 def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: float, agents: int, workers: int,
               web_processes: int, seed: int, drain_timeout: float, log_dir: Path) -> dict:
     queue = f"unwind-chaos-{broker}-{os.getpid()}"
+    private_database = None
+    if database_url.startswith("private"):
+        from chaos.processes import PrivatePostgres
+
+        private_database = PrivatePostgres()  # the phase's own server, which the database scenarios restart and stall
+        private_database.start()
+        database_url = private_database.url(f"unwind_chaos_{broker}")
     recreate_database(database_url)
+    private_redis = None
+    if broker == "redis" and redis_url == "private":
+        from chaos.processes import PrivateRedis
+
+        private_redis = PrivateRedis()  # the phase's own broker, which the broker_lost scenario stops and starts
+        private_redis.start()
+        redis_url = private_redis.url
     configure(database_url=database_url, broker=broker, redis_url=redis_url, queue=queue)
 
     from django.core.management import call_command
@@ -139,6 +153,7 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
     from django.conf import settings
 
     settings.UNWIND_TOOL_BASE_URL = base_url
+    settings.UNWIND_LEASE_SECONDS = 10.0  # as the web and workers have it: the scenarios claim steps here too
     env = dict(os.environ, DATABASE_URL=database_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_BASE_URL=base_url,
                UNWIND_SANDBOX="1", UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.5", UNWIND_WORKERS="2",
                UNWIND_LEASE_SECONDS="10",
@@ -151,13 +166,14 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
     web = WebServer(env=env, log=log_dir / "web.log", workers=web_processes, port=port)
     pool = WorkerPool(count=workers, env=env, log_dir=log_dir)
     recorder = Recorder()
-    result: dict = {"broker": broker, "database": connection.vendor, "workers": workers, "web_processes": web_processes,
+    result: dict = {"broker": broker, "database": connection.vendor + (" (private)" if private_database else ""), "workers": workers, "web_processes": web_processes,
                     "agents": agents, "load_seconds": load_seconds}
     try:
         web.start()
         pool.start()
         say(f"[{broker}] web {base_url} ({web_processes} processes), {workers} workers; scripted scenarios")
-        result["scenarios"] = Scenarios(web=web, workers=pool, cast=cast, recorder=recorder).all()
+        result["scenarios"] = Scenarios(web=web, workers=pool, cast=cast, recorder=recorder,
+                                        broker=private_redis, database=private_database).all()
         for scenario in result["scenarios"]:
             say(f"[{broker}]   {'ok  ' if scenario['ok'] else 'FAIL'} {scenario['name']}: {scenario['detail']}")
 
@@ -212,6 +228,7 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
             "open_answer_lost (agent looked its run up)": recorder.counters["open_answer_lost"],
         }
         result.update(verdict)
+        result["left_running"] = left_running(cast.tenant_ids)
         result["faults"] = {**{f"tool: {k}": v for k, v in verdict["tool_faults"].items()},
                             **{k: v for k, v in process_faults.items() if v}}
         result["faults_injected"] = sum(result["faults"].values())
@@ -234,14 +251,30 @@ def run_phase(*, broker: str, database_url: str, redis_url: str, load_seconds: f
     finally:
         pool.stop()
         web.stop()
-        if broker == "redis":
+        if private_redis is not None:
+            private_redis.remove()
+        elif broker == "redis":
             _forget_queue(redis_url, queue)
+        if private_database is not None:
+            from django.db import connections
+
+            connections.close_all()
+            private_database.stop()
 
 
 def passed(result: dict) -> bool:
     return (result["integrity_pct"] == 100.0 and result["duplicate_effects"] == 0 and result["lost_entries"] == 0
+            and result["never_sent_items"] == 0 and result["left_running"] == 0
             and result["audit_ok"] and result["drained"] and not result["wrong_answers"]
             and all(s["ok"] for s in result["scenarios"]))
+
+
+def left_running(tenant_ids: list[int]) -> int:
+    """Runs still running or unwinding once the drain is over (the agents stopped, the faults cleared)."""
+    from ledger.models import Run
+    from ledger.models import RunStatus as R
+
+    return Run.objects.filter(tenant_id__in=tenant_ids, status__in=[R.RUNNING, R.UNWINDING]).count()
 
 
 def _forget_queue(redis_url: str, queue: str) -> None:

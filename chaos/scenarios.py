@@ -11,12 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import requests
 from django.db import close_old_connections
+from django.utils import timezone
 from django_q.tasks import async_task, fetch
 
 from chaos.agents import Recorder
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast, sandbox_control
-from ledger.models import Action, Run
+from ledger.models import Action, Attempt, Run
 from ledger.services.actions import action_propose
 from sandbox.models import Message, ToolCall
 from unwind_client import Unwind
@@ -50,7 +51,10 @@ def fault(base_url: str, rule: dict) -> None:
 
 
 class Scenarios:
-    def __init__(self, *, web: WebServer, workers: WorkerPool, cast: Cast, recorder: Recorder):
+    def __init__(self, *, web: WebServer, workers: WorkerPool, cast: Cast, recorder: Recorder, broker=None,
+                 database=None):
+        self.broker = broker  # the phase's own Redis (`processes.PrivateRedis`), when Redis is the broker
+        self.database = database  # the phase's own PostgreSQL (`processes.PrivatePostgres`), when it has one
         self.web = web
         self.url = web.url
         self.workers = workers
@@ -62,7 +66,10 @@ class Scenarios:
         results = []
         for scenario in (self.concurrent_duplicates_with_one_key, self.reordered_json_resend, self.cancel_mid_flow,
                          self.stale_checkpoint_resumed, self.duplicate_task_delivery,
-                         self.approval_expires_while_workers_are_down):
+                         self.approval_expires_while_workers_are_down, self.tool_hang, self.late_answer,
+                         self.tool_server_down, self.workers_frozen_past_their_leases, self.broker_lost,
+                         self.database_restart, self.database_stall, self.web_frozen_past_its_lease,
+                         self.failing_undo):
             started = time.monotonic()
             try:
                 ok, detail = scenario()
@@ -265,3 +272,252 @@ class Scenarios:
             and effects_of(charge.pk) == 0
         return ok, (f"late approval {late.status_code}; while down the run was {waiting}; then {run_status(run_id)}; "
                     f"charge {charge.status} with {effects_of(charge.pk)} effect(s)")
+
+    # --- issue 32: faults where a step is sent or not, and must be known to be -----------------------
+
+    def quick_email(self):
+        """email.send (which ignores keys) with a 2 s timeout, for the scenarios below; restored by `restore`."""
+        from ledger.models import Tool
+        from ledger.services.tools import tool_upsert
+        from chaos.world import policy
+
+        spec = dict(policy(threshold="critical", ttl_seconds=3600)["tools"]["email.send"], timeout=2)
+        tool_upsert(tenant=self.cast.tenant, name="email.send", spec=spec, actor="system:chaos")
+        return Tool.objects.get(tenant=self.cast.tenant, name="email.send", is_current=True)
+
+    def restore_email(self):
+        from ledger.services.tools import tool_upsert
+        from chaos.world import policy
+
+        tool_upsert(tenant=self.cast.tenant, name="email.send", actor="system:chaos",
+                    spec=policy(threshold="critical", ttl_seconds=3600)["tools"]["email.send"])
+
+    def queued_emails(self, run_id: int, n: int, subject: str) -> list[int]:
+        """`n` emails claimed for the workers, as an approval or the sweep queues them (the web is not needed)."""
+        run = Run.objects.get(pk=run_id)
+        ids = []
+        for i in range(n):
+            proposal = action_propose(run=run, tool_name="email.send", queued=True, actor="agent:chaos-agent",
+                                      args={"to": f"q{i}@chaos.invalid", "subject": f"{subject} {i}", "body": "b"})
+            async_task("ledger.tasks.execute_action", proposal.action.pk, proposal.owner, group="execute_action")
+            ids.append(proposal.action.pk)
+        self.seen(run_id, *ids)
+        return ids
+
+    def items_of(self, run_id: int) -> list[str]:
+        from recovery.models import RecoveryItem
+
+        return list(RecoveryItem.objects.filter(run_id=run_id).values_list("reason", flat=True))
+
+    def one_each_and_nobody_asked(self, run_id: int, ids: list[int], timeout: float) -> tuple[bool, str]:
+        landed = wait_until(lambda: all(Action.objects.get(pk=i).status == "succeeded" for i in ids), timeout)
+        effects = [effects_of(i) for i in ids]
+        items = self.items_of(run_id)
+        statuses = sorted(Action.objects.filter(pk__in=ids).values_list("status", flat=True))
+        return landed and effects == [1] * len(ids) and not items, \
+            f"steps {statuses}; effects {effects}; recovery items {items or 'none'}"
+
+    def tool_hang(self):
+        """The relay holds a call past the tool's timeout and applies nothing: the step is read back once the call
+        cannot still arrive, found not done, and sent again under a new attempt: one email, no person."""
+        self.quick_email()
+        try:
+            run_id = self.open_run("tool hang")
+            fault(self.url, {"tool": "email.send", "mode": "timeout", "seconds": 3, "times": 1})
+            ids = self.queued_emails(run_id, 1, "Hung")
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 60)
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.restore_email()
+
+    def late_answer(self):
+        """The relay sends the email, but answers after the tool's timeout: the step is read back once the call is
+        over, found, and recorded with the message as its result: one email, no person."""
+        self.quick_email()
+        try:
+            run_id = self.open_run("late answer")
+            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 3000, "times": 1})
+            ids = self.queued_emails(run_id, 1, "Late")
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 60)
+            result = Action.objects.get(pk=ids[0]).result or {}
+            ok = ok and "message_id" in result
+            self.agent.get_run(run_id).complete()
+            return ok, f"{detail}; result {'is the message' if 'message_id' in result else result}"
+        finally:
+            self.restore_email()
+
+    def tool_server_down(self):
+        """The tool server (here the web process, which serves the sandbox) is down for 6 s while the workers call
+        it: every attempt is refused, known not sent, retried, and the step fails as not carried out; the run
+        unwinds. Nobody is asked, nothing is sent."""
+        run_id = self.open_run("tool server down")
+        self.web.stop()
+        try:
+            ids = self.queued_emails(run_id, 2, "Refused")
+            time.sleep(6)
+        finally:
+            self.web.start()
+        settled = wait_until(lambda: run_status(run_id) in ("compensated", "needs_attention"), 90)
+        classes = sorted(set(Attempt.objects.filter(action_id__in=ids).values_list("error_class", flat=True)))
+        statuses = sorted(Action.objects.filter(pk__in=ids).values_list("status", flat=True))
+        effects = [effects_of(i) for i in ids]
+        items = self.items_of(run_id)
+        # Every call was refused (not_sent); a step retried after the first one failed and the run stopped is not
+        # tried again ("permanent": not tried again, the run stopped). Nothing is "may have acted" (transient).
+        ok = settled and run_status(run_id) == "compensated" and statuses == ["failed", "failed"] \
+            and effects == [0, 0] and not items and "not_sent" in classes and set(classes) <= {"not_sent", "permanent"}
+        return ok, (f"run {run_status(run_id)}; steps {statuses}; error classes {classes}; effects {effects}; "
+                    f"recovery items {items or 'none'}")
+
+    def workers_frozen_past_their_leases(self):
+        """Every worker is frozen (SIGSTOP) with emails queued for it, past their leases, then thawed: the sweep
+        finds the claims never sent and sends them; a thawed worker that held one may not send it any more. One
+        email each, no person."""
+        self.quick_email()
+        try:
+            run_id = self.open_run("workers frozen past their leases")
+            self.workers.freeze_all()
+            try:
+                ids = self.queued_emails(run_id, 3, "Frozen")
+                until = max(Action.objects.filter(pk__in=ids).values_list("lease_expires_at", flat=True))
+                time.sleep(max(0.0, (until - timezone.now()).total_seconds()) + 2)
+            finally:
+                self.workers.thaw_all()
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 90)
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.restore_email()
+
+    def broker_lost(self):
+        """Redis, the broker, is stopped for 5 s while steps are claimed and queued, then started again empty: the
+        tasks were never delivered, so the sweep finds the claims never sent and sends them. One email each, no
+        person. (The ORM broker is the database: nothing to lose apart from it.)"""
+        if self.broker is None:
+            return True, "not run: the ORM broker lives in the database"
+        self.quick_email()
+        try:
+            run_id = self.open_run("broker lost")
+            self.broker.stop()
+            try:
+                ids = []
+                for i in range(3):
+                    try:
+                        ids += self.queued_emails(run_id, 1, f"Brokerless {i}")
+                    except Exception:  # noqa: BLE001 - the enqueue fails with the broker gone; the claim is committed
+                        ids.append(Action.objects.filter(run_id=run_id).order_by("-seq").values_list("pk", flat=True)[0])
+                self.seen(run_id, *ids)
+                time.sleep(5)
+            finally:
+                self.broker.start()
+                self.workers.restart_dead()  # a cluster that lost its broker may have exited
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 90)
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.restore_email()
+
+    def emails_in_flight_through(self, name: str, fault_of_the_database) -> tuple[bool, str]:
+        """Three emails in flight at a slow relay (1.5 s) when `fault_of_the_database()` strikes: their outcomes
+        are recorded once the database is back (read back where the recording was lost). One email each, no
+        person, nothing left running."""
+        from django.db import connections
+
+        if self.database is None:
+            return True, "not run: the phase's database is a shared server (CHAOS_DATABASE_URL=private runs it)"
+        self.quick_email()
+        try:
+            run_id = self.open_run(name)
+            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 1500, "times": 3})
+            ids = self.queued_emails(run_id, 3, name)
+            time.sleep(0.7)  # the workers have them at the relay
+            connections.close_all()
+            fault_of_the_database()
+            connections.close_all()
+            self.workers.restart_dead()  # a cluster that lost its database may have exited
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 120)
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.workers.restart_dead()
+            self.restore_email()
+
+    def database_restart(self):
+        """PostgreSQL restarted (fast: every connection cut) while emails are at the relay."""
+        return self.emails_in_flight_through("database restart", lambda: self.database.restart())
+
+    def database_stall(self):
+        """PostgreSQL frozen (SIGSTOP of the server and its backends) for 12 s, past the queued leases' start,
+        while emails are at the relay; then it answers again."""
+        def stall():
+            self.database.freeze()
+            try:
+                time.sleep(12)
+            finally:
+                self.database.thaw()
+
+        return self.emails_in_flight_through("database stall", stall)
+
+    def web_frozen_past_its_lease(self):
+        """The web processes are frozen (SIGSTOP) while their inline call of an email is at the relay, past the
+        step's lease: the sweep takes the step over, knows it was sent, waits until the call cannot still arrive,
+        reads it back and finds it. When the web thaws, its own recording finds the step already settled, or settles
+        it first. One email, no person.
+
+        Here the relay is the sandbox inside the same web processes, so it is frozen too; the freeze ends 0.8 s
+        after the lease, well inside the 5 s (twice the tool's timeout, plus 1 s) Unwind waits before reading back.
+        A tool that acts later than that after receiving a call breaks the tool contract (docs/tools.md): frozen 6 s,
+        this scenario once sent the email twice."""
+        from chaos.processes import signal_all
+        import signal as signals
+
+        self.quick_email()
+        try:
+            run_id = self.open_run("web frozen past its lease")
+            fault(self.url, {"tool": "email.send", "mode": "latency", "ms": 800, "times": 1})
+            text = json.dumps({"tool": "email.send", "args": {"to": "frozen-web@chaos.invalid", "subject": "Frozen web",
+                                                              "body": "b"}})
+            answer = {}
+            request = threading.Thread(target=lambda: answer.update(response=self.post_raw(run_id, text)))
+            request.start()
+            leased = wait_until(lambda: Action.objects.filter(run_id=run_id, kind="forward").exists(), 10, 0.05)
+            time.sleep(0.3)  # the inline call is at the relay
+            frozen = [self.web.child.process.pid, *self.web.worker_pids()]
+            signal_all(frozen, signals.SIGSTOP)
+            try:
+                until = Action.objects.get(run_id=run_id, kind="forward").lease_expires_at if leased else timezone.now()
+                time.sleep(max(0.0, (until - timezone.now()).total_seconds()) + 0.8)  # past the inline lease
+            finally:
+                signal_all(frozen, signals.SIGCONT)
+            request.join(timeout=90)
+            ids = list(Action.objects.filter(run_id=run_id, kind="forward").values_list("pk", flat=True))
+            self.seen(run_id, *ids)
+            ok, detail = self.one_each_and_nobody_asked(run_id, ids, 90)
+            ok = ok and len(ids) == 1
+            self.agent.get_run(run_id).complete()
+            return ok, detail
+        finally:
+            self.restore_email()
+
+    def failing_undo(self):
+        """The flight's undo refuses every time (400): the run is cancelled, the undo fails once for good (a refusal
+        is not retried), and a person is told which undo failed; the flight stands, booked once."""
+        from recovery.models import RecoveryItem
+
+        run_id = self.open_run("failing undo")
+        run = self.agent.get_run(run_id)
+        run.act("travel.book_flight", {"passenger": "Undo", "flight": "LH405", "date": "2027-04-06"})
+        flight_id = Action.objects.get(run_id=run_id, tool__name="travel.book_flight").pk
+        self.seen(run_id, flight_id)
+        fault(self.url, {"tool": "travel.cancel_flight", "mode": "status", "status": 400, "times": 1})
+        run.cancel("the customer changed their plans")
+        settled = wait_until(lambda: run_status(run_id) == "needs_attention", 60)
+        item = RecoveryItem.objects.filter(run_id=run_id, status="open").first()
+        flight = Action.objects.get(pk=flight_id)
+        undo_calls = sum(ToolCall.objects.filter(idempotency_key=undo.tool_key).count()
+                         for undo in Action.objects.filter(compensates=flight))
+        ok = settled and item is not None and item.reason == "compensation_failed" and "(step 1)" in item.detail \
+            and flight.status == "compensation_failed" and effects_of(flight.pk) == 1 and undo_calls == 1
+        return ok, (f"run {run_status(run_id)}; item {item.reason if item else 'none'}; flight {flight.status} with "
+                    f"{effects_of(flight.pk)} effect(s); undo calls {undo_calls}")

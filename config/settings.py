@@ -244,6 +244,9 @@ if not 0 < UNWIND_INLINE_TENANT_SHARE <= 1:
     raise ImproperlyConfigured(f"UNWIND_INLINE_TENANT_SHARE must be a fraction above 0 and at most 1 (0.5 is half "
                                f"the inline pool), not {UNWIND_INLINE_TENANT_SHARE}.")
 UNWIND_LEASE_SECONDS = env_float("UNWIND_LEASE_SECONDS", 30.0, minimum=1)
+# How many times the sweep takes over a step whose worker was lost (each time with no outcome recorded) before
+# it hands the step to a person instead: a step whose settling keeps killing its worker never loops for good.
+UNWIND_MAX_RECLAIMS = env_int("UNWIND_MAX_RECLAIMS", 10, minimum=1)
 # On PostgreSQL, a step's proposal and its success are each one call of a database function (ledger/fastpath.py);
 # off, they take the Python path every database takes. Only for comparing the two (bench/, tests).
 UNWIND_FAST_PATH = env_bool("UNWIND_FAST_PATH", True)

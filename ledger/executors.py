@@ -52,6 +52,9 @@ class ToolError(Exception):
             return f"http_{self.status}"
         if self.refused:
             return "refused"
+        if self.transient and self.not_sent:
+            # A refused connection, a connect timeout: retried like a timeout, but known not to have acted.
+            return "not_sent"
         return "transient" if self.transient else "permanent"
 
 
@@ -88,6 +91,7 @@ def refusal_status(status: int) -> bool:
 class ToolOutcome:
     result: Any
     status: int | None = None
+    read_back: Any = None  # an `execution.ReadBack` when the result was read back, not answered
 
 
 def resolve_url(url: str, **fields: str) -> str:

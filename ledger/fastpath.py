@@ -70,7 +70,7 @@ from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as 
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0015_agent_keys_defaults_roles"  # the one that installed the current functions
+FUNCTIONS_MIGRATION = "ledger.migrations.0016_attempt_sent_and_lease_at_commit"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 

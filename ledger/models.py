@@ -454,6 +454,10 @@ class Attempt(models.Model):
     error_class = models.CharField(max_length=40, blank=True)
     error_message = models.TextField(blank=True)
     latency_ms = models.FloatField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True, help_text=(
+        "When the request left Unwind (tools that ignore idempotency keys); empty: never sent."))
+    resend_by = models.CharField(max_length=160, blank=True, default="", db_default="", help_text=(
+        "Who decided, after an unknown outcome, that the tool did not act and the step is sent again."))
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["action", "number"], name="attempt_number_unique")]

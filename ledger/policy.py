@@ -457,6 +457,28 @@ def _tool_section(section: Any, where: str) -> dict[str, dict]:
     return with_inline_twins(tools, lambda name: f"{where}.{name}")
 
 
+def keys_left_implicit(document: Any) -> list[str]:
+    """Warnings for the tools of a (valid) policy document that can change the world and do not say whether they
+    honour Unwind's idempotency key: the default is taken (true, but false for MCP tools), and a tool that in fact
+    ignores keys acts twice when a lost step, or an undo, is sent again with the same key."""
+    document = _dict(document, "policy")
+    section = _dict(document.get("agentSafety", {}), "agentSafety").get("policies", {}) \
+        if "agentSafety" in document else document.get("tools", {})
+    entries = [function_tool(entry, where="tools") for entry in section] if isinstance(section, list) \
+        else [_unwind_form(name, spec, f"tools.{name}") for name, spec in _dict(section, "tools").items()]
+    warnings = []
+    for name, spec in entries:
+        fields = parse_tool(name, spec, where=f"tools.{name}")
+        stated = isinstance(spec.get("idempotency"), dict) and "honours_key" in spec["idempotency"]
+        if stated or fields["action_class"] == ActionClass.READ_ONLY or fields["executor"] == Executor.CLIENT:
+            continue
+        taken = "true" if fields["honours_idempotency_key"] else "false"
+        warnings.append(f"{name} can change the world and does not say whether it honours Unwind's idempotency key "
+                        f"(idempotency.honours_key); taken as {taken}. If it ignores the Idempotency-Key header, a "
+                        f"step or an undo sent again after a lost answer acts twice: say false (and give it a lookup).")
+    return warnings
+
+
 def _unwind_form(name: str, spec: Any, where: str) -> tuple[str, Any]:
     if is_function_definition(spec):
         return function_tool(spec, where=where, name=name)

@@ -9,6 +9,16 @@ from recovery.models import ItemStatus, Reason
 from recovery.selectors import AGE_BUCKETS, QUEUE_SORTS, Access
 
 OPERATIONS = {"resume": "Resume", "compensate": "Compensate", "close": "Close"}
+# Items about a step whose outcome is unknown: resuming it is the person's word that the tool did not act.
+UNKNOWN_OUTCOME = ("lease_lost", "outcome_unknown", "settle_failed")
+SEND_AGAIN = "The tool says it did not happen: send it again"
+
+
+def operations_for(item) -> dict:
+    """The choices on `item`, in words that say what each does to it."""
+    if item.reason in UNKNOWN_OUTCOME and item.action is not None and item.action.status == "lost":
+        return {**OPERATIONS, "resume": SEND_AGAIN}
+    return OPERATIONS
 BULK_OPERATIONS = ("compensate", "close")
 BULK_LIMIT = 100
 CLOSE_NEEDS_REASON = "Say why this can be closed; the reason goes into the audit chain."

@@ -15,6 +15,8 @@ class Reason(models.TextChoices):
     CANCELLED_AFTER_PIVOT = "cancelled_after_pivot", "cancelled after the pivot"
     IRREVERSIBLE_EFFECTS = "irreversible_effects", "effects that cannot be undone"
     IDLE_AFTER_PIVOT = "idle_after_pivot", "agent went away after the pivot"
+    SETTLE_FAILED = "settle_failed", "recording the outcome failed"
+    READ_BACK_INCOMPLETE = "read_back_incomplete", "found done, but its record is incomplete"
 
 
 class ItemStatus(models.TextChoices):

@@ -18,8 +18,14 @@ SUGGESTIONS = {
     "drift": "Someone changed the target after the agent did. Compensate to overwrite it with the before-state anyway, or close it to keep their change.",
     "approval_rejected": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
     "approval_expired": "The pivot has committed: resume to go on, compensate to undo what can be undone, or close it.",
-    "lease_lost": "The outcome of the step is unknown: check the target, then resume (retry with the same key), compensate, or close.",
-    "outcome_unknown": "The tool kept answering errors that leave its effect unknown: check the target, then resume (retry with the same key), compensate, or close.",
+    "lease_lost": "The outcome of the step is unknown: check the target. If the tool did not act, send it again (your "
+                  "decision is recorded); if it did, compensate to undo it, or close it.",
+    "outcome_unknown": "The tool kept answering errors that leave its effect unknown: check the target. If the tool did "
+                       "not act, send it again (your decision is recorded); if it did, compensate to undo it, or close it.",
+    "settle_failed": "Unwind failed while recording the step's outcome (the item says where). Check the target: if the "
+                     "step acted, compensate to undo it or resume to go on; if it did not, send it again; or close it.",
+    "read_back_incomplete": "The step did act (reading it back found it), but its record lacks what its result or undo "
+                            "needs. Resume to accept it and go on, or undo it by hand with the record shown and close it.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
     "idle_after_pivot": "The agent went away after the pivot committed: resume to let it go on (its next step is "

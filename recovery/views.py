@@ -19,7 +19,7 @@ from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError
 from ledger.models import Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
 from recovery import selectors, services
-from recovery.forms import OPERATIONS, BulkForm, MetricsForm, QueueFilterForm, ResolveForm, RunFilterForm
+from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.trail import (
@@ -98,7 +98,7 @@ def _item_context(access, item: RecoveryItem) -> dict:
         "timeline": selectors.run_timeline(run),
         "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,
         "role": access.roles.get(item.tenant_id),
-        "operations": {op: label for op, label in OPERATIONS.items() if op != "resume" or not cannot_resume},
+        "operations": {op: label for op, label in operations_for(item).items() if op != "resume" or not cannot_resume},
         "cannot_resume": cannot_resume,
         "reopened": (RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exclude(pk=item.pk).first()
                      if item.status == ItemStatus.RESOLVED else None),
@@ -116,7 +116,7 @@ def item_detail(request, pk: int):
 
 def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
     return {
-        "item": item, "run": item.run, "operation": operation, "label": OPERATIONS[operation], "form": form,
+        "item": item, "run": item.run, "operation": operation, "label": operations_for(item)[operation], "form": form,
         "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
         "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
         "checkpoint": item.run.checkpoints.order_by("-id").first(),

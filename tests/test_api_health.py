@@ -118,3 +118,58 @@ def test_the_docs_page_is_self_hosted():
         assert cdn not in html
     schema = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert schema.status_code == 200 and schema.json()["info"]["title"] == "Unwind API"
+
+
+@pytest.fixture
+def private_redis(tmp_path, monkeypatch):
+    """A Redis of the test's own on a free port, made the broker (never the machine's shared one)."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+    from django_q.conf import Conf
+
+    from tests.test_serving import free_port
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                               "--appendonly", "no", "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    monkeypatch.setattr(Conf, "ORM", None)
+    monkeypatch.setattr(Conf, "REDIS", url)
+    try:
+        yield server
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_healthz_reads_the_redis_queue_when_redis_is_the_broker(api_db, private_redis):
+    from django_q.brokers import get_broker
+    from django_q.signing import SignedPackage
+
+    broker = get_broker()
+    body = APIClient().get("/healthz").json()
+    assert body["worker_detail"]["broker"] == "redis" and body["worker_detail"]["queued"] == 0
+    # Two tasks as django-q2 queues them, the older five minutes ago: nobody is taking them.
+    for minutes in (5, 1):
+        broker.enqueue(SignedPackage.dumps({"id": f"t{minutes}", "name": "n", "func": "ledger.tasks.sweep",
+                                            "args": (), "kwargs": {}, "started": timezone.now() - timedelta(minutes=minutes)}))
+    OrmQ.objects.all().delete()  # nothing in the ORM queue: only Redis's backlog can tell
+    body = APIClient().get("/healthz").json()
+    assert body["worker"] == "stale" and body["status"] == "degraded"
+    assert body["worker_detail"]["queued"] == 2 and body["worker_detail"]["oldest_wait_seconds"] >= 299
+    private_redis.terminate()
+    private_redis.wait(10)
+    body = APIClient().get("/healthz").json()
+    assert body["broker"] == "unreachable" and body["worker"] == "unknown" and body["status"] == "degraded"

@@ -140,6 +140,7 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
     assert report["duplicate_effects"] == 0
     assert report["wrong_answers"] == []
     assert report["lost_entries"] == 0, report["lost"]
+    assert report["never_sent_items"] == 0, report["never_sent"]
     assert report["audit_ok"], report["audit"]
 
 

@@ -543,3 +543,48 @@ def test_a_run_id_drawn_long_ago_is_not_used(tools):
     fastpath._next_run.at -= fastpath.NEXT_ID_SECONDS + 1
     assert open_run(tools, goal="late").pk > reserved
     assert not Run.objects.filter(pk=reserved).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("fast", [True, False], ids=["function", "python"])
+def test_a_proposal_that_waited_on_a_lock_gets_its_whole_lease(fast, settings, _engine_settings):
+    """Issue 32: the lease runs from when the proposal holds its locks, on both paths. Held up on the chain head's
+    lock for longer than the lease, the step used to be inserted with its lease already run out, and the sweep
+    reclaimed a step its caller was about to send."""
+    import threading
+    import time
+
+    from django.db import connections, transaction
+
+    from ledger.services.tools import tools_load
+    from tests.conftest import World, in_process_policy, seed_sandboxes
+
+    settings.UNWIND_FAST_PATH = fast
+    world = World()
+    seed_sandboxes(world)
+    tools_load(tenant=world.acme, document=in_process_policy(), actor="test")
+    spec = dict(in_process_policy()["tools"]["hr.create_user"], timeout=0.5)  # a lease of 1.5 s
+    tool_upsert(tenant=world.acme, name="hr.create_user", spec=spec, actor="test")
+    run = open_run(world)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_head():
+        try:
+            with transaction.atomic():
+                AuditHead.objects.select_for_update().get(tenant=world.acme)
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_the_head)
+    holder.start()
+    assert locked.wait(10)
+    threading.Timer(2.0, release.set).start()
+    proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "w@company.com", "name": "W"},
+                              actor="agent:booker", inline=True)
+    committed = time.time()
+    holder.join()
+    assert release.is_set()  # it did wait for the lock
+    lease = Action.objects.get(pk=proposal.action.pk).lease_expires_at.timestamp()
+    assert lease - committed > 1.0, (lease - committed)

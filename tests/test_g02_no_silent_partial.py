@@ -60,7 +60,8 @@ def test_a_step_that_acted_early_and_was_refused_later_is_read_back_not_failed(t
     change = act(run, "crm.update_ticket", {"ticket_id": "T-204", "priority": "high"})
     run.refresh_from_db()
     assert record_get("tickets", "T-204", tenant=acme())["priority"] == "high"
-    assert change.status == "succeeded" and change.result["recovered"] is True
+    assert change.status == "succeeded" and change.verification["read_back"]["by"] == "target"
+    assert change.result["priority"] == "high"  # the ticket as read back: the record is the result
     assert run.status == "running"
 
 

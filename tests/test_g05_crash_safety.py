@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from ledger.models import Action
 from ledger.services.actions import action_propose
+from ledger.services.execution import mark_sent
 from ledger.management.commands.worker import until_next_sweep
 from ledger.services.sweep import next_due, sweep
 from ledger.services.tools import tool_upsert
@@ -94,24 +95,48 @@ def test_a_tool_that_ignores_keys_is_read_back_before_it_is_run_again(tools, dja
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Hello", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
+    # The worker marked the attempt sent (as `execute` does under the lease), called the tool, then was lost.
+    assert mark_sent(sent.action, sent.owner)
     callables.email_send(args, idempotency_key=sent.action.tool_key, tenant="acme")
     wait_for_lease(sent.action)
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "succeeded"
     assert len(world_state(tenant=acme())["messages"]) == 1  # read back, not re-sent
 
 
-def test_lost_before_a_call_to_a_key_ignoring_tool_asks_a_person_never_resends(tools, django_capture_on_commit_callbacks):
-    """The worker was lost and the outbox shows nothing: the call may still arrive, so Unwind does not send the
-    email again on a guess. The step's outcome is unknown and a person decides (resume sends it)."""
+def test_a_claim_never_sent_to_a_key_ignoring_tool_is_sent_again_not_handed_to_a_person(
+        tools, django_capture_on_commit_callbacks):
+    """The worker was lost before it sent the call (its attempt was never marked sent): the tool never got it, so
+    the sweep sends it, with no read-back and no recovery item."""
     short_lease(tools, "email.send")
     run = open_run(tools)
     sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
                           actor="agent:booker")
     wait_for_lease(sent.action)
-    assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
+    assert not mark_sent(sent.action, sent.owner)  # the lease ran out: the late worker may not send any more
+    assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "succeeded"
     run.refresh_from_db()
-    assert run.status == "needs_attention" and RecoveryItem.objects.get(run=run).reason == "outcome_unknown"
-    assert world_state(tenant=acme())["messages"] == []
+    assert run.status == "running" and not RecoveryItem.objects.filter(run=run).exists()
+    assert len(world_state(tenant=acme())["messages"]) == 1
+    outcomes = list(Action.objects.get(pk=sent.action.pk).attempt_set.values_list("outcome", "sent_at"))
+    assert [o for o, _ in outcomes] == ["lost", "succeeded"] and outcomes[0][1] is None and outcomes[1][1]
+
+
+def test_a_sent_call_read_back_as_not_done_is_sent_again_once_it_cannot_arrive(tools, django_capture_on_commit_callbacks):
+    """The worker was lost after the call left, and the outbox shows nothing: once the call must be over (twice the
+    tool's timeout after it was sent) nothing can still arrive, so the step is sent again under a new attempt
+    instead of going to a person."""
+    short_lease(tools, "email.send")
+    run = open_run(tools)
+    sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
+                          actor="agent:booker")
+    assert mark_sent(sent.action, sent.owner)  # sent, and lost before it reached the tool
+    wait_for_lease(sent.action)
+    assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "succeeded"
+    run.refresh_from_db()
+    assert run.status == "running" and not RecoveryItem.objects.filter(run=run).exists()
+    assert len(world_state(tenant=acme())["messages"]) == 1
+    outcomes = list(Action.objects.get(pk=sent.action.pk).attempt_set.values_list("outcome", flat=True))
+    assert outcomes[0] == "lost" and outcomes[-1] == "succeeded" and set(outcomes[1:-1]) <= {"deferred"}
 
 
 def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_on_commit_callbacks):
@@ -121,6 +146,7 @@ def test_an_unknowable_outcome_goes_to_the_recovery_queue(tools, django_capture_
     run = open_run(tools)
     sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
                           actor="agent:booker")
+    assert mark_sent(sent.action, sent.owner)  # sent: it may have acted, and nothing can read it back
     wait_for_lease(sent.action)
     with django_capture_on_commit_callbacks(execute=True):
         sweep()

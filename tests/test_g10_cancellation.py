@@ -72,6 +72,7 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     not skipped as if nothing happened: it is read back (never sent again), found, and corrected."""
     import time
 
+    from ledger.services.execution import mark_sent
     from ledger.services.sweep import sweep
     from sandbox import callables
     from tests.test_g05_crash_safety import short_lease, sweep_until_settled, wait_for_lease
@@ -80,7 +81,8 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Offer", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")
-    callables.email_send(args, idempotency_key=sent.action.tool_key, tenant="acme")  # the lost worker's call did go out
+    assert mark_sent(sent.action, sent.owner)  # the lost worker's call did go out
+    callables.email_send(args, idempotency_key=sent.action.tool_key, tenant="acme")
     wait_for_lease(sent.action)
     with django_capture_on_commit_callbacks(execute=True):
         sweep()

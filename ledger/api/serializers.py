@@ -16,7 +16,8 @@ class TargetOut(serializers.Serializer):
 
 
 class ErrorOut(serializers.Serializer):
-    error_class = serializers.CharField(help_text="e.g. http_504, transient, permanent, drift, lease_lost")
+    error_class = serializers.CharField(help_text="e.g. http_504, transient, not_sent, permanent, drift, lease_lost, "
+                                                  "settle_failed")
     message = serializers.CharField()
 
 
@@ -193,9 +194,10 @@ class AttemptOut(serializers.Serializer):
     kind = serializers.ChoiceField(ActionKind.choices, source="action.kind")
     tool = serializers.CharField(source="action.tool.name")
     number = serializers.IntegerField(help_text="1 for the first try of the step, 2 for its first retry, …")
-    outcome = serializers.CharField(help_text="running, succeeded, failed_transient, failed_permanent, lost, deferred, "
-                                              "drift")
-    error_class = serializers.CharField(help_text="e.g. http_504, transient, permanent; empty when it succeeded.")
+    outcome = serializers.CharField(help_text="running, succeeded, failed_transient, failed_permanent, "
+                                              "unanswered_last_try, lost, settle_failed, deferred, drift")
+    error_class = serializers.CharField(help_text="e.g. http_504, transient, not_sent, permanent; empty when it "
+                                                  "succeeded.")
     error_message = serializers.CharField()
     latency_ms = serializers.FloatField(allow_null=True)
     started_at = serializers.DateTimeField()

@@ -17,7 +17,7 @@ from ledger.errors import (
 )
 from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
-    ActionClass, Action, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, SagaRole, Tool,
+    ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
 from ledger.policy import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
@@ -558,11 +558,18 @@ def action_reclaim(action_id: int) -> str | None:
         return None
     try:
         with ledger_transaction(action.tenant_id) as audit:
-            execution.finish_attempt(action, "lost", latency_ms=None, log=audit)
-            if action.tool.executor == Executor.CLIENT or not (
-                    action.tool.honours_idempotency_key or action.tool.lookup.get("read") or action.tool.verify.get("expect")):
-                why = ("the agent never reported the outcome" if action.tool.executor == Executor.CLIENT
-                       else "the worker was lost mid-call and the tool can neither be read back nor deduplicated")
+            sent = _close_lost_attempt(action)
+            tool = action.tool
+            lost = execution.attempts_that_may_have_acted(action).filter(outcome="lost").count()
+            why = ""
+            if tool.executor == Executor.CLIENT:
+                why = "the agent never reported the outcome"
+            elif sent and not (tool.honours_idempotency_key or tool.lookup.get("read") or tool.verify.get("expect")):
+                why = "the worker was lost mid-call and the tool can neither be read back nor deduplicated"
+            elif lost >= settings.UNWIND_MAX_RECLAIMS:
+                why = (f"its worker was lost {lost} times with the call sent and no outcome recorded; it is not taken "
+                       f"over again (UNWIND_MAX_RECLAIMS)")
+            if why:
                 action_transition(action, A.LOST, log=audit, actor="system:sweeper", note={"why": why},
                                   where=_lease_still(action), lease_owner="", lease_expires_at=None,
                                   error_class="lease_lost", error_message=why)
@@ -579,6 +586,17 @@ def action_reclaim(action_id: int) -> str | None:
     except StateConflict:
         return None
     return owner
+
+
+def _close_lost_attempt(action: Action) -> bool:
+    """End the reclaimed step's current attempt as lost; True when it was sent (or, for a tool that honours keys,
+    may have been: those are not marked). The update locks the attempt's row, as `execution.mark_sent` does, so a
+    mark made under the lease just before it ran out is seen here, and none can be made after."""
+    sql.update(Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
+               finished_at=timezone.now(), outcome="lost")
+    if action.tool.honours_idempotency_key:
+        return True
+    return Attempt.objects.filter(action=action, number=action.attempts, sent_at__isnull=False).exists()
 
 
 def _lease_still(action: Action):

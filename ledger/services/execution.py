@@ -16,12 +16,14 @@ from datetime import timedelta
 from typing import Callable
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 from django.utils import timezone
 
 from ledger import egress, events, failpoints, fastpath, mapping, received, sql
 from ledger.audit import AuditLog, ledger_transaction
-from ledger.canonical import canonical, digest
+from ledger.errors import StateConflict
+from ledger.canonical import canonical, digest, dumps as canonical_text
 from ledger.executors import (
     ToolError, ToolOutcome, http_call, http_read, mcp_call, python_call, python_read, resolve_url,
 )
@@ -99,20 +101,50 @@ def context_for(action: Action, *, after=None) -> dict:
 
 
 def target_from_result(tool: Tool, result) -> str:
+    """The step's target as its result gives it (`target.from: result.…`); "" when the result does not give it."""
     if tool.target_from.startswith("result.") and isinstance(mapping.decoded(result), dict):
-        value = mapping.resolve("$" + tool.target_from, {"result": result})
+        try:
+            value = mapping.resolve("$" + tool.target_from, {"result": result})
+        except mapping.MappingError:
+            return ""
         return "" if value is None else str(value)
     return ""
 
 
-def already_done(action: Action) -> dict | None:
+@dataclass(frozen=True)
+class ReadBack:
+    """What reading a step back found: its effect happened. `evidence` is the record as read (the tool's own record
+    of the effect from its lookup, or the target's state that its verify rule matched); `result` is that record in
+    the shape of the tool's answer (`lookup.result` maps it there; without one the record is taken as it is), which
+    the agent receives and the compensation resolves `$result.…` from. `problem`: why it could not be shaped."""
+
+    result: object
+    evidence: object
+    by: str  # "lookup" or "target"
+    problem: str = ""
+
+
+def shaped(action: Action, record) -> tuple[object, str]:
+    """`record` in the shape of the tool's answer (its `lookup.result`, resolved with `$result` the record) and "";
+    or, when that cannot be resolved, the record as it is and why."""
+    template = action.tool.lookup.get("result")
+    if template is None:
+        return record, ""
+    try:
+        return mapping.resolve(template, {**context_for(action), "result": record}), ""
+    except mapping.MappingError as error:
+        return record, f"its lookup.result could not be resolved from the record: {error}"
+
+
+def already_done(action: Action) -> ReadBack | None:
     """After an attempt whose outcome is unknown: did the effect happen? Read back, never guess.
 
-    Returns the evidence (a result) when it did, None when it did not. Raises ToolError when it cannot
+    Returns what was read when it did, None when it did not. Raises ToolError when it cannot
     be told (the caller then treats the outcome as unknown).
     """
     tool = action.tool
     lookup = tool.lookup.get("read")
+    failpoints.hit("settle_read_back")
     if lookup:
         if egress.is_url(lookup):
             url = resolve_url(lookup, key=action.tool_key, target=action.target_id)
@@ -120,14 +152,23 @@ def already_done(action: Action) -> dict | None:
         else:
             found = python_read(path=lookup, target=action.tool_key, tenant=tool.tenant.slug)
         items = found.get("results", found) if isinstance(found, dict) else found
-        return {"recovered": True, "evidence": items[0] if isinstance(items, list) else items} if items else None
+        if not items:
+            return None
+        record = items[0] if isinstance(items, list) else items
+        result, problem = shaped(action, record)
+        return ReadBack(result, evidence=record, by="lookup", problem=problem)
     if tool.verify.get("expect") and action.target_id:
         state = read_target(tool, action.target_id)
         expected = mapping.resolve(tool.verify["expect"], context_for(action, after=state))
         if isinstance(state, dict) and all(same_value(state.get(k), v) for k, v in expected.items()):
-            return {"recovered": True, "evidence": state}
+            result, problem = shaped(action, state)
+            return ReadBack(result, evidence=state, by="target", problem=problem)
         return None
     raise ToolError("the tool declares no way to read it back: no lookup and no verify rule", transient=False)
+
+
+def read_back_outcome(found: ReadBack) -> ToolOutcome:
+    return ToolOutcome(result=found.result, read_back=found)
 
 
 # --- calling tools ---------------------------------------------------------------------------------
@@ -147,43 +188,75 @@ def call_tool(action: Action) -> ToolOutcome:
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
 
+AMBIGUOUS_ATTEMPT = (Q(outcome="lost") | Q(outcome="settle_failed") | Q(error_class="transient")
+                     | Q(outcome="unanswered_last_try")
+                     | (Q(error_class__startswith="http_5") & ~Q(error_class="http_503")))
+
+
+def attempts_that_may_have_acted(action: Action):
+    """The finished attempts that ended without telling whether the tool acted (no answer, a lost worker, a 5xx but
+    503), leaving out those that never left Unwind (a tool that ignores keys records when an attempt is sent; for
+    one that honours them a new attempt is the same call again, whatever the earlier ones did) and those a person
+    set aside by deciding the tool did not act and sending the step again (`resend_by`)."""
+    attempts = Attempt.objects.filter(action=action, finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT)
+    if not action.tool.honours_idempotency_key:
+        attempts = attempts.filter(sent_at__isnull=False)
+    decided = (Attempt.objects.filter(action=action).exclude(resend_by="").order_by("-number")
+               .values_list("number", flat=True).first())
+    return attempts if decided is None else attempts.filter(number__gte=decided)
+
+
+def an_attempt_may_have_acted(action: Action) -> bool:
+    """Did an attempt end without telling whether the tool acted? Then a later clean refusal (a 429, say) does not
+    prove the step never took effect."""
+    return attempts_that_may_have_acted(action).exists()
+
+
 def needs_read_back(action: Action) -> bool:
-    """A retry or reclaim of a tool that ignores idempotency keys must first check it did not already act."""
-    return action.attempts > 1 and not action.tool.honours_idempotency_key
+    """A retry or reclaim of a tool that ignores idempotency keys must first check it did not already act, when an
+    earlier attempt was sent and may have (one never sent, or answered cleanly, did nothing)."""
+    return action.attempts > 1 and not action.tool.honours_idempotency_key and an_attempt_may_have_acted(action)
 
 
 def settles_at(action: Action):
-    """When the previous attempt of a key-ignoring tool is surely over, or None when it already is.
+    """When the last sent attempt of a key-ignoring tool that got no answer is surely over, or None when it is.
 
     An attempt that got an answer (even a 5xx) is over: the server finished with it, so reading back now
     is reliable. One that got none (a read timeout, a dropped connection, a lost worker) may still be
     running at the server; reading back before it ends could miss its effect and send it again. It is
-    over once twice the tool's timeout has passed since it started.
+    over once twice the tool's timeout has passed since it was sent; then a read-back that finds nothing means
+    nothing can still arrive, and the step is sent again under a new attempt.
     """
-    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
-                .order_by("-number").only("started_at", "outcome", "error_class").first())
-    if previous is None or previous.error_class.startswith("http_"):
+    previous = (attempts_that_may_have_acted(action).exclude(error_class__startswith="http_")
+                .order_by("-number").only("started_at", "sent_at").first())
+    if previous is None:
         return None
-    until = previous.started_at + timedelta(seconds=2 * action.tool.timeout_seconds + 1)
+    until = (previous.sent_at or previous.started_at) + timedelta(seconds=2 * action.tool.timeout_seconds + 1)
     return until if until > timezone.now() else None
 
 
-AMBIGUOUS_ATTEMPT = (Q(outcome="lost") | Q(error_class="transient")
-                     | (Q(error_class__startswith="http_5") & ~Q(error_class="http_503")))
+MARK_SENT = ("UPDATE ledger_attempt SET sent_at = %s WHERE action_id = %s AND number = %s AND finished_at IS NULL"
+             " AND EXISTS (SELECT 1 FROM ledger_action WHERE id = %s AND status = %s AND lease_owner = %s"
+             " AND lease_expires_at > %s)")
 
 
-def an_attempt_may_have_acted(action: Action) -> bool:
-    """Did any finished attempt end without telling whether the tool acted (no answer, a lost worker, a 5xx
-    but 503)? Then a later clean refusal (a 429, say) does not prove the step never took effect."""
-    return action.attempt_set.filter(finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT).exists()
+def mark_sent(action: Action, owner: str) -> bool:
+    """Fencing before a call that cannot be deduplicated, and the ledger's record that it left: the attempt is
+    marked sent, in one statement, only while the lease is still ours and has not run out (a thread starved past
+    its lease must not send after the sweep has already handed the step to someone else). The sweep's reclaim
+    closes the same attempt row (`actions.action_reclaim`), so one of the two waits for the other: either the
+    attempt was sent under a lease still held, or it was never sent and is sent again."""
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(MARK_SENT, [now, action.pk, action.attempts, action.pk, A.RUNNING, owner, now])
+        return cursor.rowcount == 1
 
 
-
-def still_ours(action: Action, owner: str) -> bool:
-    """Fencing before a call that cannot be deduplicated: the lease is still ours and has not run out (a thread
-    starved past its lease must not send after the sweep has already handed the step to someone else)."""
-    return Action.objects.filter(pk=action.pk, status=A.RUNNING, lease_owner=owner,
-                                 lease_expires_at__gt=timezone.now()).exists()
+def send(action: Action, owner: str) -> ToolOutcome | None:
+    """Call the tool; for one that ignores keys, only once the attempt is marked sent (None: the lease is gone)."""
+    if not action.tool.honours_idempotency_key and not mark_sent(action, owner):
+        return None
+    return call_tool(action)
 
 
 def run_stopped(action: Action) -> bool:
@@ -195,23 +268,16 @@ def run_stopped(action: Action) -> bool:
 def resolve_without_calling(action: Action, *, owner: str) -> None:
     """In a stopped run, find out whether the earlier attempt acted, instead of trying again."""
     try:
-        evidence = already_done(action)
+        evidence = already_done(action) if an_attempt_may_have_acted(action) else None
     except ToolError as unreadable:
         record_unknown(action, ToolError(action.error_message or "no answer", transient=True),
                        why=unreadable.message, latency_ms=None, actor=SYSTEM)
         return
     if evidence is not None:
-        record_success(action, ToolOutcome(result=evidence), latency_ms=None)
+        record_success(action, read_back_outcome(evidence), latency_ms=None)
         return
     record_failure(action, ToolError("not tried again: the run stopped, and the earlier attempt did not act",
                                      transient=False), latency_ms=None, retry_inline=False, delay=0, owner=owner)
-
-
-def last_call_unanswered(action: Action) -> bool:
-    """The newest attempt that called the tool got no answer at all (a timeout, a dropped connection, a lost worker)."""
-    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
-                .order_by("-number").only("outcome", "error_class").first())
-    return previous is not None and not previous.error_class.startswith("http_")
 
 
 def defer(action: Action, until, *, owner: str, actor: str = SYSTEM) -> None:
@@ -259,53 +325,126 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
                 defer(action, until, owner=owner)
                 return action
         if stopped:
-            resolve_without_calling(action, owner=owner)
+            settling(action, owner, "finding out whether the earlier attempt acted", None,
+                     lambda: resolve_without_calling(action, owner=owner))
             return action
-        if not action.tool.honours_idempotency_key and not still_ours(action, owner):
-            return Action.objects.select_related("tool").get(pk=action.pk)
         t0 = time.monotonic()
         failpoints.hit("before_tool_call")
         try:
-            if needs_read_back(action):
-                evidence = already_done(action)
-                if evidence is None and last_call_unanswered(action):
-                    # It may still arrive: a tool that ignores keys is never sent again on a guess.
-                    record_unknown(action, ToolError(action.error_message or "no answer", transient=True),
-                                   why="an earlier call got no answer and the tool ignores idempotency keys, "
-                                       "so sending again could act twice", latency_ms=None, actor=SYSTEM)
-                    return action
-                outcome = ToolOutcome(result=evidence) if evidence is not None else call_tool(action)
-            else:
-                outcome = call_tool(action)
+            # After an attempt that was sent and may have acted: read back first. Found, it is the result; not
+            # found (and, `settles_at`, nothing can still arrive), the step is sent again under this new attempt.
+            reading_back = needs_read_back(action)
+            found = settling(action, owner, "reading the step back", None, lambda: already_done(action)) \
+                if reading_back else None
+            if found is _SETTLED:
+                return action
+            if reading_back and found is None and read_back_pass(action):
+                raise ToolError("its calls went unanswered, and reading it back once they were over found nothing: "
+                                "it did not act", transient=False, not_sent=True)
+            outcome = read_back_outcome(found) if found is not None else send(action, owner)
+            if outcome is None:  # the lease ran out before the call left: the sweep sends it again
+                return Action.objects.select_related("tool").get(pk=action.pk)
         except ToolError as error:
             latency = (time.monotonic() - t0) * 1000
             delay = backoff_delay(action.tool, action.attempts)
             remaining = None if budget is None else budget - (time.monotonic() - started)
             inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining)
-            retried = record_failure(action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner)
-            if retried and inline:
+            retried = settling(action, owner, "recording the tool's error", None, lambda: record_failure(
+                action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner))
+            if retried is True and inline:
                 time.sleep(delay)
                 continue
             return action
         latency = (time.monotonic() - t0) * 1000
         failpoints.hit("after_tool_call")
-        record_success(action, outcome, latency_ms=latency, on_compensated=on_compensated)
+        settling(action, owner, "recording the tool's answer", outcome.result, lambda: record_success(
+            action, outcome, latency_ms=latency, on_compensated=on_compensated))
         return action
+
+
+def read_back_pass(action: Action) -> bool:
+    """This attempt is the one more pass `record_failure` gave a key-ignoring tool's last unanswered try, to read it
+    back once it is over: it reads back, and does not send again (a reclaim after a lost worker does)."""
+    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
+                .order_by("-number").values_list("outcome", flat=True).first())
+    return previous == UNANSWERED_LAST_TRY
+
+
+# How the last of a key-ignoring tool's tries ends when it got no answer: the pass after it reads it back, only.
+UNANSWERED_LAST_TRY = "unanswered_last_try"
+_SETTLED = object()  # what `settling` answers when the step failed to settle and was recorded as such
+# What a failure to reach the database is: the ledger cannot record anything now, so nothing is recorded; the lease
+# runs out and the sweep takes the step over (bounded by UNWIND_MAX_RECLAIMS), knowing whether it was sent.
+UNREACHABLE = (OperationalError, InterfaceError)
+
+
+def settling(action: Action, owner: str, stage: str, result, work: Callable[[], object]):
+    """Run `work`, a step of settling `action`'s outcome. Whatever it raises but a ToolError (which its caller
+    handles) or a database out of reach ends in a recorded state and a recovery item saying what failed
+    (`settle_failed`), never in an action left running for the sweep to take over and fail again. `result`: the
+    tool's answer when it gave one (the step then did act). Returns what `work` returns, or `_SETTLED`."""
+    try:
+        return work()
+    except (ToolError, StateConflict, *UNREACHABLE):
+        raise  # a ToolError is its caller's; a StateConflict, someone else having moved the step, is not a failure
+    except Exception as error:  # noqa: BLE001 - every failure of the engine's own code is recorded, then alerted
+        log.exception("settling action %s failed while %s", action.pk, stage)
+        settle_failed(action, owner=owner, stage=stage, error=error, result=result)
+        return _SETTLED
+
+
+def settle_failed(action: Action, *, owner: str, stage: str, error: BaseException, result=None) -> None:
+    """Settling `action`'s outcome failed while `stage`: record that, and put its run before a person.
+
+    A forward step the tool answered (`result`) acted: it is recorded succeeded with that answer and a failed
+    verification naming what failed, so an unwind undoes it with its answer. Otherwise (an error being recorded,
+    a read-back, or a compensation) its outcome is unknown: it is recorded lost (`settle_failed`)."""
+    why = f"{stage} failed: {error.__class__.__name__}: {str(error)[:500]}"
+    with ledger_transaction(action.tenant_id) as audit:
+        current = sql.get(Action, pk=action.pk)
+        if current is None or current.status != A.RUNNING or current.lease_owner != owner:
+            return  # it settled after all, or someone else holds it now
+        action.status = current.status
+        finish_attempt(action, "settle_failed", latency_ms=None, error=ToolError(why, transient=False), log=audit)
+        answered = result is not None and action.kind == ActionKind.FORWARD
+        if answered:
+            detail = (f"{action.tool.name} (step {action.seq}) was carried out (the tool answered), but {why}. Its "
+                      f"answer is kept as the step's result. Check the step, then compensate to undo it, resume to "
+                      f"accept it and go on, or close the run.")
+            action_transition(action, A.SUCCEEDED, log=audit, actor=SYSTEM, where=Q(lease_owner=owner),
+                              note={"settle_failed": why}, result=result,
+                              verification={"ok": False, "detail": why}, lease_owner="", lease_expires_at=None)
+        else:
+            detail = (f"{action.tool.name} (step {action.seq}): {why}, so whether it acted is not recorded. Check "
+                      f"the target, then resume (the tool says it did not happen: send it again), compensate, or close.")
+            action_transition(action, A.LOST, log=audit, actor=SYSTEM, where=Q(lease_owner=owner),
+                              note={"settle_failed": why}, lease_owner="", lease_expires_at=None,
+                              error_class="settle_failed", error_message=detail[:2000])
+        run = sql.get_locked(Run, action.run_id)
+        if run.status in (R.RUNNING, R.AWAITING_APPROVAL):
+            needs_attention(run, "settle_failed", detail, action=action, log=audit)
+        elif run.status == R.UNWINDING:
+            enqueue_unwind_after(run)
 
 
 def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = SYSTEM,
                    on_compensated: Callable[[AuditLog, Run], None] | None = None) -> None:
     tool = action.tool
     result = outcome.result
+    failpoints.hit("settle_target")
     target_id = action.target_id or target_from_result(tool, result)
     after = None
     verification = None
+    if action.kind == ActionKind.FORWARD and tool.target_from.startswith("result.") and not target_id:
+        verification = {"ok": False, "detail": f"the result does not give ${tool.target_from}, the step's target"}
     if action.kind == ActionKind.FORWARD and tool.snapshot.get("read") and target_id:
+        failpoints.hit("settle_snapshot")
         try:
             after = snapshot_fields(tool, read_target(tool, target_id))
         except ToolError as error:
             verification = {"ok": False, "detail": f"could not read the target back: {error.message}"}
     if action.kind == ActionKind.FORWARD and tool.verify.get("expect") and verification is None:
+        failpoints.hit("settle_verify")
         try:
             expected = mapping.resolve(tool.verify["expect"], {**context_for(action, after=after), "result": result, "target": target_id})
             observed = after if after is not None else result
@@ -315,6 +454,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
         except mapping.MappingError as error:
             verification = {"ok": False, "detail": str(error)}
     plan = dict(action.compensation_plan)
+    failpoints.hit("settle_plan")
     if plan.get("strategy") not in (None, CompensationStrategy.NONE):
         preview_action = Action(args=action.args, result=result, before=action.before, after=after,
                                 target_id=target_id, idempotency_key=action.idempotency_key, intent=action.intent)
@@ -323,6 +463,17 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
             plan.pop("error", None)
         except mapping.MappingError as error:
             plan["error"] = str(error)
+    found = outcome.read_back
+    if found is not None and action.kind == ActionKind.FORWARD:
+        # Read back, not answered: the record is kept beside the result, and a result the compensation cannot be
+        # resolved from (or that lacks the target) sends the step to a person with it.
+        problems = [p for p in (found.problem, (verification or {}).get("detail"), plan.get("error") and
+                                f"its compensation cannot be resolved from it: {plan['error']}") if p]
+        verification = {**(verification or {}), "ok": not problems and (verification or {}).get("ok", True),
+                        "read_back": {"by": found.by, "evidence": found.evidence}}
+        if problems:
+            verification["detail"] = "; ".join(problems)
+    failpoints.hit("settle_record")
     changes = dict(result=result, after=after, verification=verification, target_id=target_id, compensation_plan=plan,
                    lease_owner="", lease_expires_at=None, error_class="", error_message="")
     if action.kind == ActionKind.FORWARD and action.status == A.RUNNING and (verification is None or verification.get("ok")) \
@@ -357,11 +508,26 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
                 enqueue_unwind_after(run)
             return
         if verification is not None and not verification.get("ok"):
+            if "read_back" in verification:
+                needs_attention(run, "read_back_incomplete", read_back_detail(action, verification), action=action,
+                                log=audit)
+                return
             needs_attention(run, "verification_failed", f"{tool.name} (step {action.seq}) did not verify: "
                             f"{verification.get('detail') or verification.get('mismatched')}", action=action, log=audit)
             return
         if run.status == R.AWAITING_APPROVAL and not run.actions.filter(kind=ActionKind.FORWARD, status=A.AWAITING_APPROVAL).exists():
             run_transition(run, R.RUNNING, log=audit, actor=actor)
+
+
+def read_back_detail(action: Action, verification: dict) -> str:
+    """What a person reads of a step found done by reading it back whose record is not a result Unwind can use."""
+    plan = action.compensation_plan
+    evidence = canonical_text(verification["read_back"]["evidence"])
+    undo = (f" Its undo, {plan.get('tool')}, takes {canonical_text(plan.get('args', {}))}: fill those in from the "
+            f"record and undo it by hand, or compensate once the record gives them." if compensable(action) else "")
+    return (f"{action.tool.name} (step {action.seq}) did act: reading it back ({verification['read_back']['by']}) found "
+            f"{evidence[:1500]}. But {verification['detail']}.{undo} Resume to accept it as done and go on, "
+            f"or close the run.")
 
 
 def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float | None, actor: str,
@@ -545,6 +711,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
     cannot be told → its outcome is unknown and a person is asked (guarantee 2: never "compensated" with
     an effect possibly still standing).
     """
+    failpoints.hit("settle_failure")
     note = {"error_class": error.error_class, "error": error.message[:500]}
     final = not (error.transient and action.attempts < action.max_attempts)
     if final and error.maybe_applied and error.status is None and not action.tool.honours_idempotency_key \
@@ -552,7 +719,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
         # No answer, and the call may still be running at the server: read it back once it must be over,
         # in one more pass (the read-back comes first there), rather than now.
         with ledger_transaction(action.tenant_id) as audit:
-            finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error, log=audit)
+            finish_attempt(action, UNANSWERED_LAST_TRY, latency_ms=latency_ms, error=error, log=audit)
             action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
                               next_attempt_at=timezone.now() + timedelta(seconds=action.tool.timeout_seconds + 1),
                               max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
@@ -568,7 +735,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             return False
         if evidence is not None:
             finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
-            record_success(action, ToolOutcome(result=evidence), latency_ms=None, actor=actor)
+            record_success(action, read_back_outcome(evidence), latency_ms=None, actor=actor)
             return False
     if final and action.kind == ActionKind.FORWARD and action.status == A.RUNNING and action.attempts == 1 \
             and not answers_refusal(action, error) and fastpath.usable(action.tenant_id) \
@@ -716,10 +883,11 @@ def take_seq(run_id: int) -> tuple[Run, str, int]:
     return run, threshold, defaults_version
 
 
-def start_attempt(action: Action, owner: str, *, log: AuditLog | None = None) -> None:
-    """Open the action's current attempt; with `log`, as part of that transaction's commit (nothing reads it before)."""
+def start_attempt(action: Action, owner: str, *, log: AuditLog | None = None, resend_by: str = "") -> None:
+    """Open the action's current attempt; with `log`, as part of that transaction's commit (nothing reads it before).
+    `resend_by`: the person who decided, after an unknown outcome, that the tool did not act."""
     statement = sql.insert_statement(Attempt(action=action, number=action.attempts, worker=owner[:120],
-                                             started_at=timezone.now()))
+                                             started_at=timezone.now(), resend_by=resend_by[:160]))
     _write(statement, log)
 
 
@@ -1122,7 +1290,8 @@ def settle(run: Run, *, log: AuditLog) -> None:
                      f"{comp.error_message if comp else 'no compensation could be planned'}")
     parts += [f"{a.tool.name} (step {a.seq}) has no compensation and still stands" for a in standing]
     parts += [f"{a.tool.name} (step {a.seq}) has an unknown outcome: it may have acted" for a in lost]
-    lost_reason = "outcome_unknown" if any(a.error_class == "outcome_unknown" for a in lost) else "lease_lost"
+    lost_reason = next((cls for cls in ("settle_failed", "outcome_unknown") if any(a.error_class == cls for a in lost)),
+                       "lease_lost")
     reason = "drift" if drift else "compensation_failed" if failed else lost_reason if lost else "irreversible_effects"
     first = (drift or failed or lost or standing)[0]
     needs_attention(run, reason, "; ".join(parts), action=first, log=log)

@@ -246,11 +246,16 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
         run_transition(run, R.RUNNING, log=audit, actor=actor, note={"reason": reason[:1000]}, attention_reason="")
         for action in retry:
             owner = new_owner()
+            # On a step whose outcome was unknown, resuming is the person's word that the tool did not act: the
+            # step is sent again, recorded as their decision (`resend_by`), and the attempts before it no longer
+            # count as ones that may have acted.
+            unknown = action.status == A.LOST
             action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                               max_attempts=action.attempts + action.tool.max_attempts, lease_owner=owner,
                               lease_expires_at=execution.queued_lease(action.tool),
-                              error_class="", error_message="")
-            execution.start_attempt(action, owner, log=audit)
+                              error_class="", error_message="",
+                              note={"decision": "the tool did not act: send it again"} if unknown else None)
+            execution.start_attempt(action, owner, log=audit, resend_by=actor if unknown else "")
             if action.tool.executor != "client":
                 owners.append((action.pk, owner))
         execution.checkpoint_save(run, "resumed", log=audit)

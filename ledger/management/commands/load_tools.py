@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import Tenant
+from ledger.policy import keys_left_implicit
 from ledger.services.tools import tools_load
 
 
@@ -50,4 +51,6 @@ class Command(BaseCommand):
             raise CommandError(f"{file}: {exc.detail}") from None
         for tool in tools:
             self.stdout.write(f"  {tool.name:32s} {tool.saga_role:14s} risk={tool.risk:8s} approval={tool.approval}")
+        for warning in keys_left_implicit(document):
+            self.stderr.write(self.style.WARNING(f"warning: {warning}"))
         self.stdout.write(self.style.SUCCESS(f"loaded {len(tools)} tool(s) into {slug}"))
