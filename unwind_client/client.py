@@ -352,8 +352,14 @@ class Run:
         try:
             self.cancel(reason=f"{exc_type.__name__}: {exc}"[:1000])
         except UnwindClientError as cancel_failed:
-            # The run may already have finished (compensated, closed); the exception that ended the block wins.
-            log.warning("run %s: cancel after %s failed: %s", self.id, exc_type.__name__, cancel_failed)
+            # The run may have finished meanwhile (a rejection unwinds it): then there was nothing to cancel. Either
+            # way the exception that ended the block wins.
+            try:
+                finished = self.refresh().status in FINISHED
+            except UnwindClientError:
+                finished = False
+            if not finished:
+                log.warning("run %s: cancel after %s failed: %s", self.id, exc_type.__name__, cancel_failed)
         return False
 
 
