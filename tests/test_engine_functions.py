@@ -7,6 +7,7 @@ guard refuses the functions (tests/test_fastpath.py: a function edited in the da
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from ledger import fastpath, plpgsql, sql
 from tests.conftest import needs_postgres
 
 ROOT = Path(__file__).resolve().parent.parent
+AT_0016 = importlib.import_module("ledger.migrations.0016_attempt_sent_and_lease_at_commit")  # history, frozen
 
 # Every engine function as PostgreSQL would recreate it, with its settings.
 DEFINITIONS = (
@@ -101,6 +103,11 @@ def test_a_fresh_database_and_an_upgraded_one_end_with_the_files_definitions(scr
     assert [name for name, *_ in ends[0]] == sorted(plpgsql.functions())  # each once: no other argument list
     assert fingerprints == [plpgsql.expected_fingerprint()] * 2
     assert [name for name, *_ in before] == [name for name, *_ in ends[0]]  # 0016 installed the same functions
+
+    _manage(fresh, "migrate", "--noinput", "ledger", "0016")  # back: 0016's text, whatever the files say now
+    with psycopg.connect(fresh) as db:
+        assert db.execute(fastpath.TRUST).fetchone()[0] == plpgsql.fingerprint(
+            {name: plpgsql.parse(name, text.lstrip("\n")) for name, text in AT_0016.FUNCTIONS.items()})
 
 
 @needs_postgres
