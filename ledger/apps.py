@@ -2,13 +2,14 @@ from importlib import import_module
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.db.models.signals import post_migrate
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit, egress, events, mcp_upstream
+        from ledger import audit, egress, events, mcp_upstream, plpgsql
 
         # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
@@ -18,3 +19,5 @@ class LedgerConfig(AppConfig):
         mcp_upstream.check_settings()
         # Signed chain heads are exported by the worker's sweep, off the request path.
         events.subscribe("sweep", audit.checkpoint_on_sweep)
+        # Every migrate ends with the engine's PostgreSQL functions as their files define them (ledger/plpgsql).
+        post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.plpgsql.install")

@@ -4,9 +4,8 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/migrations/0010_fastpath_functions.py; `unwind_propose` as 0012 rewrote it, the opening and the completion
-as 0013 did, each as a few SQL statements since 0014; 0015 scoped `unwind_propose`'s key by agent) in autocommit, so PostgreSQL runs the whole transaction in that
-call:
+(ledger/plpgsql/<name>.sql, one file per function, installed by `migrate`) in autocommit, so PostgreSQL runs the
+whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
   tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
@@ -48,7 +47,6 @@ commits), nor on SQLite, nor with UNWIND_FAST_PATH off.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import logging
 import re
@@ -64,13 +62,12 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from ledger import audit, sql, transitions
+from ledger import audit, plpgsql, sql, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
 log = logging.getLogger("unwind.engine")
 
-FUNCTIONS_MIGRATION = "ledger.migrations.0016_attempt_sent_and_lease_at_commit"  # the one that installed the current functions
 _altered = False  # set when the guard finds the functions changed: this process stops calling them
 
 
@@ -80,10 +77,11 @@ def usable(tenant_id: int) -> bool:
             and audit.open_log(tenant_id) is None)
 
 
-# The key reaches only the functions the migration installed. Someone with the database's credentials could replace
-# one with a version that keeps its arguments, or plant an operator it would use instead of the built-in one. So on
-# a connection's first call (`_trust`) the definitions of every `unwind_` function in schema public (name, body,
-# settings) are fingerprinted and compared with the migration's text, and pg_catalog must come first in the search
+# The key reaches only the functions ledger/plpgsql's files define. Someone with the database's credentials could
+# replace one with a version that keeps its arguments, or plant an operator it would use instead of the built-in one.
+# So on a connection's first call (`_trust`) the definitions of every `unwind_` function in schema public (name, body,
+# settings) are fingerprinted and compared with the files' (`plpgsql.expected_fingerprint`), and pg_catalog must
+# come first in the search
 # path (so no planted operator or function is used); then every call checks, in the same statement and before the
 # key is passed, that those functions are still the very rows that were checked (their oid and xmin: replacing one
 # changes them). Builtins in these statements are named in pg_catalog.
@@ -108,24 +106,15 @@ _VERSIONS = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
 _trusted: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # connection → the GUARD of its checked rows
 
 
-@lru_cache(maxsize=1)
-def expected_fingerprint() -> str:
-    """`TRUST`'s fingerprint of the functions as the migration wrote them."""
-    migration = importlib.import_module(FUNCTIONS_MIGRATION)
-    functions, config = migration.FUNCTIONS, getattr(migration, "CONFIG", {})
-    return hashlib.md5("|".join(":".join(filter(None, (name, functions[name].split("$$")[1], config.get(name))))
-                                for name in sorted(functions)).encode()).hexdigest()
-
-
 def _trust(db) -> str | None:
-    """`GUARD` for this connection's functions once they are checked to be the migration's, with pg_catalog first in
-    its search path; None when they are not."""
+    """`GUARD` for this connection's functions once they are checked to be the files', with pg_catalog first in its
+    search path; None when they are not."""
     connection = db.connection
     guard = _trusted.get(connection)
     if guard is None:
         fingerprint, oids, versions, schemas = sql.fetch_one(TRUST, [])
         # pg_catalog is searched first unless the search path names it later (then it is among the explicit ones).
-        if fingerprint != expected_fingerprint() or ("pg_catalog" in schemas and schemas[0] != "pg_catalog"):
+        if fingerprint != plpgsql.expected_fingerprint() or ("pg_catalog" in schemas and schemas[0] != "pg_catalog"):
             return None
         if not _VERSIONS.fullmatch(versions or ""):
             return None
@@ -176,8 +165,8 @@ def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
 
 
 def _call(function: str, arguments: str, params: list) -> tuple:
-    """Call `public.<function>(<arguments>)` with `params`, provided the functions are exactly those the migration
-    installed (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
+    """Call `public.<function>(<arguments>)` with `params`, provided the functions are exactly those ledger/plpgsql
+    defines (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
     in autocommit (one round trip), or in a savepoint inside a transaction the caller already has open, so an error
     rolls back only the call.
     Returns (outcome, step, defaults_version, next_id, row); an altered function is never called: the outcome is then
@@ -206,9 +195,9 @@ def _call(function: str, arguments: str, params: list) -> tuple:
                     outcome.get("row"))
         return value, None, None, None, None
     _altered = True
-    log.error("the engine's PostgreSQL functions differ from those ledger/migrations/%s installed: they were "
-              "not called with the audit key, and this process takes the Python path from now on. Check who "
-              "changed them (pg_proc), then run the migration again.", FUNCTIONS_MIGRATION.rsplit(".", 1)[-1])
+    log.error("the engine's PostgreSQL functions differ from those ledger/plpgsql defines: they were not called "
+              "with the audit key, and this process takes the Python path from now on. Check who changed them "
+              "(pg_proc), then run `manage.py migrate`, which installs them again from the files.")
     return "altered", None, None, None, None
 
 

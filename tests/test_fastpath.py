@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger import fastpath
+from ledger import fastpath, plpgsql
 from ledger.audit import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
@@ -395,11 +395,8 @@ def test_a_function_replaced_to_keep_the_key_is_never_called_with_it(tools, capl
     """Someone with the database's credentials replaces the chain's function with one that keeps the key it is
     passed. The guard in the calling statement sees the definition changed and never calls it: nothing is kept, the
     steps take the Python path, and the chain still verifies."""
-    from ledger.migrations import __name__ as migrations  # noqa: F401 - the package the migration lives in
-    import importlib
-
     assert onboard(tools, "before").status == "completed"  # this connection has checked the functions: the guard's turn
-    installed = importlib.import_module(fastpath.FUNCTIONS_MIGRATION).FUNCTIONS["unwind_chain_hashes"]
+    installed = plpgsql.functions()["unwind_chain_hashes"].text
     keeping = installed.replace("BEGIN\n", "BEGIN\n    INSERT INTO public.kept_keys VALUES (p_ikey, p_okey);\n", 1)
     assert keeping != installed
     with connection.cursor() as cursor:

@@ -436,7 +436,8 @@ END $$;
 # Each statement of these functions keeps the one plan made for any values. Left to choose, PostgreSQL planned the
 # checks again at every call: planned for the call's values they looked cheaper (an empty list of roles finds
 # nothing, a key that is the empty string matches nothing), so the plan for any values was never kept. The setting
-# holds only while the function runs. `fastpath.expected_fingerprint` checks it with the bodies (`CONFIG`).
+# holds only while the function runs. The fast path's guard checks it with the bodies (`CONFIG`; from 0017 on,
+# `ledger.plpgsql` reads it from the files).
 SETTINGS = "SET plan_cache_mode = force_generic_plan"
 
 

@@ -1,0 +1,111 @@
+CREATE OR REPLACE FUNCTION unwind_compensated(
+    p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb,
+    p_undo_attempt jsonb,
+    p_forward bigint, p_forward_changes jsonb, p_next_forward bigint, p_next_forward_changes jsonb, p_next jsonb,
+    p_next_attempt jsonb, p_threshold text, p_settle jsonb, p_checkpoint jsonb,
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
+) RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    v_seq bigint;
+    v_prev text;
+    v_hashes text[];
+    v_status text;
+    v_lease timestamptz;
+    v_step integer;
+    v_steps jsonb;
+    v_threshold text;
+    v_dv integer;
+    v_undone integer;
+    v_ended integer;
+    v_row ledger_action;
+BEGIN
+    SELECT h.seq, h.hash, r.status, r.lease_expires_at, r.next_seq INTO v_seq, v_prev, v_status, v_lease, v_step
+      FROM ledger_audithead h, ledger_run r
+     WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
+       FOR NO KEY UPDATE;
+    IF NOT FOUND OR v_status <> 'unwinding' THEN
+        RETURN jsonb_build_object('outcome', 'fallback');
+    END IF;
+    IF p_lease IS NULL THEN
+        -- The unwinder holds the run's lease (else the Python path queues another unwinder).
+        IF v_lease IS NULL OR v_lease < now() THEN
+            RETURN jsonb_build_object('outcome', 'fallback');
+        END IF;
+    ELSIF v_lease IS NOT NULL AND v_lease >= now() THEN
+        RETURN jsonb_build_object('outcome', 'fallback');  -- another unwinder holds it
+    END IF;
+    -- Every action of the run as the caller read it before the locks: what it chose the next undo (or the
+    -- settling) from; the tenant's approval threshold the next undo's claim was decided with.
+    SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
+                FROM ledger_action a WHERE a.run_id = p_run), n.approval_threshold, (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
+      INTO v_steps, v_threshold, v_dv
+      FROM ledger_tenant n WHERE n.id = p_tenant;
+    IF v_steps <> p_steps OR (p_next IS NOT NULL AND v_threshold IS DISTINCT FROM p_threshold) THEN
+        RETURN jsonb_build_object('outcome', 'fallback');
+    END IF;
+    IF p_lease IS NOT NULL THEN
+        UPDATE ledger_run SET lease_expires_at = p_lease WHERE id = p_run;
+    END IF;
+    IF p_undo IS NOT NULL THEN
+        WITH undone AS (
+            UPDATE ledger_action a
+               SET status = n.status, result = n.result, after = n.after, verification = n.verification,
+           target_id = n.target_id, compensation_plan = n.compensation_plan, lease_owner = n.lease_owner,
+           lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
+           updated_at = n.updated_at, finished_at = n.finished_at
+              FROM jsonb_populate_record(NULL::ledger_action, p_undo_changes) n
+             WHERE a.id = p_undo AND a.run_id = p_run AND a.status = 'running' RETURNING a.id),
+        ended AS (
+            UPDATE ledger_attempt t
+               SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
+              FROM jsonb_populate_record(NULL::ledger_attempt, p_undo_attempt) f
+             WHERE t.action_id = p_undo AND t.number = f.number AND t.finished_at IS NULL),
+        compensated AS (
+            UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
+              FROM jsonb_populate_record(NULL::ledger_action, p_forward_changes) n
+             WHERE a.id = p_forward AND a.status = 'compensating' RETURNING a.id)
+        SELECT (SELECT count(*) FROM undone), (SELECT count(*) FROM compensated) INTO v_undone, v_ended;
+        IF v_undone <> 1 THEN RAISE EXCEPTION 'unwind: undo % moved under the run lock', p_undo; END IF;
+        IF v_ended <> 1 THEN RAISE EXCEPTION 'unwind: step % moved under the run lock', p_forward; END IF;
+    END IF;
+    IF p_next IS NOT NULL THEN
+        v_row := jsonb_populate_record(NULL::ledger_action, p_next);
+        v_row.seq := v_step;
+        v_row.defaults_version := v_dv;
+        WITH claimed AS (
+            UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at
+              FROM jsonb_populate_record(NULL::ledger_action, p_next_forward_changes) n
+             WHERE a.id = p_next_forward AND a.status = 'succeeded' RETURNING a.id),
+        numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run),
+        inserted AS (INSERT INTO ledger_action SELECT (v_row).*)
+        SELECT count(*) INTO v_ended FROM claimed;
+        IF v_ended <> 1 THEN RAISE EXCEPTION 'unwind: step % moved under the run lock', p_next_forward; END IF;
+        IF p_next_attempt IS NOT NULL THEN
+            INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
+                                        error_message, latency_ms)
+            SELECT v_row.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
+              FROM jsonb_populate_record(NULL::ledger_attempt, p_next_attempt) a;
+        END IF;
+    ELSE
+        v_step := NULL;
+        v_dv := NULL;
+    END IF;
+    IF p_settle IS NOT NULL THEN
+        WITH checkpointed AS (
+            INSERT INTO ledger_checkpoint SELECT * FROM jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint))
+        UPDATE ledger_run r SET status = n.status, lease_expires_at = NULL, updated_at = n.updated_at,
+                                finished_at = n.finished_at
+          FROM jsonb_populate_record(NULL::ledger_run, p_settle) n WHERE r.id = p_run;
+    END IF;
+    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
+    WITH chained AS (
+        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
+                                       hash, key_id)
+        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
+               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
+          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
+    UPDATE ledger_audithead
+       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
+     WHERE tenant_id = p_tenant;
+    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv);
+END $$;

@@ -1,0 +1,198 @@
+"""Issue 27: the engine's PostgreSQL functions live in files (ledger/plpgsql/*.sql), installed by `migrate`.
+
+A database migrated from nothing and one that ran the old migrations first end with the same definitions, the files';
+a file changed and `migrate` run again installs it; whatever the database holds that is not the files' (another
+body, another argument list, a function without a file) is replaced or dropped, and until then the fast path's
+guard refuses the functions (tests/test_fastpath.py: a function edited in the database is never called).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from ledger import fastpath, plpgsql, sql
+from tests.conftest import needs_postgres
+
+ROOT = Path(__file__).resolve().parent.parent
+AT_0016 = importlib.import_module("ledger.migrations.0016_attempt_sent_and_lease_at_commit")  # history, frozen
+
+# Every engine function as PostgreSQL would recreate it, with its settings.
+DEFINITIONS = (
+    "SELECT p.proname, pg_catalog.pg_get_functiondef(p.oid), pg_catalog.array_to_string(p.proconfig, ',')"
+    " FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'public'::regnamespace"
+    " AND p.proname >= 'unwind_' AND p.proname < 'unwind`'"
+    " ORDER BY p.proname, p.oid"
+)
+
+
+def definitions(cursor) -> list[tuple]:
+    cursor.execute(DEFINITIONS)
+    return cursor.fetchall()
+
+
+def installed_fingerprint() -> str:
+    return sql.fetch_one(fastpath.TRUST, [])[0]
+
+
+def edited(tmp_path: Path, name: str, before: str, after: str) -> dict:
+    """A copy of the files with `before` replaced by `after` in `name`'s."""
+    folder = tmp_path / "plpgsql"
+    shutil.copytree(plpgsql.FOLDER, folder, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+    path = folder / f"{name}.sql"
+    text = path.read_text()
+    assert text.count(before) == 1
+    path.write_text(text.replace(before, after))
+    return plpgsql.functions(folder)
+
+
+# --- a fresh database and an upgraded one ----------------------------------------------------------------------
+
+def _scratch_url(name: str) -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
+
+
+def _manage(url: str, *args) -> None:
+    env = {**os.environ, "DATABASE_URL": url, "UNWIND_INSECURE_DEV_KEY": "1"}
+    done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def scratch_databases():
+    """Two empty databases beside the test database, dropped afterwards."""
+    base = connection.settings_dict["NAME"]
+    names = [f"{base}_fresh", f"{base}_upgraded"]
+    admin = _scratch_url("postgres")
+    with psycopg.connect(admin, autocommit=True) as server:
+        for name in names:
+            server.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            server.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield [_scratch_url(name) for name in names]
+    finally:
+        with psycopg.connect(admin, autocommit=True) as server:
+            for name in names:
+                server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@needs_postgres
+@pytest.mark.slow
+def test_a_fresh_database_and_an_upgraded_one_end_with_the_files_definitions(scratch_databases):
+    fresh, upgraded = scratch_databases
+    _manage(fresh, "migrate", "--noinput")
+    _manage(upgraded, "migrate", "--noinput", "ledger", "0016")  # as a database deployed before the files
+    with psycopg.connect(upgraded) as db:
+        before = definitions(db.cursor())
+    _manage(upgraded, "migrate", "--noinput")
+
+    with psycopg.connect(fresh) as a, psycopg.connect(upgraded) as b:
+        ends = definitions(a.cursor()), definitions(b.cursor())
+        fingerprints = [db.execute(fastpath.TRUST).fetchone()[0] for db in (a, b)]
+    assert ends[0] == ends[1]
+    assert [name for name, *_ in ends[0]] == sorted(plpgsql.functions())  # each once: no other argument list
+    assert fingerprints == [plpgsql.expected_fingerprint()] * 2
+    assert [name for name, *_ in before] == [name for name, *_ in ends[0]]  # 0016 installed the same functions
+
+    _manage(fresh, "migrate", "--noinput", "ledger", "0016")  # back: 0016's text, whatever the files say now
+    with psycopg.connect(fresh) as db:
+        assert db.execute(fastpath.TRUST).fetchone()[0] == plpgsql.fingerprint(
+            {name: plpgsql.parse(name, text.lstrip("\n")) for name, text in AT_0016.FUNCTIONS.items()})
+
+
+@needs_postgres
+def test_the_files_fingerprint_is_what_the_migrated_database_holds(db):
+    """What `migrate` left in the test database is exactly the files: the guard's fingerprint of pg_proc is theirs,
+    and installing again changes nothing."""
+    assert installed_fingerprint() == plpgsql.expected_fingerprint()
+    assert plpgsql.install(connection) == []
+
+
+# --- a file changed, then installed --------------------------------------------------------------------------------
+
+@needs_postgres
+def test_a_changed_file_is_installed_by_migrate_and_only_then_trusted(db, tmp_path, monkeypatch):
+    """A function's file is edited (here: a comment in `unwind_succeed`'s body); `migrate`, with no migration to
+    run, installs it. The fingerprint the guard reads from pg_proc is then the edited files', not what this process
+    was started with: the fast path refuses them until the process runs with the same files."""
+    changed = edited(tmp_path, "unwind_succeed", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
+    monkeypatch.setattr(plpgsql, "FOLDER", tmp_path / "plpgsql")
+    with connection.cursor() as cursor:
+        before = dict((name, text) for name, text, _ in definitions(cursor))
+
+    call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step installs the file
+
+    with connection.cursor() as cursor:
+        after = dict((name, text) for name, text, _ in definitions(cursor))
+    assert "-- edited in its file" in after["unwind_succeed"] and after["unwind_succeed"] != before["unwind_succeed"]
+    assert {name for name in after if after[name] != before[name]} == {"unwind_succeed"}
+    assert installed_fingerprint() == plpgsql.fingerprint(changed) != plpgsql.expected_fingerprint()
+    fastpath._trusted.pop(connection.connection, None)
+    assert fastpath._trust(connection) is None  # this process's files are not what the database holds
+
+    monkeypatch.undo()
+    assert plpgsql.install(connection) == ["unwind_succeed"]  # the files again
+    assert installed_fingerprint() == plpgsql.expected_fingerprint()
+    assert fastpath._trust(connection) is not None
+    fastpath._trusted.pop(connection.connection, None)  # checked rows the test's rollback takes away
+
+
+@needs_postgres
+def test_a_changed_setting_is_installed(db, tmp_path):
+    changed = edited(tmp_path, "unwind_failed", "SET plan_cache_mode = force_generic_plan",
+                     "SET plan_cache_mode = force_custom_plan")
+    assert plpgsql.install(connection, changed) == ["unwind_failed"]
+    assert sql.fetch_one("SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE proname = 'unwind_failed'",
+                         []) == ("plan_cache_mode=force_custom_plan",)
+    assert installed_fingerprint() == plpgsql.fingerprint(changed)
+
+
+@needs_postgres
+def test_a_file_that_changes_the_arguments_replaces_the_function(db, tmp_path):
+    """CREATE OR REPLACE alone would add a second `unwind_chain_hashes` beside the old one (another argument list),
+    and the guard, which fingerprints every one, would never trust the functions again."""
+    changed = edited(tmp_path, "unwind_chain_hashes", "p_events jsonb\n", "p_events jsonb, p_step integer DEFAULT 1\n")
+    text = changed["unwind_chain_hashes"].text.replace("p_seq := p_seq + 1;", "p_seq := p_seq + p_step;")
+    changed["unwind_chain_hashes"] = plpgsql.parse("unwind_chain_hashes", text)
+    assert plpgsql.install(connection, changed) == ["unwind_chain_hashes"]
+    assert sql.fetch_one("SELECT count(*), max(pronargs) FROM pg_proc WHERE proname = 'unwind_chain_hashes'",
+                         []) == (1, 6)
+    assert installed_fingerprint() == plpgsql.fingerprint(changed)
+
+
+@needs_postgres
+def test_what_has_no_file_is_dropped(db):
+    """A function named like the engine's that no file defines (planted, or one a file no longer holds), and a second
+    argument list of one that a file defines: both dropped, the file's own left alone."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE FUNCTION public.unwind_planted() RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$")
+        cursor.execute("CREATE FUNCTION public.unwind_succeed(integer) RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$")
+    assert installed_fingerprint() != plpgsql.expected_fingerprint()
+    assert plpgsql.install(connection) == ["unwind_planted", "unwind_succeed"]
+    assert installed_fingerprint() == plpgsql.expected_fingerprint()
+    assert sql.fetch_one("SELECT count(*) FROM pg_proc WHERE proname IN ('unwind_planted', 'unwind_succeed')",
+                         []) == (1,)
+
+
+def test_each_file_defines_the_function_it_is_named_for(tmp_path):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    text = (plpgsql.FOLDER / "unwind_failed.sql").read_text()
+    (folder / "unwind_other.sql").write_text(text)
+    with pytest.raises(ValueError, match="unwind_other"):
+        plpgsql.functions(folder)
+    (folder / "unwind_other.sql").unlink()
+    (folder / "unwind_failed.sql").write_text(text.replace("SET plan_cache_mode = force_generic_plan",
+                                                           "SET plan_cache_mode TO 'force_generic_plan'"))
+    with pytest.raises(ValueError, match="SET"):
+        plpgsql.functions(folder)
