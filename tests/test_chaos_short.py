@@ -72,6 +72,7 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
     settings.UNWIND_TOOL_BASE_URL = live_server.url
     settings.UNWIND_THROTTLE_RATE = "1000000/min"
     settings.UNWIND_INLINE_WAIT = 1.0
+    settings.UNWIND_LEASE_SECONDS = 6  # the scripted claims' leases: the tool's timeout + this
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the workers, as in production
     cache.clear()
     cast = cast_create(tool_timeout=3)  # resets both tenants' sandbox worlds
@@ -94,7 +95,9 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
             run = run_open(tenant=cast.tenant, agent=None, goal=f"scripted {failpoint or 'twice'}",
                            actor="agent:chaos-agent")
             scripted.append(run)
-            proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:chaos-agent")
+            # Claimed for the process that dies at the failpoint, with a lease that covers its start.
+            proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:chaos-agent",
+                                      queued=bool(failpoint))
             recorder.opened(run.pk, "scripted", "test").actions.add(proposal.action.pk)
             recorder.runs[run.pk].ended = "scripted"
             if failpoint:

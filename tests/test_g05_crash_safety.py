@@ -187,13 +187,16 @@ def wait_until(predicate, timeout=30.0):
     ("hr.create_user", {"email": "k@x.io", "name": "K"}),
     ("email.send", {"to": "k@x.io", "subject": "S", "body": "b"}),
 ])
-def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_worker(http_tools, tool, args):
+def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_worker(http_tools, tool, args, settings):
     from tests.conftest import POLICY
 
     spec = dict(POLICY["tools"][tool], timeout=1)
     tool_upsert(tenant=http_tools.acme, name=tool, spec=spec, actor="test")
     run = open_run(http_tools)
-    proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker")
+    # Claimed for another process, as for a worker's task: its lease covers that process's start (seconds on a busy
+    # machine), or the process finds its lease gone and, rightly, sends nothing.
+    settings.UNWIND_LEASE_SECONDS = 6
+    proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker", queued=True)
     code = ("import django; django.setup(); from ledger.services import execution; "
             f"execution.execute({proposal.action.pk}, owner={proposal.owner!r})")
     dying = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True,
