@@ -5,7 +5,8 @@ every fallback take the Python path (ledger/services/*, ledger/sql.py, ledger/tr
 engine supports runs here twice in one test database, once with the fast path and once with UNWIND_FAST_PATH off,
 each from the same sandbox world, and the ledgers the two leave are compared row by row and value by value: runs,
 actions, attempts, checkpoints, recovery items, approval requests and the audit events, in order. Only what must
-differ between any two runs is normalised (see `Normaliser`); the answers the agent saw are compared too.
+differ between any two runs is normalised (see `Normaliser`); the answers the agent saw are compared too (each
+step's answer or refusal, and each run as GET /api/v1/runs/<id> shows it).
 
 `test_a_rule_changed_only_in_the_sql_is_caught` proves the comparison's power: it installs, inside its own
 transaction, a function with one changed line and asserts the comparison reports the difference.
@@ -305,6 +306,18 @@ class Phase:
         self.called = [q["sql"] for q in queries.captured_queries if "public.unwind_" in q["sql"]]
         self.runs = list(Run.objects.filter(tenant=world.acme, pk__gt=last_run).order_by("pk"))
         self.events = list(AuditEvent.objects.filter(tenant=world.acme, seq__gt=last_event).order_by("seq"))
+        self.answers.append([api_view(run) for run in self.runs])
+
+
+def api_view(run: Run) -> dict:
+    """The run as the API shows it to its agent (GET /api/v1/runs/<id>: its steps, checkpoints and links)."""
+    from rest_framework.request import Request
+    from rest_framework.test import APIRequestFactory
+
+    from ledger.api.runs import run_response
+
+    body = run_response(Request(APIRequestFactory().get(f"/api/v1/runs/{run.pk}")), run).data
+    return {"run_id": body.pop("id"), **body}  # (the normaliser names each nested "id" by the list it is in)
 
 
 def rows(model, queryset) -> list[dict]:
@@ -334,7 +347,8 @@ class Normaliser:
     - Row ids (runs, actions, attempts, checkpoints, recovery items, approval requests, audit events): drawn from
       sequences, and the fast path draws them ahead (fastpath._next_*), so two runs never share them. Each becomes
       its kind and its rank in the phase (R0, A1…), wherever a field, an event's data, a checkpoint's state, an
-      answer or a sentence names it, so a row that points at the wrong one still differs.
+      answer, a link (`/api/v1/runs/12`, `/approvals/3/`) or a sentence ("run 12 was cancelled") names it, so a row
+      that points at the wrong one still differs.
     - Times (created, updated, finished, sent, leases, deadlines, event times): taken from the clock.
     - The audit chain's seq, prev_hash and hash, and the events' `run_state`/`action_state` fingerprints: positions
       in the tenant's chain and digests over the ids and times above. The events' order and every other datum are
@@ -366,6 +380,9 @@ class Normaliser:
     OWN_KEY = re.compile(r"\bk-(fastpath|python)-")
     WORKER = re.compile(r":[0-9a-f]{8}(?=#|$)")
     NAMED = re.compile(r"\b(run) (\d+)\b")  # "run 12 was cancelled" (a "step 3" is its seq, compared as is)
+    LISTS = {"actions": "A", "checkpoints": "C", "approval": "Q", "steps": "A", "compensations": "A"}  # API bodies
+    URL = re.compile(r"/(runs|actions|approvals)/(\d+)\b")  # the API's and the pages' links
+    PAGES = {"runs": "R", "actions": "A", "approvals": "Q"}
     KEYED = re.compile(r"^((?:[a-z_]+\.)?)([a-z]+):(\d+)$")
 
     def __init__(self, data: dict):
@@ -379,7 +396,7 @@ class Normaliser:
             return self.ids.get((kind, value), f"{kind}?{value}")  # an id from outside the phase stays visible
         if isinstance(value, list):
             return [self.name(kind, v) for v in value]
-        return value
+        return self(value)  # a link or a sentence under an id's name
 
     def __call__(self, value, key: str = ""):
         if key in self.FIELDS:
@@ -391,13 +408,16 @@ class Normaliser:
         if isinstance(value, (datetime.datetime, datetime.date)):
             return "TIME"
         if isinstance(value, dict):
-            return {self.key(k): "…" if self.KEYED.match(str(k)) else self(v, k) for k, v in value.items()}
+            return {self.key(k): "…" if self.KEYED.match(str(k)) else
+                    self.name(self.LISTS[key], v) if k == "id" and key in self.LISTS else self(v, k)
+                    for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self(v, key) for v in value]
         if isinstance(value, str):
             value = self.OWN_KEY.sub("k-PATH-", self.KEY.sub("uw-KEY", self.TIME.sub("TIME", value)))
             if key == "worker":
                 value = self.WORKER.sub(":TOKEN", value)
+            value = self.URL.sub(lambda m: f"/{m[1]}/{self.name(self.PAGES[m[1]], int(m[2]))}", value)
             value = self.NAMED.sub(lambda m: f"{m[1]} {self.name('R', int(m[2]))}", value)
             return self.RECORD.sub(r"\1_ID", value)
         return value
