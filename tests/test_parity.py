@@ -535,7 +535,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
     # The completion's checkpoint, built in SQL: a completed run resumes (`execution.checkpoint_state`); here not.
     ("unwind_complete", "'recovery_mode', 'resume'", "'recovery_mode', 'compensate'", "ok",
      ".checkpoints[0].state.recovery_mode: 'compensate' != 'resume'"),
-])
+], ids=["succeed-attempt-error", "complete-checkpoint-mode"])
 def test_a_rule_changed_only_in_the_sql_is_caught(tools, settings, commit, monkeypatch, function, line, changed,
                                                   name, where):
     before = fastpath._altered
