@@ -26,6 +26,13 @@ from tests.helpers import act, open_run
 
 pytestmark = needs_postgres
 
+
+@pytest.fixture(autouse=True)
+def _fast_path_on(settings):
+    """These tests are about the fast path: on even in the run with UNWIND_FAST_PATH=0 (tests/test_parity.py compares
+    the two paths)."""
+    settings.UNWIND_FAST_PATH = True
+
 def onboard(world, goal: str) -> Run:
     run = open_run(world, goal=goal)
     user = act(run, "hr.create_user", {"email": f"{goal}@company.com", "name": goal})

@@ -1,0 +1,547 @@
+"""Issue 27: the two paths held to one behaviour.
+
+On PostgreSQL each plain transaction of a step is one call of a PL/pgSQL function (ledger/fastpath.py); SQLite and
+every fallback take the Python path (ledger/services/*, ledger/sql.py, ledger/transitions.py). Every scenario the
+engine supports runs here twice in one test database, once with the fast path and once with UNWIND_FAST_PATH off,
+each from the same sandbox world, and the ledgers the two leave are compared row by row and value by value: runs,
+actions, attempts, checkpoints, recovery items, approval requests and the audit events, in order. Only what must
+differ between any two runs is normalised (see `Normaliser`); the answers the agent saw are compared too (each
+step's answer or refusal, and each run as GET /api/v1/runs/<id> shows it).
+
+`test_a_rule_changed_only_in_the_sql_is_caught` proves the comparison's power: it installs, inside its own
+transaction, a function with one changed line and asserts the comparison reports the difference.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+import time
+import weakref
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision, ApprovalRequest
+from approvals.services import approval_decide, approvals_expire
+from ledger import fastpath
+from ledger.audit import verify_chain
+from ledger.errors import UnwindError
+from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
+from ledger.services import execution
+from ledger.services.actions import action_propose
+from ledger.services.execution import mark_sent
+from ledger.services.runs import run_cancel, run_complete, run_expire_idle
+from ledger.services.sweep import sweep
+from ledger.services.tools import tenant_defaults_set, tool_upsert
+from recovery.models import RecoveryItem
+from sandbox import callables
+from sandbox import services as sandbox
+from sandbox.services import sandbox_reset
+from tests.conftest import in_process_policy
+from tests.helpers import act, fault, open_run
+
+pytestmark = pytest.mark.skipif(
+    not django_settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+    reason="compares the PostgreSQL functions' path with the Python path: PostgreSQL only "
+           "(run with DATABASE_URL=postgres://…); SQLite has only the Python path")
+
+FLIGHT = {"passenger": "P", "flight": "LH1", "date": "2026-12-01"}
+HOTEL = {"guest": "G", "hotel": "H", "nights": 1}
+USER = {"email": "ann@company.com", "name": "Ann"}
+MAIL = {"to": "ann@home.example", "subject": "Welcome", "body": "Hi"}
+
+
+# --- what the agent sees -------------------------------------------------------------------------------------------
+
+def answer_of(proposal) -> dict:
+    action = Action.objects.get(pk=proposal.action.pk)
+    return {"action": action.pk, "seq": action.seq, "replayed": proposal.replayed,
+            "matched_by": getattr(proposal, "matched_by", None), "claimed": proposal.claimed,
+            "status": action.status, "result": action.result, "error_class": action.error_class}
+
+
+def step(run, tool, args, **kwargs) -> dict:
+    """`act` as the API answers it: the action's final state, or the refusal (status, code, sentence, extras)."""
+    try:
+        action = act(run, tool, args, **kwargs)
+    except UnwindError as refused:
+        return refusal(refused)
+    return {"action": action.pk, "seq": action.seq, "status": action.status, "result": action.result,
+            "attempts": action.attempts, "error_class": action.error_class, "run": run.status}
+
+
+def refusal(error: UnwindError) -> dict:
+    return {"refused": type(error).__name__, "http": error.status, "code": getattr(error, "code", None),
+            "detail": error.detail, "extra": getattr(error, "extra", None)}
+
+
+def own_key() -> str:
+    """An explicit idempotency key: unique per tenant and agent for good, so each path sends its own."""
+    return f"k-{PATH[0]}-1"
+
+
+PATH = ["fastpath"]  # the path the scenario runs on (set by `Phase`)
+
+
+def run_answer(run: Run) -> dict:
+    run = Run.objects.get(pk=run.pk)
+    return {"run": run.pk, "status": run.status, "pivot": run.pivot_committed}
+
+
+# --- the scenarios: each builds its state through the services, as the other tests do --------------------------------
+
+def ok_saga(world, commit):
+    run = open_run(world, goal="onboard")
+    user = step(run, "hr.create_user", USER)
+    lic = step(run, "licenses.provision", {"user_id": user["result"]["id"]})
+    done = run_complete(run=run, actor="agent:booker")
+    return [user, lic, run_answer(done)]
+
+
+def failing_saga(world, commit):
+    run = open_run(world, goal="onboard and fail")
+    user = step(run, "hr.create_user", USER)
+    lic = step(run, "licenses.provision", {"user_id": user["result"]["id"]})
+    fault("email.send", "status", status=422)  # email.send: on_refusal unwind, newest first
+    mail = step(run, "email.send", MAIL)
+    return [user, lic, mail, run_answer(run)]
+
+
+def retried_step(world, commit):
+    run = open_run(world, goal="retry")
+    fault("email.send", "status", status=503, times=1)  # transient once, then the call succeeds
+    mail = step(run, "email.send", MAIL)
+    return [mail, run_answer(run)]
+
+
+def _gated_charge(world):
+    run = open_run(world, goal="charge")
+    flight = step(run, "travel.book_flight", FLIGHT)
+    charge = step(run, "payments.charge", {"customer": "cus_1", "amount_cents": 5000})
+    return run, [flight, charge], ApprovalRequest.objects.get(action_id=charge["action"])
+
+
+def approved(world, commit):
+    run, answers, request = _gated_charge(world)
+    with commit():
+        approval_decide(request=request, user=world.alice, approve=True)
+    return [*answers, run_answer(run)]
+
+
+def rejected(world, commit):
+    run, answers, request = _gated_charge(world)
+    with commit():
+        approval_decide(request=request, user=world.alice, approve=False, reason="Amount looks wrong")
+    return [*answers, run_answer(run)]
+
+
+def expired(world, commit):
+    run, answers, request = _gated_charge(world)
+    with commit():
+        count = approvals_expire(now=timezone.now() + timedelta(hours=2))
+    return [*answers, count, run_answer(run)]
+
+
+def cancel_before(world, commit):
+    run = open_run(world, goal="cancel")
+    user = step(run, "hr.create_user", USER)
+    run_cancel(run=run, actor="agent:booker", reason="user changed their mind")
+    after = step(run, "travel.reserve_hotel", HOTEL)  # refused: the run is cancelled
+    return [user, after, run_answer(run)]
+
+
+def cancel_during(world, commit):
+    run = open_run(world, goal="cancel in flight")
+    user = step(run, "hr.create_user", USER)
+    in_flight = action_propose(run=run, tool_name="travel.book_flight", args=FLIGHT, actor="agent:booker")
+    run_cancel(run=run, actor="agent:booker")
+    waiting = run_answer(run)
+    execution.execute(in_flight.action.pk, owner=in_flight.owner)
+    execution.unwind(run.pk)
+    return [user, answer_of(in_flight), waiting, run_answer(run)]
+
+
+def drift(world, commit):
+    run = open_run(world, goal="escalate")
+    change = step(run, "crm.update_ticket", {"ticket_id": "T-182", "priority": "high"})
+    sandbox.crm_update_ticket(tenant=world.acme, ticket_id="T-182", status="pending", priority=None,
+                              note="customer replied", updated_by="dana")
+    run_cancel(run=run, actor="agent:booker")
+    return [change, run_answer(run)]
+
+
+def _short_lease(world, name, **overrides):
+    spec = dict(in_process_policy()["tools"][name], timeout=0.2, **overrides)
+    tool_upsert(tenant=world.acme, name=name, spec=spec, actor="test")
+
+
+def _wait_for_lease(action_id):
+    lease = Action.objects.get(pk=action_id).lease_expires_at
+    time.sleep(max(0.0, lease.timestamp() - time.time()) + 0.05)
+
+
+def lost_unknown(world, commit):
+    """Sent, the worker lost, and nothing can read the outcome back: a person is asked."""
+    run = open_run(world, goal="unknown")
+    sent = action_propose(run=run, tool_name="email.send", args=MAIL, actor="agent:booker")
+    assert mark_sent(sent.action, sent.owner)
+    _wait_for_lease(sent.action.pk)
+    with commit():
+        sweep()
+    return [answer_of(sent), run_answer(run)]
+
+
+def lost_read_back(world, commit):
+    """The worker called the tool and died before recording: the sweep sends it again with the same key."""
+    run = open_run(world, goal="read back")
+    proposal = action_propose(run=run, tool_name="hr.create_user", args=USER, actor="agent:booker")
+    callables.hr_create_user(USER, idempotency_key=proposal.action.tool_key, tenant="acme")
+    _wait_for_lease(proposal.action.pk)
+    with commit():
+        sweep()
+    return [answer_of(proposal), run_answer(run)]
+
+
+def idle_unwind(world, commit):
+    run = open_run(world, goal="walked away")
+    user = step(run, "hr.create_user", USER)
+    past = timezone.now() - timedelta(seconds=7200)
+    Run.objects.filter(pk=run.pk).update(updated_at=past, idle_deadline=past)
+    Action.objects.filter(run=run).update(updated_at=past)
+    with commit():
+        expired_now = run_expire_idle(run_id=run.pk)
+    return [user, expired_now, run_answer(run)]
+
+
+def ordering_refusals(world, commit):
+    run = open_run(world, goal="ordering")
+    flight = step(run, "travel.book_flight", FLIGHT)
+    charge = step(run, "payments.charge", {"customer": "c", "amount_cents": 100})
+    hotel = step(run, "travel.reserve_hotel", HOTEL)  # compensatable after the pivot
+    again = step(run, "payments.charge", {"customer": "c", "amount_cents": 200})  # a second pivot
+    mail = step(run, "email.send", MAIL)
+    late = step(run, "payments.charge", {"customer": "c", "amount_cents": 300})  # a pivot after a retriable step
+    return [flight, charge, hotel, again, mail, late, run_answer(run)]
+
+
+def replay_by_key(world, commit):
+    run = open_run(world, goal="replay by key")
+    answers = []
+    for _ in range(2):
+        proposal = action_propose(run=run, tool_name="hr.create_user", args=USER, actor="agent:booker",
+                                  idempotency_key=own_key())
+        if proposal.claimed:
+            execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        answers.append(answer_of(proposal))
+    return [*answers, run_answer(run)]
+
+
+def replay_by_content(world, commit):
+    run = open_run(world, goal="replay by content")
+    answers = []
+    for args in (HOTEL, {"nights": 1.0, "hotel": "H", "guest": "G"}):  # the same content, written again
+        proposal = action_propose(run=run, tool_name="travel.reserve_hotel", args=args, actor="agent:booker")
+        if proposal.claimed:
+            execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        answers.append(answer_of(proposal))
+    return [*answers, run_answer(run)]
+
+
+def key_mismatch(world, commit):
+    run = open_run(world, goal="mismatch")
+    first = step(run, "hr.create_user", USER, key=own_key())
+    other = step(run, "hr.create_user", {"email": "bob@company.com", "name": "Bob"}, key=own_key())
+    assert other["http"] == 422
+    return [first, other, run_answer(run)]
+
+
+def _no_gate(world):
+    tenant_defaults_set(tenant=world.acme, values={"approval_threshold": "critical"}, actor="user:ada")
+
+
+def _lost_tools(world):
+    _short_lease(world, "hr.create_user")
+    spec = dict(in_process_policy()["tools"]["email.send"], timeout=0.2)
+    spec.pop("lookup")  # nothing can read its outcome back
+    tool_upsert(tenant=world.acme, name="email.send", spec=spec, actor="test")
+
+
+# Each scenario, what it needs first, and the functions its fast run must call (else it would compare the Python path
+# with itself): every function but open_run, propose and succeed, which every scenario calls.
+OPEN = {"unwind_open_run", "unwind_propose", "unwind_succeed"}
+UNDO = OPEN | {"unwind_compensated"}
+SCENARIOS = {
+    "ok": (ok_saga, None, OPEN | {"unwind_complete"}),
+    "failing": (failing_saga, None, UNDO | {"unwind_failed"}),
+    "retried": (retried_step, _no_gate, OPEN),
+    "approved": (approved, None, OPEN), "rejected": (rejected, None, UNDO), "expired": (expired, None, UNDO),
+    "cancel_before": (cancel_before, None, UNDO), "cancel_during": (cancel_during, None, UNDO),
+    "drift": (drift, None, UNDO),
+    "lost_unknown": (lost_unknown, _lost_tools, {"unwind_open_run", "unwind_propose"}),
+    "lost_read_back": (lost_read_back, _lost_tools, OPEN),
+    "idle": (idle_unwind, None, UNDO), "ordering": (ordering_refusals, _no_gate, OPEN),
+    "replay_key": (replay_by_key, None, OPEN), "replay_content": (replay_by_content, None, OPEN),
+    "key_mismatch": (key_mismatch, None, OPEN),
+}
+
+
+# --- running a scenario on each path, and what it left ---------------------------------------------------------------
+
+class Phase:
+    """One path's run of a scenario: the answers, the ledger rows it added, and the functions it called."""
+
+    def __init__(self, world, settings, scenario, fast: bool, commit):
+        settings.UNWIND_FAST_PATH = fast
+        PATH[0] = "fastpath" if fast else "python"
+        sandbox_reset(tenant=world.acme)  # each path starts from the same world (its ids are drawn anew)
+        last_run = Run.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+        last_event = AuditEvent.objects.filter(tenant=world.acme).order_by("-seq").values_list("seq", flat=True)
+        last_event = last_event.first() or 0
+        with CaptureQueriesContext(connection) as queries:
+            self.answers = scenario(world, commit)
+        self.called = [q["sql"] for q in queries.captured_queries if "public.unwind_" in q["sql"]]
+        self.runs = list(Run.objects.filter(tenant=world.acme, pk__gt=last_run).order_by("pk"))
+        self.events = list(AuditEvent.objects.filter(tenant=world.acme, seq__gt=last_event).order_by("seq"))
+        self.answers.append([api_view(run) for run in self.runs])
+
+
+def api_view(run: Run) -> dict:
+    """The run as the API shows it to its agent (GET /api/v1/runs/<id>: its steps, checkpoints and links)."""
+    from rest_framework.request import Request
+    from rest_framework.test import APIRequestFactory
+
+    from ledger.api.runs import run_response
+
+    body = run_response(Request(APIRequestFactory().get(f"/api/v1/runs/{run.pk}")), run).data
+    return {"run_id": body.pop("id"), **body}  # (the normaliser names each nested "id" by the list it is in)
+
+
+def rows(model, queryset) -> list[dict]:
+    return [{f.attname: getattr(obj, f.attname) for f in model._meta.concrete_fields} for obj in queryset]
+
+
+def ledger(phase: Phase) -> dict:
+    runs = [r.pk for r in phase.runs]
+    actions = Action.objects.filter(run_id__in=runs).order_by("run_id", "seq", "pk")
+    return {
+        "runs": rows(Run, Run.objects.filter(pk__in=runs).order_by("pk")),
+        "actions": rows(Action, actions),
+        "attempts": rows(Attempt, Attempt.objects.filter(action__run_id__in=runs).order_by("action__seq", "number")),
+        "checkpoints": rows(Checkpoint, Checkpoint.objects.filter(run_id__in=runs).order_by("pk")),
+        "recovery": rows(RecoveryItem, RecoveryItem.objects.filter(run_id__in=runs).order_by("pk")),
+        "approvals": rows(ApprovalRequest, ApprovalRequest.objects.filter(run_id__in=runs).order_by("pk")),
+        "decisions": rows(ApprovalDecision, ApprovalDecision.objects.filter(request__run_id__in=runs).order_by("pk")),
+        "events": rows(AuditEvent, phase.events),
+        "answers": phase.answers,
+    }
+
+
+class Normaliser:
+    """What must differ between two runs of one scenario, written the same way for both; everything else is compared
+    as stored.
+
+    - Row ids (runs, actions, attempts, checkpoints, recovery items, approval requests, audit events): drawn from
+      sequences, and the fast path draws them ahead (fastpath._next_*), so two runs never share them. Each becomes
+      its kind and its rank in the phase (R0, A1…), wherever a field, an event's data, a checkpoint's state, an
+      answer, a link (`/api/v1/runs/12`, `/approvals/3/`) or a sentence ("run 12 was cancelled") names it, so a row
+      that points at the wrong one still differs.
+    - Times (created, updated, finished, sent, leases, deadlines, event times): taken from the clock.
+    - The audit chain's seq, prev_hash and hash, and the events' `run_state`/`action_state` fingerprints: positions
+      in the tenant's chain and digests over the ids and times above. The events' order and every other datum are
+      compared; `verify_chain` checks both chains.
+    - Derived idempotency keys (`uw-…`) and the keys sent to tools: a digest over the run's id. Explicit keys are
+      unique per tenant and agent for good, so each path sends its own (`k-fastpath-1`, `k-python-1`).
+    - `args_hash` and `content_key`: digests over arguments that may hold a sandbox record id (below); each is
+      checked against the Python rule's own digest of the stored arguments and then written as that rule's name.
+    - The fingerprints of the rows an event touched (`rows`: `{"recoveryitem:12": digest}`): digests over the ids and
+      times above (the rows themselves are compared in their own tables).
+    - Lease owners and the worker names on attempts: a random token per claim and per process.
+    - Attempt latencies: measured.
+    - The sandbox's record ids (`usr_1a2b…`): random per record.
+    """
+
+    KINDS = {"runs": "R", "actions": "A", "attempts": "T", "checkpoints": "C", "recovery": "I", "approvals": "Q",
+             "decisions": "D", "events": "E"}
+    MODELS = {"run": "R", "action": "A", "attempt": "T", "checkpoint": "C", "recoveryitem": "I",
+              "approvalrequest": "Q", "approvaldecision": "D"}
+    FIELDS = {"run_id": "R", "run": "R", "run_ref": "R", "action_id": "A", "action": "A", "action_ref": "A",
+              "compensates_id": "A", "compensates": "A", "repeat_of_id": "A", "repeat_of": "A", "compensation": "A", "for_action": "A",
+              "checkpoint_id": "C", "checkpoint": "C", "item_id": "I", "item": "I", "request_id": "Q", "decision_id": "D",
+              "request": "Q"}
+    CLOCK = {"prev_hash", "hash", "run_state", "action_state", "lease_owner", "latency_ms",
+             "reclaimed_from"}
+    TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+(\+00:00|Z)?")
+    RECORD = re.compile(r"\b([a-z]{2,5})_[0-9a-f]{8,}\b")
+    KEY = re.compile(r"\buw-[0-9a-f]{16,}\b")
+    OWN_KEY = re.compile(r"\bk-(fastpath|python)-")
+    WORKER = re.compile(r":[0-9a-f]{8}(?=#|$)")
+    NAMED = re.compile(r"\b(run) (\d+)\b")  # "run 12 was cancelled" (a "step 3" is its seq, compared as is)
+    LISTS = {"actions": "A", "checkpoints": "C", "approval": "Q", "steps": "A", "compensations": "A"}  # API bodies
+    URL = re.compile(r"/(runs|actions|approvals)/(\d+)\b")  # the API's and the pages' links
+    PAGES = {"runs": "R", "actions": "A", "approvals": "Q"}
+    KEYED = re.compile(r"^((?:[a-z_]+\.)?)([a-z]+):(\d+)$")
+
+    def __init__(self, data: dict):
+        self.ids: dict[tuple[str, int], str] = {}
+        for table, kind in self.KINDS.items():
+            for rank, row in enumerate(data[table]):
+                self.ids[(kind, row["id"])] = f"{kind}{rank}"
+
+    def name(self, kind: str, value):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return self.ids.get((kind, value), f"{kind}?{value}")  # an id from outside the phase stays visible
+        if isinstance(value, list):
+            return [self.name(kind, v) for v in value]
+        return self(value)  # a link or a sentence under an id's name
+
+    def __call__(self, value, key: str = ""):
+        if key in self.FIELDS:
+            return self.name(self.FIELDS[key], value)
+        if key.endswith("_ids"):  # a checkpoint's completed/pending/awaiting steps, a decision's actions
+            return self.name("A", value)
+        if key in self.CLOCK:
+            return "…" if value not in (None, "") else value
+        if isinstance(value, (datetime.datetime, datetime.date)):
+            return "TIME"
+        if isinstance(value, dict):
+            return {self.key(k): "…" if self.KEYED.match(str(k)) else
+                    self.name(self.LISTS[key], v) if k == "id" and key in self.LISTS else self(v, k)
+                    for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self(v, key) for v in value]
+        if isinstance(value, str):
+            value = self.OWN_KEY.sub("k-PATH-", self.KEY.sub("uw-KEY", self.TIME.sub("TIME", value)))
+            if key == "worker":
+                value = self.WORKER.sub(":TOKEN", value)
+            value = self.URL.sub(lambda m: f"/{m[1]}/{self.name(self.PAGES[m[1]], int(m[2]))}", value)
+            value = self.NAMED.sub(lambda m: f"{m[1]} {self.name('R', int(m[2]))}", value)
+            return self.RECORD.sub(r"\1_ID", value)
+        return value
+
+    def key(self, key):
+        """Keys that name a row (an event's `rows`: `recoveryitem:12`)."""
+        found = self.KEYED.match(key) if isinstance(key, str) else None
+        if found and found[2] in self.MODELS:
+            return f"{found[1]}{found[2]}:{self.name(self.MODELS[found[2]], int(found[3]))}"
+        return key
+
+    def row(self, table: str, row: dict) -> dict:
+        out = {}
+        for field, value in row.items():
+            if field == "id":
+                out[field] = self.name(self.KINDS[table], value)
+            elif table == "events" and field == "seq":  # the chain's position (a step's seq is compared)
+                out[field] = "…"
+            elif table == "actions" and field in ("args_hash", "content_key"):
+                out[field] = self.digest(row, field)
+            else:
+                out[field] = self(value, field)
+        return out
+
+    @staticmethod
+    def digest(row: dict, field: str) -> str:
+        from ledger.canonical import digest
+        from ledger.models import Tool
+        from ledger.services.actions import content_key_of, target_of
+
+        if field == "args_hash":
+            expected = digest(row["args"])
+        elif row["kind"] != "forward" or not row[field]:
+            return row[field]
+        else:  # the target as proposed (a target named by the result is filled in later)
+            tool = Tool.objects.get(pk=row["tool_id"])
+            expected = content_key_of(tool=tool, target_id=target_of(tool, row["args"], None), args=row["args"])
+        return f"{field} of the args" if row[field] == expected else row[field]
+
+    def ledger(self, data: dict) -> dict:
+        return {table: self(rows_, "") if table == "answers" else [self.row(table, r) for r in rows_]
+                for table, rows_ in data.items()}
+
+
+def normalised(phase: Phase) -> dict:
+    data = ledger(phase)
+    return Normaliser(data).ledger(data)
+
+
+def differences(fast: dict, slow: dict, path: str = "") -> list[str]:
+    """Every place the two ledgers differ, as `path: fast != slow` (all of them, not the first)."""
+    if isinstance(fast, dict) and isinstance(slow, dict):
+        found = []
+        for key in sorted(set(fast) | set(slow), key=str):
+            if key not in fast or key not in slow:
+                found.append(f"{path}.{key}: only in {'fast' if key in fast else 'python'}")
+            else:
+                found += differences(fast[key], slow[key], f"{path}.{key}")
+        return found
+    if isinstance(fast, list) and isinstance(slow, list):
+        found = [f"{path}: {len(fast)} rows != {len(slow)} rows"] if len(fast) != len(slow) else []
+        for i, (a, b) in enumerate(zip(fast, slow)):
+            found += differences(a, b, f"{path}[{i}]")
+        return found
+    return [] if fast == slow else [f"{path}: {fast!r} != {slow!r}"]
+
+
+def both_paths(world, settings, name: str, commit) -> tuple[Phase, Phase]:
+    scenario, setup, _ = SCENARIOS[name]
+    if setup:
+        setup(world)
+    fast = Phase(world, settings, scenario, True, commit)
+    slow = Phase(world, settings, scenario, False, commit)
+    return fast, slow
+
+
+@pytest.fixture
+def commit(django_capture_on_commit_callbacks):
+    """The on-commit work (the unwinder, the executor after an approval) run as the worker would, at once."""
+    return lambda: django_capture_on_commit_callbacks(execute=True)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_both_paths_leave_the_same_ledger(tools, settings, commit, name):
+    fast, slow = both_paths(tools, settings, name, commit)
+    called = {function for sql in fast.called for function in re.findall(r"public\.(unwind_[a-z_]+)\(", sql)}
+    assert called == SCENARIOS[name][2] and not slow.called  # the functions wrote the fast run; none the other
+    assert fast.runs and len(fast.runs) == len(slow.runs)
+    found = differences(normalised(fast), normalised(slow))
+    assert not found, "\n".join(found)
+    assert verify_chain(tools.acme.pk).ok
+
+
+# --- the suite's power: a rule changed in one path only fails it -------------------------------------------------------
+
+def _install_changed(function: str, line: str, changed: str, monkeypatch) -> None:
+    """Replace `function` in this test's transaction with its current definition (read from the database, wherever
+    its text lives) with one line changed, and let the fast path trust it, as it would once the changed SQL were
+    deployed with its fingerprint: the Python path is left as it is. The test's rollback restores the function."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_get_functiondef(%s::regproc)", [f"public.{function}"])
+        (definition,) = cursor.fetchone()
+        assert definition.count(line) == 1, f"{function} no longer says {line!r}: pick another line to change"
+        cursor.execute(definition.replace(line, changed))
+        cursor.execute(fastpath.TRUST)
+        fingerprint = cursor.fetchone()[0]
+    monkeypatch.setattr(fastpath, "expected_fingerprint", lambda: fingerprint)
+    monkeypatch.setattr(fastpath, "_trusted", weakref.WeakKeyDictionary())  # checked again, against the new text
+
+
+@pytest.mark.parametrize("function, line, changed, name, where", [
+    # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
+    ("unwind_succeed", "error_class = '', error_message = ''", "error_class = 'x', error_message = ''", "ok",
+     ".attempts[0].error_class: 'x' != ''"),
+    # The completion's checkpoint, built in SQL: a completed run resumes (`execution.checkpoint_state`); here not.
+    ("unwind_complete", "'recovery_mode', 'resume'", "'recovery_mode', 'compensate'", "ok",
+     ".checkpoints[0].state.recovery_mode: 'compensate' != 'resume'"),
+], ids=["succeed-attempt-error", "complete-checkpoint-mode"])
+def test_a_rule_changed_only_in_the_sql_is_caught(tools, settings, commit, monkeypatch, function, line, changed,
+                                                  name, where):
+    before = fastpath._altered
+    _install_changed(function, line, changed, monkeypatch)
+    fast, slow = both_paths(tools, settings, name, commit)
+    assert any(f"{function}(" in sql for sql in fast.called)  # the changed function did run
+    assert not fastpath._altered and not before
+    found = differences(normalised(fast), normalised(slow))
+    assert found and any(where in difference for difference in found), found
