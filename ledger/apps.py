@@ -8,7 +8,7 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit, egress, events, mcp_upstream
+        from ledger import audit, egress, events, mcp_upstream, tracing
 
         # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
@@ -18,3 +18,4 @@ class LedgerConfig(AppConfig):
         mcp_upstream.check_settings()
         # Signed chain heads are exported by the worker's sweep, off the request path.
         events.subscribe("sweep", audit.checkpoint_on_sweep)
+        tracing.setup()  # once per process, web and worker; nothing unless OTEL_* asks for traces
