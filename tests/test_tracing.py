@@ -1,0 +1,207 @@
+"""Traces in the team's own observability stack (issue 30): a live server and a worker, each a real process with a
+real OTEL_EXPORTER_OTLP_ENDPOINT pointing at an OTLP/HTTP receiver in this test (tests/otlp_receiver.py)."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from django.db import connection
+
+from ledger.models import Action, Run
+from ledger.services.tools import tool_upsert
+from tests.conftest import World
+from tests.otlp_receiver import OtlpReceiver
+from tests.recorder import Recorder
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = 2  # SpanKind SERVER in OTLP
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    connection.vendor == "sqlite" and ":memory:" in str(connection.settings_dict.get("NAME")),
+    reason="server and worker processes need a database file or server")]
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+class Processes:
+    """A runserver and (optionally) a worker, sharing the test database and the environment given."""
+
+    def __init__(self, env: dict, *, worker: bool):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "UNWIND_BASE_URL"))}
+        self.env.update(DATABASE_URL=database_url(), UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.2",
+                        UNWIND_WORKERS="1", PYTHONPATH=str(ROOT), UNWIND_TOOL_BASE_URL=self.url,
+                        UNWIND_BASE_URL=self.url, OTEL_BSP_SCHEDULE_DELAY="100", **env)
+        self.started = [subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                                         cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+        if worker:
+            self.started.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=self.env,
+                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+        def up():
+            try:
+                return requests.get(self.url + "/healthz", timeout=1).status_code in (200, 503)
+            except requests.ConnectionError:
+                return False
+        assert wait_until(up, 60), self.stop()
+
+    def stop(self) -> str:
+        errors = ""
+        for process in self.started:
+            process.send_signal(signal.SIGTERM)
+            try:
+                errors += process.communicate(timeout=30)[1].decode()[-2000:]
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+        return errors
+
+
+@pytest.fixture
+def traced(transactional_db, settings):
+    world = World()
+    recorder = Recorder()
+    receiver = OtlpReceiver()
+    spec = {"description": "Create a record.", "action_class": "internal_update", "saga_role": "compensatable",
+            "risk": "low", "executor": {"kind": "http", "url": recorder.origin + "/create"},
+            "idempotency": {"honours_key": True}, "retry": {"max_attempts": 3, "backoff": 2.5},
+            "args_schema": {"type": "object", "properties": {"email": {"type": "string"}, "plan": {"type": "string"}}},
+            "compensation": {"strategy": "twin", "tool": "rec.undo", "args": {"n": "$result.n"}}}
+    undo = {"description": "Undo a record.", "action_class": "internal_update", "saga_role": "compensatable",
+            "risk": "low", "executor": {"kind": "http", "url": recorder.origin + "/undo"},
+            "idempotency": {"honours_key": True},
+            "args_schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}
+    settings.UNWIND_TOOL_ORIGINS = [recorder.origin]
+    tool_upsert(tenant=world.acme, name="rec.undo", spec=undo, actor="test")
+    tool_upsert(tenant=world.acme, name="rec.create", spec=spec, actor="test")
+    world.recorder, world.receiver = recorder, receiver
+    world.origins = recorder.origin
+    yield world
+    recorder.close()
+    receiver.close()
+
+
+def agent(world, url, traceparent=None):
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {world.key}"
+    if traceparent:
+        session.headers["traceparent"] = traceparent
+    return session
+
+
+def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(traced):
+    trace_id, agent_span = secrets.token_hex(16), secrets.token_hex(8)
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint, "UNWIND_TOOL_ORIGINS": traced.origins,
+                           "UNWIND_TRACE_ARG_FIELDS": "plan", "OTEL_SERVICE_NAME": "unwind-under-test"}, worker=True)
+    try:
+        api = agent(traced, processes.url, f"00-{trace_id}-{agent_span}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "trace me", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        first = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                         json={"tool": "rec.create", "args": {"email": "secret-one@example.com", "plan": "gold"}})
+        assert first.status_code in (200, 201), first.content
+        # The second step's first call is answered 503: its retry (2.5 s away) is the worker's, by the sweep.
+        traced.recorder.status = 503
+        second = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                          json={"tool": "rec.create", "args": {"email": "secret-two@example.com", "plan": "silver"}})
+        traced.recorder.status = 200
+        second_id = second.json()["id"]
+        assert wait_until(lambda: Action.objects.get(pk=second_id).status == "succeeded", 60), processes.stop()
+        cancel = api.post(f"{processes.url}/api/v1/runs/{run['id']}/cancel", json={"reason": "done"}, timeout=30)
+        assert cancel.status_code in (200, 202), cancel.content
+        assert wait_until(lambda: Run.objects.get(pk=run["id"]).status == "compensated", 60), processes.stop()
+
+        def all_there():
+            names = [s["name"] for s in traced.receiver.in_trace(trace_id)]
+            return names.count("execute_tool rec.create") >= 3 and names.count("execute_tool rec.undo") >= 2
+        assert wait_until(all_there, 30), [s["name"] for s in traced.receiver.spans]
+    finally:
+        errors = processes.stop()
+    spans = traced.receiver.in_trace(trace_id)
+    by_id = {s["span_id"]: s for s in spans}
+    first_id = first.json()["id"]
+    steps = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
+    forward = {(s["attributes"]["unwind.action.id"], s["attributes"]["unwind.attempt"]): s for s in steps
+               if s["attributes"]["unwind.action.kind"] == "forward"}
+    # The inline step: a child of the REST request's span, itself a child of the agent's span.
+    inline = forward[(first_id, 1)]
+    request = by_id[inline["parent_span_id"]]
+    assert request["kind"] == SERVER and request["parent_span_id"] == agent_span
+    assert request["resource"]["service.name"] == "unwind-under-test"
+    attributes = inline["attributes"]
+    assert attributes["gen_ai.tool.name"] == "rec.create" and attributes["gen_ai.tool.call.id"]
+    assert attributes["unwind.run.id"] == run["id"] and attributes["unwind.saga.role"] == "compensatable"
+    assert attributes["unwind.risk"] == "low" and attributes["unwind.outcome"] == "succeeded"
+    assert attributes["unwind.args.plan"] == "gold"  # the one field the deployer allowed
+    # The step the worker retried, minutes later in production: attempt 2 in the same trace, under its request.
+    retried = forward[(second_id, 2)]
+    assert retried["attributes"]["unwind.outcome"] == "succeeded"
+    assert by_id[retried["parent_span_id"]]["kind"] == SERVER
+    assert forward[(second_id, 1)]["attributes"]["unwind.outcome"] == "retry_scheduled"
+    assert any(s["name"] == "unwind.worker execute_action" and s["attributes"].get("unwind.action.id") == second_id
+               for s in traced.receiver.spans)
+    # Each compensation is in the trace and linked to the execute_tool span of the attempt it undoes.
+    undone = {s["attributes"]["unwind.compensates.action.id"]: s for s in steps
+              if s["attributes"]["unwind.action.kind"] == "compensation"}
+    assert undone[first_id]["links"] == [(trace_id, inline["span_id"])]
+    assert undone[second_id]["links"] == [(trace_id, retried["span_id"])]
+    assert undone[first_id]["attributes"]["unwind.outcome"] == "succeeded"
+    # The tool received a traceparent naming the step's own span, in the agent's trace.
+    parents = [h.get("traceparent") or h.get("Traceparent") for h in traced.recorder.headers]
+    assert len(parents) == 5 and all(p and p.split("-")[1] == trace_id for p in parents), parents
+    assert {p.split("-")[2] for p in parents} <= {s["span_id"] for s in steps}
+    # No argument value is exported, but the one allowed.
+    exported = b"".join(traced.receiver.raw)
+    for value in (b"secret-one@example.com", b"secret-two@example.com", b"secret"):
+        assert value not in exported
+    assert "Traceback" not in errors, errors
+
+
+def test_a_dead_collector_costs_no_step(traced):
+    dead = f"http://127.0.0.1:{free_port()}"
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
+    try:
+        api = agent(traced, processes.url, f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "no collector", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        took = []
+        for n in range(5):
+            t0 = time.monotonic()
+            answer = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                              json={"tool": "rec.create", "args": {"email": f"n{n}@example.com"}})
+            took.append(time.monotonic() - t0)
+            assert answer.status_code in (200, 201), answer.content
+            assert answer.json()["status"] == "succeeded"
+            time.sleep(0.3)  # let the batch processor try (and fail) to export in between
+    finally:
+        processes.stop()
+    assert max(took) < 2.0, took
