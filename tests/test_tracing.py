@@ -93,7 +93,7 @@ def traced(transactional_db, settings):
     receiver = OtlpReceiver()
     spec = {"description": "Create a record.", "action_class": "internal_update", "saga_role": "compensatable",
             "risk": "low", "executor": {"kind": "http", "url": recorder.origin + "/create"},
-            "idempotency": {"honours_key": True}, "retry": {"max_attempts": 3, "backoff": 2.5},
+            "idempotency": {"honours_key": True}, "retry": {"max_attempts": 3, "backoff": 5},
             "args_schema": {"type": "object", "properties": {"email": {"type": "string"}, "plan": {"type": "string"}}},
             "compensation": {"strategy": "twin", "tool": "rec.undo", "args": {"n": "$result.n"}}}
     undo = {"description": "Undo a record.", "action_class": "internal_update", "saga_role": "compensatable",
@@ -129,7 +129,8 @@ def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(
         first = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
                          json={"tool": "rec.create", "args": {"email": "secret-one@example.com", "plan": "gold"}})
         assert first.status_code in (200, 201), first.content
-        # The second step's first call is answered 503: its retry (2.5 s away) is the worker's, by the sweep.
+        # The second step's first call is answered 503: its retry (2.5 to 5 s away, past an inline retry) is the
+        # worker's, claimed by its sweep.
         traced.recorder.status = 503
         second = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
                           json={"tool": "rec.create", "args": {"email": "secret-two@example.com", "plan": "silver"}})
@@ -164,7 +165,9 @@ def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(
     assert attributes["unwind.args.plan"] == "gold"  # the one field the deployer allowed
     # The step the worker retried, minutes later in production: attempt 2 in the same trace, under its request.
     retried = forward[(second_id, 2)]
-    assert retried["attributes"]["unwind.outcome"] == "succeeded"
+    assert retried["attributes"]["unwind.outcome"] == "succeeded", [
+        (s["attributes"]["unwind.attempt"], s["attributes"]["unwind.outcome"], s["span_id"], s["parent_span_id"])
+        for s in steps if s["attributes"]["unwind.action.id"] == second_id]
     assert by_id[retried["parent_span_id"]]["kind"] == SERVER
     assert forward[(second_id, 1)]["attributes"]["unwind.outcome"] == "retry_scheduled"
     assert any(s["name"] == "unwind.worker execute_action" and s["attributes"].get("unwind.action.id") == second_id
