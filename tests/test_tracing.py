@@ -208,3 +208,32 @@ def test_a_dead_collector_costs_no_step(traced):
     finally:
         processes.stop()
     assert max(took) < 2.0, took
+
+
+def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(traced):
+    from tests.test_mcp_gateway import initialized
+
+    header_trace, meta_trace, meta_span = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(8)
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint,
+                           "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
+    try:
+        headers = initialized(processes.url + "/mcp", traced.key)
+        headers["traceparent"] = f"00-{header_trace}-{secrets.token_hex(8)}-01"
+        called = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "rec.create", "arguments": {"email": "secret-mcp@example.com"},
+                "_meta": {"traceparent": f"00-{meta_trace}-{meta_span}-01", "tracestate": "vendor=1"}}})
+        assert called.status_code == 200 and not called.json()["result"].get("isError"), called.text
+        assert wait_until(lambda: any(s["name"] == "execute_tool rec.create"
+                                      for s in traced.receiver.in_trace(meta_trace)), 30), traced.receiver.spans
+    finally:
+        processes.stop()
+    spans = traced.receiver.in_trace(meta_trace)
+    call = next(s for s in spans if s["name"] == "tools/call rec.create")
+    step = next(s for s in spans if s["name"] == "execute_tool rec.create")
+    assert call["parent_span_id"] == meta_span and step["parent_span_id"] == call["span_id"]
+    request = next(s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER)
+    assert call["links"] == [(header_trace, request["span_id"])]
+    tool_got = traced.recorder.headers[-1]
+    assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
+    assert b"secret-mcp" not in b"".join(traced.receiver.raw)
