@@ -18,6 +18,5 @@ def unwind_run(run_id: int) -> str:
     return execution.unwind(run_id).status
 
 
-@tracing.task("unwind.sweep")
 def sweep() -> dict:
     return sweeping.sweep()

@@ -24,7 +24,7 @@ from tests.recorder import Recorder
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = 2  # SpanKind SERVER in OTLP
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+live = [pytest.mark.slow, pytest.mark.skipif(
     connection.vendor == "sqlite" and ":memory:" in str(connection.settings_dict.get("NAME")),
     reason="server and worker processes need a database file or server")]
 
@@ -118,10 +118,13 @@ def agent(world, url, traceparent=None):
     return session
 
 
+@live[0]
+@live[1]
 def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(traced):
     trace_id, agent_span = secrets.token_hex(16), secrets.token_hex(8)
     processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint, "UNWIND_TOOL_ORIGINS": traced.origins,
-                           "UNWIND_TRACE_ARG_FIELDS": "plan", "OTEL_SERVICE_NAME": "unwind-under-test"}, worker=True)
+                           "UNWIND_TRACE_ARG_FIELDS": "plan", "OTEL_SERVICE_NAME": "unwind-under-test",
+                           "UNWIND_LOG_FORMAT": "json"}, worker=True)
     try:
         api = agent(traced, processes.url, f"00-{trace_id}-{agent_span}-01")
         run = api.post(processes.url + "/api/v1/runs", json={"goal": "trace me", "on_behalf_of": "c@example.com"},
@@ -187,8 +190,15 @@ def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(
     for value in (b"secret-one@example.com", b"secret-two@example.com", b"secret"):
         assert value not in exported
     assert "Traceback" not in errors, errors
+    # JSON logs: the worker's sweep line names the trace and span of the sweep that wrote it.
+    logged = [json.loads(line) for line in errors.splitlines() if line.startswith("{")]
+    sweeps = {(s["trace_id"], s["span_id"]) for s in traced.receiver.spans if s["name"] == "unwind.sweep"}
+    assert any(line["message"].startswith("sweep:") and (line.get("trace_id"), line.get("span_id")) in sweeps
+               for line in logged), errors
 
 
+@live[0]
+@live[1]
 def test_a_dead_collector_costs_no_step(traced):
     dead = f"http://127.0.0.1:{free_port()}"
     processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
@@ -210,6 +220,8 @@ def test_a_dead_collector_costs_no_step(traced):
     assert max(took) < 2.0, took
 
 
+@live[0]
+@live[1]
 def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(traced):
     from tests.test_mcp_gateway import initialized
 
@@ -237,3 +249,23 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
     tool_got = traced.recorder.headers[-1]
     assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
     assert b"secret-mcp" not in b"".join(traced.receiver.raw)
+
+
+def test_json_log_lines_name_the_trace_span_run_and_action(monkeypatch):
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ledger import tracing
+
+    monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+    record = logging.LogRecord("unwind.engine", logging.WARNING, __file__, 1, "settling %s", ("step",), None)
+    with tracing._tracer.start_as_current_span("execute_tool x") as span:
+        token = tracing._log_ids.set({"run_id": 7, "action_id": 9})
+        try:
+            line = json.loads(tracing.JsonFormatter().format(record))
+        finally:
+            tracing._log_ids.reset(token)
+    context = span.get_span_context()
+    assert line["trace_id"] == f"{context.trace_id:032x}" and line["span_id"] == f"{context.span_id:016x}"
+    assert (line["run_id"], line["action_id"], line["message"], line["level"]) == (7, 9, "settling step", "WARNING")
