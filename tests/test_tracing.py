@@ -151,6 +151,8 @@ def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(
     finally:
         errors = processes.stop()
     spans = traced.receiver.in_trace(trace_id)
+    if os.environ.get("UNWIND_TRACE_DUMP"):  # the spans docs/observability.md draws (bench/waterfall.py)
+        Path(os.environ["UNWIND_TRACE_DUMP"]).write_text(json.dumps(spans, indent=1))
     by_id = {s["span_id"]: s for s in spans}
     first_id = first.json()["id"]
     steps = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
@@ -269,3 +271,22 @@ def test_json_log_lines_name_the_trace_span_run_and_action(monkeypatch):
     context = span.get_span_context()
     assert line["trace_id"] == f"{context.trace_id:032x}" and line["span_id"] == f"{context.span_id:016x}"
     assert (line["run_id"], line["action_id"], line["message"], line["level"]) == (7, 9, "settling step", "WARNING")
+
+
+def test_the_client_sends_the_callers_trace_context():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from unwind_client.client import Unwind
+
+    recorder = Recorder()
+    try:
+        client = Unwind(recorder.origin, api_key="uw_test")
+        with TracerProvider().get_tracer("agent").start_as_current_span("agent turn") as span:
+            client.request("POST", "/anything", json={"x": 1})
+        client.request("POST", "/anything", json={"x": 2})
+    finally:
+        recorder.close()
+    context = span.get_span_context()
+    inside, outside = recorder.headers
+    assert inside["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert "traceparent" not in outside
