@@ -217,6 +217,14 @@ def test_a_dead_collector_costs_no_step(traced):
             assert answer.status_code in (200, 201), answer.content
             assert answer.json()["status"] == "succeeded"
             time.sleep(0.3)  # let the batch processor try (and fail) to export in between
+        # Trace context is the agent's data: malformed or oversized, it is ignored, and the step runs as any other.
+        junk = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                        json={"tool": "rec.create", "args": {"email": "junk@example.com"}},
+                        headers={"traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x" * 5000,
+                                 "baggage": "k=" + "v" * 7000})
+        assert junk.status_code in (200, 201) and junk.json()["status"] == "succeeded", junk.content
+        assert Action.objects.get(pk=junk.json()["id"]).trace_context["traceparent"] != junk.request.headers[
+            "traceparent"]
     finally:
         processes.stop()
     assert max(took) < 2.0, took
