@@ -1,6 +1,7 @@
 """Draw a run's trace as a waterfall (docs/img/trace-waterfall.png) from the spans tests/test_tracing.py collected:
 
-    UNWIND_TRACE_DUMP=/tmp/trace.json DATABASE_URL=postgres://... .venv/bin/python -m pytest tests/test_tracing.py -k joins
+    UNWIND_TRACE_DUMP=/tmp/trace.json DATABASE_URL=postgres://... .venv/bin/python -m pytest \
+        tests/test_tracing.py -k joins
     .venv/bin/python -m bench.waterfall /tmp/trace.json docs/img/trace-waterfall.png
 
 Needs matplotlib (the bench extra).
@@ -65,8 +66,8 @@ def draw(spans: list[dict], path: str) -> None:
     ax.set_yticks([])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the first span")
-    ax.set_title("One agent run in its own trace: requests, steps (green), compensations (red, linked to what they undo)",
-                 fontsize=9)
+    ax.set_title("One agent run in its own trace: requests, steps (green), "
+                 "compensations (red, linked to what they undo)", fontsize=9)
     ax.set_xlim(0, (max(s["end"] for s in spans) - t0) / 1e6 * 1.45)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -122,7 +122,8 @@ def agent(world, url, traceparent=None):
 @live[1]
 def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(traced):
     trace_id, agent_span = secrets.token_hex(16), secrets.token_hex(8)
-    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint, "UNWIND_TOOL_ORIGINS": traced.origins,
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint,
+                           "UNWIND_TOOL_ORIGINS": traced.origins,
                            "UNWIND_TRACE_ARG_FIELDS": "plan", "OTEL_SERVICE_NAME": "unwind-under-test",
                            "UNWIND_LOG_FORMAT": "json"}, worker=True)
     try:
