@@ -21,6 +21,7 @@ from ledger.services.tools import tool_upsert
 from tests.conftest import World
 from tests.otlp_receiver import OtlpReceiver
 from tests.recorder import Recorder
+from tests.test_mcp_proxy import upstream  # noqa: F401 (the fixture: a live Unwind and a declared upstream server)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = 2  # SpanKind SERVER in OTLP
@@ -299,3 +300,20 @@ def test_the_client_sends_the_callers_trace_context():
     inside, outside = recorder.headers
     assert inside["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
     assert "traceparent" not in outside
+
+
+def test_an_upstream_mcp_tool_gets_the_steps_trace_context_in_meta(upstream, monkeypatch):
+    """The MCP SDK's client puts the current W3C context in the `_meta` of each call (the keys MCP reserves for it):
+    Unwind adds nothing of its own, and this shows it reaches the upstream from a step's span."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ledger import executors, tracing
+
+    monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+    with tracing._tracer.start_as_current_span("execute_tool seats.book") as span:
+        executors.mcp_call(endpoint="crm/book", args={"seat": "7C"}, idempotency_key="k-7c", timeout=10,
+                           tenant="acme")
+    context = span.get_span_context()
+    sent = upstream.upstream.calls("book")[-1]
+    assert sent["key"] == "k-7c"
+    assert sent["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
