@@ -373,11 +373,22 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+# --- traces and logs (docs/observability.md) ------------------------------------------------------------------
+# Traces are configured by the standard OTEL_* variables (ledger/tracing.py) and are off unless
+# OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER is set. Arguments stay out of spans, but for the top-level
+# argument fields named here (say "currency,plan"), shown as `unwind.args.<field>`.
+UNWIND_TRACE_ARG_FIELDS = env_list("UNWIND_TRACE_ARG_FIELDS", [])
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "ledger.tracing.TraceMiddleware")
+# UNWIND_LOG_FORMAT=json: one JSON object a line, with trace_id, span_id, run_id and action_id where they apply.
+LOG_FORMAT = env_choice("UNWIND_LOG_FORMAT", "plain", ("plain", "json"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+                   "json": {"()": "ledger.tracing.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
     "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False}},
 }

@@ -9,7 +9,7 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit, egress, events, mcp_upstream, plpgsql
+        from ledger import audit, egress, events, mcp_upstream, plpgsql, tracing
 
         # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
@@ -21,3 +21,4 @@ class LedgerConfig(AppConfig):
         events.subscribe("sweep", audit.checkpoint_on_sweep)
         # Every migrate ends with the engine's PostgreSQL functions as their files define them (ledger/plpgsql).
         post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.plpgsql.install")
+        tracing.setup()  # once per process, web and worker; nothing unless OTEL_* asks for traces

@@ -14,7 +14,7 @@ from typing import Any
 import requests
 from django.conf import settings
 
-from ledger import egress, received, registry, signing
+from ledger import egress, received, registry, signing, tracing
 
 
 class ToolError(Exception):
@@ -172,6 +172,7 @@ def http_call(
     body = received.dumps(args).encode()
     headers = {"Idempotency-Key": idempotency_key, "Accept": "application/json", "Content-Type": "application/json",
                **signing.sign(tenant=tenant, method=method, url=url, body=body)}
+    tracing.inject(headers)  # the tool's own spans join the step's trace
     response, content = _send(method, url, timeout=timeout, data=body, headers=headers)
     try:
         answer = _json(content) if content else None

@@ -394,6 +394,9 @@ class Action(models.Model):
     verification = models.JSONField(null=True, blank=True)
     intent = models.JSONField(default=dict, blank=True)
     compensation_plan = models.JSONField(default=dict, blank=True)
+    # The W3C trace context of the request that proposed it (ledger/tracing.py), so that its execution, later and
+    # in a worker, and its compensation join the agent's trace; null when tracing was off.
+    trace_context = models.JSONField(null=True, blank=True)
     decision_reason = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

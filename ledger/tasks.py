@@ -1,7 +1,9 @@
 """django-q2 tasks: thin wrappers that take ids and call the service of the same name."""
+from ledger import tracing
 from ledger.services import execution, sweep as sweeping
 
 
+@tracing.task("unwind.worker execute_action", "unwind.action.id")
 def execute_action(action_id: int, owner: str) -> str:
     action = execution.execute(action_id, owner=owner)
     if action.kind == "forward":
@@ -11,6 +13,7 @@ def execute_action(action_id: int, owner: str) -> str:
     return action.status
 
 
+@tracing.task("unwind.worker unwind_run", "unwind.run.id")
 def unwind_run(run_id: int) -> str:
     return execution.unwind(run_id).status
 

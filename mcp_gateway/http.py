@@ -29,7 +29,7 @@ from mcp.server.streamable_http import check_accept_headers
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import ValidationError
 
-from ledger import sql
+from ledger import sql, tracing
 from ledger.models import Agent
 from mcp_gateway import gateway
 from mcp_gateway.gateway import Caller
@@ -168,7 +168,8 @@ def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_ss
     except ValidationError as invalid:
         return answer(error(request_id, types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}"),
                       wants_json=wants_json)
-    outcome = gateway.dispatch(caller, called.name, called.arguments)
+    with tracing.mcp_call(params.get("_meta"), called.name):
+        outcome = gateway.dispatch(caller, called.name, called.arguments)
     bound = gateway.waiting_bound(called.name, called.arguments)
     if outcome.waiting is None or bound <= 0:
         return answer(result(request_id, dump(gateway.result_of(outcome))), wants_json=wants_json)

@@ -28,7 +28,10 @@ app = MCPServer("seats", log_level="WARNING")
 def record(tool: str, args: dict, ctx: Context) -> None:
     meta = ctx.request_context.meta or {}
     with open(EFFECTS, "a") as out:
-        out.write(json.dumps({"tool": tool, "args": args, "key": meta.get("unwind/idempotency_key")}) + "\n")
+        line = {"tool": tool, "args": args, "key": meta.get("unwind/idempotency_key")}
+        if meta.get("traceparent"):  # W3C trace context, when the caller traces (tests/test_tracing.py)
+            line["traceparent"] = meta.get("traceparent")
+        out.write(json.dumps(line) + "\n")
 
 
 class Booking(BaseModel):

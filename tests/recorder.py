@@ -17,6 +17,7 @@ class Recorder:
         recorder = self
         self.bodies: list[bytes] = []
         self.paths: list[str] = []
+        self.headers: list[dict] = []
         self.status = status
         self.delay = delay
         self._lock = threading.Lock()
@@ -27,6 +28,7 @@ class Recorder:
                 with recorder._lock:
                     recorder.bodies.append(body)
                     recorder.paths.append(self.path)
+                    recorder.headers.append(dict(self.headers))
                 time.sleep(recorder.delay)
                 answer = b'{"ok": true, "n": %d}' % len(recorder.bodies)
                 self.send_response(recorder.status)

@@ -22,6 +22,11 @@ from typing import Any
 
 import requests
 
+try:  # the caller's trace continues through Unwind when it traces with OpenTelemetry (docs/observability.md)
+    from opentelemetry import propagate as _propagate
+except ImportError:  # the client needs only requests
+    _propagate = None
+
 from unwind_client.errors import (
     ActionError,
     ApprovalPending,
@@ -98,6 +103,7 @@ class Unwind:
         always retried after its Retry-After.
         """
         url = path if path.startswith(("http://", "https://")) else self.base_url + path
+        headers = with_trace_context(headers)
         data = None
         if json is not None:
             data = encode(json)
@@ -369,3 +375,12 @@ def _not_sent(exc: Exception) -> bool:
         return True
     reason = exc.args[0] if exc.args else None
     return type(getattr(reason, "reason", None)).__name__ in ("NewConnectionError", "NameResolutionError")
+
+
+def with_trace_context(headers: dict | None) -> dict | None:
+    """`headers` plus the caller's current W3C trace context (`traceparent`, `tracestate`, `baggage`), if any."""
+    if _propagate is None:
+        return headers
+    carrier: dict = {}
+    _propagate.inject(carrier)
+    return {**carrier, **(headers or {})} if carrier else headers

@@ -8,7 +8,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, fastpath, received, schemas, sql
+from ledger import events, fastpath, received, schemas, sql, tracing
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -347,6 +347,7 @@ def _new_action(*, run, tool, seq, defaults_version, args, args_text, args_hash,
         approvals_required=required, defaults_version=defaults_version, attempts=0 if required else 1,
         max_attempts=tool.max_attempts, lease_owner=owner, lease_expires_at=None if required else lease,
         before=before, intent=intent, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin),
+        trace_context=tracing.current_carrier() or None,
     )
 
 

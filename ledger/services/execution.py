@@ -20,7 +20,7 @@ from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import egress, events, failpoints, fastpath, mapping, received, sql
+from ledger import egress, events, failpoints, fastpath, mapping, received, sql, tracing
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.canonical import canonical, digest, dumps as canonical_text
@@ -315,6 +315,13 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
     started = time.monotonic()
     action = claimed if sole_owner and claimed is not None and claimed.pk == action_id \
         else Action.objects.select_related("tool").get(pk=action_id)
+    with tracing.step(action) as attempt:
+        return _execute(action, owner=owner, budget=budget, started=started, on_compensated=on_compensated,
+                        attempt=attempt)
+
+
+def _execute(action: Action, *, owner: str, budget: float | None, started: float,
+             on_compensated: Callable[[AuditLog, Run], None] | None, attempt) -> Action:
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
@@ -353,6 +360,7 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
                 action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner))
             if retried is True and inline:
                 time.sleep(delay)
+                attempt.again()
                 continue
             return action
         latency = (time.monotonic() - t0) * 1000

@@ -10,7 +10,7 @@ import logging
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from ledger import events
+from ledger import events, tracing
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 from ledger.services.actions import action_claim_due, action_reclaim
 from ledger.services.dispatch import enqueue
@@ -20,6 +20,7 @@ log = logging.getLogger("unwind.sweep")
 BATCH = 200
 
 
+@tracing.task("unwind.sweep")
 def sweep() -> dict:
     now = timezone.now()
     counts = {"reclaimed": 0, "retried": 0, "unwinds": 0, "idle": 0}

@@ -1,0 +1,384 @@
+"""OpenTelemetry traces: the agent's trace, through Unwind, to the tool (docs/observability.md).
+
+Off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, or `OTEL_TRACES_EXPORTER`) is
+set; then the SDK is configured once per process (`setup`, from the ledger app's `ready`, so web and workers alike)
+from the standard `OTEL_*` variables: service name and resource attributes, sampler, exporter headers and timeout,
+and the batch processor's queue (`OTEL_BSP_*`). Spans leave in the batch processor's thread: a dead collector fills
+a bounded queue (spans past it are dropped) and costs a log line, never a failed or blocked step. Off, every hook
+here is one test of a module global.
+
+What joins the agent's trace: the W3C `traceparent`/`tracestate`/`baggage` of a REST request (headers) or of an MCP
+`tools/call` (`params._meta`, which wins over the headers). The proposing request's span context is stored with
+the action (`Action.trace_context`), so a step a worker executes later is a *child* of that request span, in the
+agent's trace; a compensation is a child of the same request span (the forward step's context) with a *link* to
+the `execute_tool` span of the attempt it undoes. That link needs no stored span id: an `execute_tool` span's id
+is derived from its trace, its action and its attempt number (`step_span_id`), so the compensation computes it.
+
+Arguments and results never go into spans, except the argument fields a deployer names in
+`UNWIND_TRACE_ARG_FIELDS` (top-level fields of the step's arguments, as `unwind.args.<field>`).
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+
+log = logging.getLogger("unwind.tracing")
+
+# Set by `setup` when tracing is on; None means every hook does nothing.
+_tracer = None
+# The span id the next span started in this context must take (see `_Ids`), and the ids a log line names.
+_wanted_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("unwind_wanted_span_id", default=None)
+_log_ids: contextvars.ContextVar[dict] = contextvars.ContextVar("unwind_log_ids", default={})
+
+# W3C bounds (traceparent is 55 characters; tracestate at most 32 members of 256; baggage 8192 bytes): anything
+# longer from an agent is not trace context and is ignored.
+CARRIER_LIMITS = {"traceparent": 128, "tracestate": 1024, "baggage": 8192}
+TRACED_PATHS = ("/api/", "/mcp")
+
+
+def wanted(environ=None) -> bool:
+    environ = os.environ if environ is None else environ
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    return bool(exporter or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def setup() -> None:
+    """Configure the SDK once per process, when the environment asks for traces."""
+    global _tracer
+    if _tracer is not None or not wanted():
+        return
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class _Ids(RandomIdGenerator):
+        """Random ids, but for an `execute_tool` span, whose id `step_span_id` derives (so a compensation can link
+        to it without anything stored)."""
+
+        def generate_span_id(self) -> int:
+            wanted_id = _wanted_span_id.get()
+            if wanted_id is not None:
+                _wanted_span_id.set(None)
+                return wanted_id
+            return super().generate_span_id()
+
+    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    resource = Resource.create({} if named else {"service.name": "unwind"})
+    provider = TracerProvider(resource=resource, id_generator=_Ids())  # sampler: OTEL_TRACES_SAMPLER(_ARG)
+    names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
+    for name in names or ["otlp"]:
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        elif name in ("otlp", "otlp_proto_http"):
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            exporter = OTLPSpanExporter()  # endpoint, headers, timeout, compression: OTEL_EXPORTER_OTLP_*
+        else:
+            log.warning("OTEL_TRACES_EXPORTER=%s is not one Unwind ships (otlp, console): not exported", name)
+            continue
+        provider.add_span_processor(BatchSpanProcessor(exporter))  # queue and delays: OTEL_BSP_*
+    trace.set_tracer_provider(provider)
+    _tracer = trace.get_tracer("unwind")
+    from ledger import events
+    for event in ("approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
+                  "compensation_failed"):
+        events.subscribe(event, _event_recorder(event))
+
+
+# --- context in and out ---------------------------------------------------------------------------------------
+
+def carrier_of(source) -> dict:
+    """The W3C trace context fields of `source` (headers or an MCP `_meta`), strings within their bounds only."""
+    if not isinstance(source, dict) and not hasattr(source, "get"):
+        return {}
+    found = {}
+    for key, limit in CARRIER_LIMITS.items():
+        value = source.get(key)
+        if isinstance(value, str) and value and len(value) <= limit:
+            found[key] = value
+    return found
+
+
+def _extract(carrier: dict):
+    from opentelemetry import propagate
+    return propagate.extract(carrier)
+
+
+def current_carrier() -> dict:
+    """The current span's context as W3C fields, to store with an action ({} when tracing is off)."""
+    if _tracer is None:
+        return {}
+    from opentelemetry import propagate
+    carrier: dict = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def inject(headers: dict) -> None:
+    """Add `traceparent` (and `tracestate`, `baggage`) of the current span to an outgoing call's headers."""
+    if _tracer is not None:
+        from opentelemetry import propagate
+        propagate.inject(headers)
+
+
+# --- spans ----------------------------------------------------------------------------------------------------
+
+def _fail(span, kind: str, description: str = "") -> None:
+    from opentelemetry.trace import Status, StatusCode
+    span.set_attribute("error.type", kind)
+    span.set_status(Status(StatusCode.ERROR, description or kind))
+
+
+class TraceMiddleware:
+    """A SERVER span per API and MCP request, child of the request's `traceparent` (when it has one)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if _tracer is None or not request.path.startswith(TRACED_PATHS):
+            return self.get_response(request)
+        from opentelemetry.trace import SpanKind
+        parent = _extract(carrier_of(request.headers))
+        with _tracer.start_as_current_span(f"{request.method} {request.path}", context=parent, kind=SpanKind.SERVER,
+                                           record_exception=False, set_status_on_exception=False) as span:
+            span.set_attribute("http.request.method", request.method)
+            response = self.get_response(request)
+            match = getattr(request, "resolver_match", None)
+            if match is not None and match.route:
+                span.update_name(f"{request.method} /{match.route}")
+                span.set_attribute("http.route", "/" + match.route)
+            span.set_attribute("http.response.status_code", response.status_code)
+            problem = getattr(response, "data", None)
+            if response.status_code >= 400:
+                code = problem.get("code") if isinstance(problem, dict) and isinstance(problem.get("code"), str) \
+                    else f"http_{response.status_code}"
+                span.add_event("unwind.problem", {"unwind.problem.type": f"urn:unwind:problem:{code}"})
+                _fail(span, f"urn:unwind:problem:{code}")
+            return response
+
+
+@contextlib.contextmanager
+def mcp_call(meta, tool_name):
+    """A span for one MCP `tools/call`: its parent is the `_meta` trace context when the call carries one (it wins
+    over the HTTP headers, whose request span it links to), else the request span."""
+    if _tracer is None:
+        yield
+        return
+    from opentelemetry import trace
+    from opentelemetry.trace import Link
+    carrier = carrier_of(meta if isinstance(meta, dict) else {})
+    request_span = trace.get_current_span().get_span_context()
+    parent = _extract(carrier) if "traceparent" in carrier else None
+    links = [Link(request_span)] if parent is not None and request_span.is_valid else None
+    name = tool_name if isinstance(tool_name, str) else ""
+    with _tracer.start_as_current_span(f"tools/call {name[:100]}", context=parent, links=links,
+                                       record_exception=False, set_status_on_exception=False) as span:
+        span.set_attribute("mcp.method.name", "tools/call")
+        span.set_attribute("gen_ai.tool.name", name[:200])
+        yield
+
+
+def step_span_id(trace_id: int, action_id: int, attempt: int) -> int:
+    digest = hashlib.sha256(f"{trace_id:032x}/{action_id}/{attempt}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+class _Step:
+    """The `execute_tool` span of one attempt of a step; `again` ends it and starts the next attempt's."""
+
+    def __init__(self, action):
+        self.action = action
+        self.span = None
+        self.parent = None
+        self.links = None
+
+    def __enter__(self):
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+        action = self.action
+        carrier = action.trace_context or {}
+        if action.kind != "forward" and action.compensates_id:
+            from ledger.models import Action
+            forward = Action.objects.filter(pk=action.compensates_id).values_list("trace_context", "attempts").first()
+            if forward is not None:
+                carrier = forward[0] or carrier
+                undone = trace.get_current_span(_extract(carrier)).get_span_context() if carrier else None
+                if undone is not None and undone.is_valid:
+                    self.links = [Link(SpanContext(undone.trace_id, step_span_id(undone.trace_id, action.compensates_id,
+                                                                                 forward[1]),
+                                                   is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
+                                       {"unwind.link": "undoes"})]
+        self.parent = _extract(carrier) if carrier else None
+        self._start()
+        return self
+
+    def _start(self):
+        from opentelemetry import trace
+        action = self.action
+        trace_id = trace.get_current_span(self.parent).get_span_context().trace_id if self.parent is not None else 0
+        if trace_id:
+            _wanted_span_id.set(step_span_id(trace_id, action.pk, action.attempts))
+        tool = action.tool.name
+        self._cm = _tracer.start_as_current_span(f"execute_tool {tool}", context=self.parent, links=self.links,
+                                                 record_exception=False, set_status_on_exception=False)
+        self.span = self._cm.__enter__()
+        _wanted_span_id.set(None)
+        self._ids = _log_ids.set({"run_id": action.run_id, "action_id": action.pk})
+        attributes = {
+            "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": str(action.idempotency_key), "gen_ai.tool.type": "function",
+            "unwind.run.id": action.run_id, "unwind.action.id": action.pk, "unwind.action.kind": action.kind,
+            "unwind.saga.role": action.saga_role or "", "unwind.risk": action.risk or "",
+            "unwind.attempt": action.attempts,
+        }
+        if action.compensates_id:
+            attributes["unwind.compensates.action.id"] = action.compensates_id
+        attributes.update(allowed_args(action.args))
+        self.span.set_attributes(attributes)
+
+    def _end(self, outcome: str, error_class: str = ""):
+        self.span.set_attribute("unwind.outcome", outcome)
+        if error_class:
+            _fail(self.span, error_class)
+        _log_ids.reset(self._ids)
+        self._cm.__exit__(None, None, None)
+
+    def again(self):
+        """An inline retry: this attempt failed transiently; the next one gets its own span."""
+        self._end("retry", self.action.error_class or "transient")
+        self._start()
+
+    def __exit__(self, kind, value, traceback):
+        action = self.action
+        if kind is not None:
+            self._end("error", kind.__name__)
+        else:
+            failed = action.status in ("failed", "compensation_failed", "needs_attention")
+            self._end(action.status, (action.error_class or "failed") if failed else "")
+        return False
+
+
+class _Off:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def again(self):
+        pass
+
+
+_OFF = _Off()
+
+
+def step(action):
+    """`with tracing.step(action) as attempt:` around executing a claimed step; `attempt.again()` before an inline
+    retry."""
+    return _OFF if _tracer is None else _Step(action)
+
+
+@contextlib.contextmanager
+def span(name: str, **attributes):
+    """A span of the engine's own work (the sweep, a worker's task); yields it (None when off)."""
+    if _tracer is None:
+        yield None
+        return
+    with _tracer.start_as_current_span(name, record_exception=False, set_status_on_exception=False) as current:
+        current.set_attributes({k: v for k, v in attributes.items() if v is not None})
+        try:
+            yield current
+        except Exception as error:
+            _fail(current, type(error).__name__)
+            raise
+
+
+def task(name: str, id_attribute: str | None = None):
+    """A span per worker task (a claim taken, an unwind, a sweep), named `name`, its first argument as
+    `id_attribute`; a dict result (the sweep's counts) becomes `unwind.<key>` attributes."""
+    def wrap(function):
+        @functools.wraps(function)
+        def traced(*args, **kwargs):
+            if _tracer is None:
+                return function(*args, **kwargs)
+            with span(name, **({id_attribute: args[0]} if id_attribute and args else {})) as current:
+                result = function(*args, **kwargs)
+                if isinstance(result, dict):
+                    current.set_attributes({f"unwind.{k}": v for k, v in result.items() if isinstance(v, int)})
+                else:
+                    current.set_attribute("unwind.outcome", str(result))
+                return result
+        return traced
+    return wrap
+
+
+def allowed_args(args) -> dict:
+    from django.conf import settings
+    fields = getattr(settings, "UNWIND_TRACE_ARG_FIELDS", ())
+    if not fields or not isinstance(args, dict):
+        return {}
+    shown = {}
+    for field in fields:
+        value = args.get(field)
+        if isinstance(value, (str, bool, int, float)):
+            shown[f"unwind.args.{field}"] = value if not isinstance(value, str) else value[:256]
+    return shown
+
+
+def _event_recorder(event: str):
+    """Engine events (approval waits, recovery items and drift, failed compensations) as events of the current span."""
+    def record(**payload):
+        from opentelemetry import trace
+        current = trace.get_current_span()
+        if not current.is_recording():
+            return
+        attributes = {}
+        action = payload.get("action")
+        run = payload.get("run")
+        if action is not None:
+            attributes["unwind.action.id"] = action.pk
+            attributes["unwind.run.id"] = action.run_id
+        elif run is not None:
+            attributes["unwind.run.id"] = run.pk
+        for key in ("reason", "resolution"):
+            if isinstance(payload.get(key), str):
+                attributes[f"unwind.{key}"] = payload[key]
+        current.add_event(f"unwind.{event}", attributes)
+    return record
+
+
+# --- logs -----------------------------------------------------------------------------------------------------
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, naming the trace, span, run and action the line was written in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+                "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        if _tracer is not None:
+            from opentelemetry import trace
+            context = trace.get_current_span().get_span_context()
+            if context.is_valid:
+                line["trace_id"] = f"{context.trace_id:032x}"
+                line["span_id"] = f"{context.span_id:016x}"
+        line.update(_log_ids.get())
+        if record.exc_info:
+            line["exception"] = record.exc_info[0].__name__ if record.exc_info[0] else ""
+        return json.dumps(line, default=str)

@@ -1,0 +1,319 @@
+"""Traces in the team's own observability stack (issue 30): a live server and a worker, each a real process with a
+real OTEL_EXPORTER_OTLP_ENDPOINT pointing at an OTLP/HTTP receiver in this test (tests/otlp_receiver.py)."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from django.db import connection
+
+from ledger.models import Action, Run
+from ledger.services.tools import tool_upsert
+from tests.conftest import World
+from tests.otlp_receiver import OtlpReceiver
+from tests.recorder import Recorder
+from tests.test_mcp_proxy import upstream  # noqa: F401 (the fixture: a live Unwind and a declared upstream server)
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = 2  # SpanKind SERVER in OTLP
+live = [pytest.mark.slow, pytest.mark.skipif(
+    connection.vendor == "sqlite" and ":memory:" in str(connection.settings_dict.get("NAME")),
+    reason="server and worker processes need a database file or server")]
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout=30.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+class Processes:
+    """A runserver and (optionally) a worker, sharing the test database and the environment given."""
+
+    def __init__(self, env: dict, *, worker: bool):
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "UNWIND_BASE_URL"))}
+        self.env.update(DATABASE_URL=database_url(), UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.2",
+                        UNWIND_WORKERS="1", PYTHONPATH=str(ROOT), UNWIND_TOOL_BASE_URL=self.url,
+                        UNWIND_BASE_URL=self.url, OTEL_BSP_SCHEDULE_DELAY="100", **env)
+        self.started = [subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                                         cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+        if worker:
+            self.started.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=self.env,
+                                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+        def up():
+            try:
+                return requests.get(self.url + "/healthz", timeout=1).status_code in (200, 503)
+            except requests.ConnectionError:
+                return False
+        assert wait_until(up, 60), self.stop()
+
+    def stop(self) -> str:
+        errors = ""
+        for process in self.started:
+            process.send_signal(signal.SIGTERM)
+            try:
+                errors += process.communicate(timeout=30)[1].decode()[-2000:]
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+        return errors
+
+
+@pytest.fixture
+def traced(transactional_db, settings):
+    world = World()
+    recorder = Recorder()
+    receiver = OtlpReceiver()
+    spec = {"description": "Create a record.", "action_class": "internal_update", "saga_role": "compensatable",
+            "risk": "low", "executor": {"kind": "http", "url": recorder.origin + "/create"},
+            "idempotency": {"honours_key": True}, "retry": {"max_attempts": 3, "backoff": 5},
+            "args_schema": {"type": "object", "properties": {"email": {"type": "string"}, "plan": {"type": "string"}}},
+            "compensation": {"strategy": "twin", "tool": "rec.undo", "args": {"n": "$result.n"}}}
+    undo = {"description": "Undo a record.", "action_class": "internal_update", "saga_role": "compensatable",
+            "risk": "low", "executor": {"kind": "http", "url": recorder.origin + "/undo"},
+            "idempotency": {"honours_key": True},
+            "args_schema": {"type": "object", "properties": {"n": {"type": "integer"}}}}
+    settings.UNWIND_TOOL_ORIGINS = [recorder.origin]
+    tool_upsert(tenant=world.acme, name="rec.undo", spec=undo, actor="test")
+    tool_upsert(tenant=world.acme, name="rec.create", spec=spec, actor="test")
+    world.recorder, world.receiver = recorder, receiver
+    world.origins = recorder.origin
+    yield world
+    recorder.close()
+    receiver.close()
+
+
+def agent(world, url, traceparent=None):
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {world.key}"
+    if traceparent:
+        session.headers["traceparent"] = traceparent
+    return session
+
+
+@live[0]
+@live[1]
+def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(traced):
+    trace_id, agent_span = secrets.token_hex(16), secrets.token_hex(8)
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint,
+                           "UNWIND_TOOL_ORIGINS": traced.origins,
+                           "UNWIND_TRACE_ARG_FIELDS": "plan", "OTEL_SERVICE_NAME": "unwind-under-test",
+                           "UNWIND_LOG_FORMAT": "json"}, worker=True)
+    try:
+        api = agent(traced, processes.url, f"00-{trace_id}-{agent_span}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "trace me", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        first = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                         json={"tool": "rec.create", "args": {"email": "secret-one@example.com", "plan": "gold"}})
+        assert first.status_code in (200, 201), first.content
+        # The second step's first call is answered 503: its retry (2.5 to 5 s away, past an inline retry) is the
+        # worker's, claimed by its sweep.
+        traced.recorder.status = 503
+        second = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                          json={"tool": "rec.create", "args": {"email": "secret-two@example.com", "plan": "silver"}})
+        traced.recorder.status = 200
+        second_id = second.json()["id"]
+        assert wait_until(lambda: Action.objects.get(pk=second_id).status == "succeeded", 60), processes.stop()
+        cancel = api.post(f"{processes.url}/api/v1/runs/{run['id']}/cancel", json={"reason": "done"}, timeout=30)
+        assert cancel.status_code in (200, 202), cancel.content
+        assert wait_until(lambda: Run.objects.get(pk=run["id"]).status == "compensated", 60), processes.stop()
+
+        def all_there():
+            names = [s["name"] for s in traced.receiver.in_trace(trace_id)]
+            return names.count("execute_tool rec.create") >= 3 and names.count("execute_tool rec.undo") >= 2
+        assert wait_until(all_there, 30), [s["name"] for s in traced.receiver.spans]
+    finally:
+        errors = processes.stop()
+    spans = traced.receiver.in_trace(trace_id)
+    if os.environ.get("UNWIND_TRACE_DUMP"):  # the spans docs/observability.md draws (bench/waterfall.py)
+        Path(os.environ["UNWIND_TRACE_DUMP"]).write_text(json.dumps(spans, indent=1))
+    by_id = {s["span_id"]: s for s in spans}
+    first_id = first.json()["id"]
+    steps = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
+    forward = {(s["attributes"]["unwind.action.id"], s["attributes"]["unwind.attempt"]): s for s in steps
+               if s["attributes"]["unwind.action.kind"] == "forward"}
+    # The inline step: a child of the REST request's span, itself a child of the agent's span.
+    inline = forward[(first_id, 1)]
+    request = by_id[inline["parent_span_id"]]
+    assert request["kind"] == SERVER and request["parent_span_id"] == agent_span
+    assert request["resource"]["service.name"] == "unwind-under-test"
+    attributes = inline["attributes"]
+    assert attributes["gen_ai.tool.name"] == "rec.create" and attributes["gen_ai.tool.call.id"]
+    assert attributes["unwind.run.id"] == run["id"] and attributes["unwind.saga.role"] == "compensatable"
+    assert attributes["unwind.risk"] == "low" and attributes["unwind.outcome"] == "succeeded"
+    assert attributes["unwind.args.plan"] == "gold"  # the one field the deployer allowed
+    # The step the worker retried, minutes later in production: attempt 2 in the same trace, under its request.
+    retried = forward[(second_id, 2)]
+    assert retried["attributes"]["unwind.outcome"] == "succeeded", [
+        (s["attributes"]["unwind.attempt"], s["attributes"]["unwind.outcome"], s["span_id"], s["parent_span_id"])
+        for s in steps if s["attributes"]["unwind.action.id"] == second_id]
+    assert by_id[retried["parent_span_id"]]["kind"] == SERVER
+    assert forward[(second_id, 1)]["attributes"]["unwind.outcome"] == "retry_scheduled"
+    assert any(s["name"] == "unwind.worker execute_action" and s["attributes"].get("unwind.action.id") == second_id
+               for s in traced.receiver.spans)
+    # Each compensation is in the trace and linked to the execute_tool span of the attempt it undoes.
+    undone = {s["attributes"]["unwind.compensates.action.id"]: s for s in steps
+              if s["attributes"]["unwind.action.kind"] == "compensation"}
+    assert undone[first_id]["links"] == [(trace_id, inline["span_id"])]
+    assert undone[second_id]["links"] == [(trace_id, retried["span_id"])]
+    assert undone[first_id]["attributes"]["unwind.outcome"] == "succeeded"
+    # The tool received a traceparent naming the step's own span, in the agent's trace.
+    parents = [h.get("traceparent") or h.get("Traceparent") for h in traced.recorder.headers]
+    assert len(parents) == 5 and all(p and p.split("-")[1] == trace_id for p in parents), parents
+    assert {p.split("-")[2] for p in parents} <= {s["span_id"] for s in steps}
+    # No argument value is exported, but the one allowed.
+    exported = b"".join(traced.receiver.raw)
+    for value in (b"secret-one@example.com", b"secret-two@example.com", b"secret"):
+        assert value not in exported
+    assert "Traceback" not in errors, errors
+    # JSON logs: the worker's sweep line names the trace and span of the sweep that wrote it.
+    logged = [json.loads(line) for line in errors.splitlines() if line.startswith("{")]
+    sweeps = {(s["trace_id"], s["span_id"]) for s in traced.receiver.spans if s["name"] == "unwind.sweep"}
+    assert any(line["message"].startswith("sweep:") and (line.get("trace_id"), line.get("span_id")) in sweeps
+               for line in logged), errors
+
+
+@live[0]
+@live[1]
+def test_a_dead_collector_costs_no_step(traced):
+    dead = f"http://127.0.0.1:{free_port()}"
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
+    try:
+        api = agent(traced, processes.url, f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "no collector", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        took = []
+        for n in range(5):
+            t0 = time.monotonic()
+            answer = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                              json={"tool": "rec.create", "args": {"email": f"n{n}@example.com"}})
+            took.append(time.monotonic() - t0)
+            assert answer.status_code in (200, 201), answer.content
+            assert answer.json()["status"] == "succeeded"
+            time.sleep(0.3)  # let the batch processor try (and fail) to export in between
+        # Trace context is the agent's data: malformed or oversized, it is ignored, and the step runs as any other.
+        junk = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                        json={"tool": "rec.create", "args": {"email": "junk@example.com"}},
+                        headers={"traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x" * 5000,
+                                 "baggage": "k=" + "v" * 7000})
+        assert junk.status_code in (200, 201) and junk.json()["status"] == "succeeded", junk.content
+        assert Action.objects.get(pk=junk.json()["id"]).trace_context["traceparent"] != junk.request.headers[
+            "traceparent"]
+    finally:
+        processes.stop()
+    assert max(took) < 2.0, took
+
+
+@live[0]
+@live[1]
+def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(traced):
+    from tests.test_mcp_gateway import initialized
+
+    header_trace, meta_trace, meta_span = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(8)
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": traced.receiver.endpoint,
+                           "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
+    try:
+        headers = initialized(processes.url + "/mcp", traced.key)
+        headers["traceparent"] = f"00-{header_trace}-{secrets.token_hex(8)}-01"
+        called = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                "name": "rec.create", "arguments": {"email": "secret-mcp@example.com"},
+                "_meta": {"traceparent": f"00-{meta_trace}-{meta_span}-01", "tracestate": "vendor=1"}}})
+        assert called.status_code == 200 and not called.json()["result"].get("isError"), called.text
+        assert wait_until(lambda: any(s["name"] == "execute_tool rec.create"
+                                      for s in traced.receiver.in_trace(meta_trace)), 30), traced.receiver.spans
+    finally:
+        processes.stop()
+    spans = traced.receiver.in_trace(meta_trace)
+    call = next(s for s in spans if s["name"] == "tools/call rec.create")
+    step = next(s for s in spans if s["name"] == "execute_tool rec.create")
+    assert call["parent_span_id"] == meta_span and step["parent_span_id"] == call["span_id"]
+    request = next(s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER)
+    assert call["links"] == [(header_trace, request["span_id"])]
+    tool_got = traced.recorder.headers[-1]
+    assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
+    assert b"secret-mcp" not in b"".join(traced.receiver.raw)
+
+
+def test_json_log_lines_name_the_trace_span_run_and_action(monkeypatch):
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ledger import tracing
+
+    monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+    record = logging.LogRecord("unwind.engine", logging.WARNING, __file__, 1, "settling %s", ("step",), None)
+    with tracing._tracer.start_as_current_span("execute_tool x") as span:
+        token = tracing._log_ids.set({"run_id": 7, "action_id": 9})
+        try:
+            line = json.loads(tracing.JsonFormatter().format(record))
+        finally:
+            tracing._log_ids.reset(token)
+    context = span.get_span_context()
+    assert line["trace_id"] == f"{context.trace_id:032x}" and line["span_id"] == f"{context.span_id:016x}"
+    assert (line["run_id"], line["action_id"], line["message"], line["level"]) == (7, 9, "settling step", "WARNING")
+
+
+def test_the_client_sends_the_callers_trace_context():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from unwind_client.client import Unwind
+
+    recorder = Recorder()
+    try:
+        client = Unwind(recorder.origin, api_key="uw_test")
+        with TracerProvider().get_tracer("agent").start_as_current_span("agent turn") as span:
+            client.request("POST", "/anything", json={"x": 1})
+        client.request("POST", "/anything", json={"x": 2})
+    finally:
+        recorder.close()
+    context = span.get_span_context()
+    inside, outside = recorder.headers
+    assert inside["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+    assert "traceparent" not in outside
+
+
+def test_an_upstream_mcp_tool_gets_the_steps_trace_context_in_meta(upstream, monkeypatch):
+    """The MCP SDK's client puts the current W3C context in the `_meta` of each call (the keys MCP reserves for it):
+    Unwind adds nothing of its own, and this shows it reaches the upstream from a step's span."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ledger import executors, tracing
+
+    monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
+    with tracing._tracer.start_as_current_span("execute_tool seats.book") as span:
+        executors.mcp_call(endpoint="crm/book", args={"seat": "7C"}, idempotency_key="k-7c", timeout=10,
+                           tenant="acme")
+    context = span.get_span_context()
+    sent = upstream.upstream.calls("book")[-1]
+    assert sent["key"] == "k-7c"
+    assert sent["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
