@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
-from ledger import fastpath
+from ledger import fastpath, plpgsql
 from ledger.audit import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
@@ -524,7 +524,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
         cursor.execute(definition.replace(line, changed))
         cursor.execute(fastpath.TRUST)
         fingerprint = cursor.fetchone()[0]
-    monkeypatch.setattr(fastpath, "expected_fingerprint", lambda: fingerprint)
+    monkeypatch.setattr(plpgsql, "expected_fingerprint", lambda: fingerprint)
     monkeypatch.setattr(fastpath, "_trusted", weakref.WeakKeyDictionary())  # checked again, against the new text
 
 
