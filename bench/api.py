@@ -121,8 +121,9 @@ def cpu_split(before: dict, after: dict, server_pid: int) -> dict[str, float]:
             "load_generator": spent(lambda key, name, parent: key.split(":")[0] == me)}
 
 
-def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: int | None = None) -> dict:
-    agents = new_agents(tenant, concurrency, base)
+def drive(agents: list, seconds: float) -> tuple[list[float], list[str], float, dict]:
+    """Every agent acts in a loop of its own for `seconds` (after one warm-up action each): the latencies, the first
+    errors, the wall time and the process CPU before it started (for `cpu_split`)."""
     for agent in agents:
         agent.act()
     latencies: list[float] = []
@@ -130,7 +131,7 @@ def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: 
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
-    def work(agent: Agent):
+    def work(agent):
         mine = []
         try:
             while time.monotonic() < stop:
@@ -147,7 +148,11 @@ def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: 
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - started
+    return latencies, errors, time.perf_counter() - started, cpu_before
+
+
+def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: int | None = None) -> dict:
+    latencies, errors, elapsed, cpu_before = drive(new_agents(tenant, concurrency, base), seconds)
     result = {"agents": concurrency, "actions": len(latencies), "seconds": round(elapsed, 2),
               "actions_per_s": round(len(latencies) / elapsed, 1), **summary(latencies)}
     if server_pid is not None and latencies:

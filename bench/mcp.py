@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
-from bench.api import ACTIONS_PER_RUN, Agent, _cpu_by_process, cpu_split
+from bench.api import ACTIONS_PER_RUN, Agent, _cpu_by_process, cpu_split, drive
 from bench.common import log, summary
 
 PROTOCOL = "2025-11-25"
@@ -114,31 +113,7 @@ def per_call(tenant, base: str, n: int) -> dict:
 
 
 def load(agents: list, seconds: float, server_pid: int) -> dict:
-    for agent in agents:
-        agent.act()
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    stop = time.monotonic() + seconds
-
-    def work(agent):
-        mine = []
-        try:
-            while time.monotonic() < stop:
-                mine.append(agent.act())
-        except Exception as exc:  # noqa: BLE001 - reported, not hidden
-            errors.append(repr(exc)[:300])
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=work, args=(a,)) for a in agents]
-    cpu_before = _cpu_by_process()
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
+    latencies, errors, elapsed, cpu_before = drive(agents, seconds)
     split = cpu_split(cpu_before, _cpu_by_process(), server_pid)
     row = {"agents": len(agents), "actions": len(latencies), "seconds": round(elapsed, 2),
            "actions_per_s": round(len(latencies) / elapsed, 1), **summary(latencies),
