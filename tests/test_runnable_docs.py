@@ -86,7 +86,7 @@ def test_every_runnable_command_runs_as_printed_after_make_demo(tmp_path):
     finally:
         os.killpg(demo.pid, signal.SIGINT)
         try:
-            demo.wait(timeout=30)
+            demo.wait(timeout=60)  # it stops its web server and worker first, each given 15 s to finish
         except subprocess.TimeoutExpired:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
