@@ -19,14 +19,12 @@ import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-from approvals.models import ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification
+from approvals.models import ApprovalLink, ApprovalRequest, Decision, Notification
 from ledger.errors import UnwindError
-from ledger.models import ROLE_ORDER, Role, Tool
 
 PLACEHOLDER = re.compile(r"\[\[approval-link:(\d+):(approve|reject):([0-9a-f]{32})\]\]")
 
@@ -99,14 +97,14 @@ def links_fill(note: Notification, text: str) -> str:
 
 # --- using a link ---------------------------------------------------------------------------------
 
-def _refuse(detail: str, code: str, status: int, title: str):
+def refuse(detail: str, code: str, status: int, title: str):
     raise LinkRefused(detail, code=code, status=status, title=title)
 
 
 def link_find(token: str) -> tuple[ApprovalLink, str]:
     """The link a token opens and the decision it carries; refused when no link has it (unknown or tampered)."""
     if not isinstance(token, str) or not 20 <= len(token) <= 100:
-        _refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
+        refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
                 "or decide on the approval page.", "approval_link_invalid", 404, "Link not valid")
     digest = token_hash(token)
     links = ApprovalLink.objects.select_related("request__action__tool", "request__tenant", "request__run__agent",
@@ -116,75 +114,6 @@ def link_find(token: str) -> tuple[ApprovalLink, str]:
         return link, Decision.APPROVE
     link = links.filter(reject_hash=digest).first()
     if link is None:
-        _refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
+        refuse("This link is not valid: it may have been cut short or altered. Open it again from the email, "
                 "or decide on the approval page.", "approval_link_invalid", 404, "Link not valid")
     return link, Decision.REJECT
-
-
-def link_check(link: ApprovalLink, *, browser_user) -> None:
-    """Why this link cannot decide now, as a refusal; None when it can. `approval_decide` checks again under lock."""
-    request = link.request
-    now = timezone.now()
-    if link.used_at is not None:
-        _refuse(f"This link was already used {timezone.localtime(link.used_at):%Y-%m-%d %H:%M %Z}. Each link decides "
-                "once; open the approval page to see where the request stands.", "approval_link_used", 410,
-                "Link already used")
-    if browser_user is not None and browser_user.is_authenticated and browser_user.pk != link.user_id:
-        _refuse(f"This link was sent to {link.user.get_username()}, but this browser is signed in as "
-                f"{browser_user.get_username()}. A link decides only for the person it was sent to; decide on the "
-                "approval page as yourself instead.", "approval_link_other_person", 403, "Link for someone else")
-    _check_person(link)
-    if request.status == ApprovalStatus.VOIDED:
-        _refuse(f"This request was voided: {request.outcome_reason}. Nothing can be approved.", "approval_voided",
-                409, "Request voided")
-    if request.status != ApprovalStatus.PENDING:
-        _refuse(f"This request is already {request.status}; nothing is left to decide.", "approval_link_decided",
-                409, "Already decided")
-    if link.expires_at <= now or request.expires_at <= now:
-        _refuse("This link has expired. An approval not given in time counts as a rejection.",
-                "approval_link_expired", 410, "Link expired")
-    if link.args_hash != request.args_hash or request.args_hash != request.action.args_hash:
-        _refuse("The action's arguments changed after this link was sent: it was made for other arguments and "
-                "cannot approve these.", "approval_voided", 409, "Arguments changed")
-    if link.tool_id != request.tool_id or not Tool.objects.filter(pk=link.tool_id, is_current=True).exists():
-        _refuse("The tool's policy changed after this link was sent: nobody approved the new policy, so this link "
-                "cannot decide.", "approval_voided", 409, "Policy changed")
-
-
-def _check_person(link: ApprovalLink) -> None:
-    """The page would only refuse later what `approval_decide` refuses: say so before showing a button."""
-    from approvals.services import is_requester, role_of
-
-    role = role_of(link.user, link.request.tenant_id)
-    if role is None or ROLE_ORDER[role] < ROLE_ORDER[Role.APPROVER]:
-        _refuse(f"{link.user.get_username()} no longer has the approver role in {link.request.tenant.name}, so this "
-                "link cannot decide.", "permission_denied", 403, "Not an approver")
-    if is_requester(link.request, link.user):
-        _refuse("You asked for this action, or it acts on your behalf, so someone else must decide (separation of "
-                "duties).", "permission_denied", 403, "Someone else must decide")
-    if link.request.decisions.filter(user=link.user).exists():
-        _refuse("You have already decided on this request; each person counts once.", "approval_link_decided", 409,
-                "Already decided")
-
-
-def link_use(*, link: ApprovalLink, decision: str, browser_user, reason: str = "") -> ApprovalRequest:
-    """Record the link's person's decision through `approval_decide` and use the link up, in one transaction:
-    a refused decision leaves the link unused and nothing else changed. A void found on the way stands (and the
-    link with it, as there is nothing left to decide)."""
-    from approvals.services import ApprovalVoided, approval_decide
-
-    link_check(link, browser_user=browser_user)
-    voided = None
-    with transaction.atomic():
-        if ApprovalLink.objects.filter(pk=link.pk, used_at__isnull=True).update(
-                used_at=timezone.now(), used_for=decision) != 1:
-            _refuse("This link was already used. Each link decides once.", "approval_link_used", 410,
-                    "Link already used")
-        try:
-            decided = approval_decide(request=link.request, user=link.user, approve=decision == Decision.APPROVE,
-                                      reason=reason)
-        except ApprovalVoided as error:
-            voided = error
-    if voided is not None:
-        raise voided
-    return decided

@@ -2,14 +2,14 @@
 
 The link pages need no password and give no session: GET shows the exact preview and one button (a mail
 scanner or link preview that fetches the URL changes nothing); only the POST decides, through
-link_service.link_use. Token URLs are never cached, indexed or sent to another site as a Referer.
+clicks.link_use. Token URLs are never cached, indexed or sent to another site as a Referer.
 """
 from django.http import JsonResponse
 from django.shortcuts import render
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from approvals import link_service, selectors, slack
+from approvals import clicks, link_service, selectors, slack
 from approvals.models import ApprovalStatus, Decision
 from ledger.api.problems import problem
 from ledger.errors import UnwindError, ValidationFailed
@@ -41,11 +41,11 @@ def confirm(request, token: str):
     try:
         link, decision = link_service.link_find(token)
         if request.method == "GET":
-            link_service.link_check(link, browser_user=request.user)
+            clicks.link_check(link, browser_user=request.user)
             return _confirm_page(request, link, decision)
         reason = request.POST.get("reason", "").strip()[:4000]
         try:
-            decided = link_service.link_use(link=link, decision=decision, browser_user=request.user, reason=reason)
+            decided = clicks.link_use(link=link, decision=decision, browser_user=request.user, reason=reason)
         except ValidationFailed as invalid:  # a rejection without its reason: nothing used, ask again
             return _confirm_page(request, link, decision, error=invalid.detail, reason=reason, status=400)
     except UnwindError as error:
@@ -62,7 +62,7 @@ def slack_interactions(request):
     """A click on an Approve / Reject button of a Slack message (approvals/slack.py)."""
     try:
         slack.verify(body=request.body, headers=request.headers)
-        decided = slack.slack_decide(payload=request.POST.get("payload", ""))
+        decided = clicks.slack_decide(payload=request.POST.get("payload", ""))
     except UnwindError as error:
         body = problem(status=error.status, code=error.code, title=error.title, detail=error.detail,
                        instance=request.path, **error.extra)

@@ -2,7 +2,7 @@
 
 Posting is an outbox (`SlackMessage`, written in the request's transaction, posted by the worker's sweep), so
 a rolled-back request posts nothing and a Slack outage loses nothing. A click comes back to
-`POST /integrations/slack/interactions/` (approvals/links.py), signed by Slack; it counts only when:
+`POST /integrations/slack/interactions/` (approvals/links.py, decided in approvals/clicks.py), signed by Slack; it counts only when:
 - the signature and timestamp verify against UNWIND_SLACK_SIGNING_SECRET (else 401, nothing read further);
 - the Slack user is mapped to an Unwind person of the request's tenant (`SlackIdentity`, set by an admin with
   `manage.py slack_identity`; the payload's names and emails are never trusted);
@@ -27,9 +27,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import surfaces
-from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackIdentity, SlackMessage
+from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackMessage
 from ledger import agent_text, egress
-from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.errors import UnwindError, ValidationFailed
 
 log = logging.getLogger("unwind.approvals.slack")
 MAX_POST_ATTEMPTS = 8
@@ -39,14 +39,6 @@ OPEN_ACTION = "unwind_open"  # a link button: Slack reports its click too, and i
 
 class SlackSignatureInvalid(UnwindError):
     code, status, title = "slack_signature_invalid", 401, "Slack signature not valid"
-
-
-class SlackUserUnmapped(PermissionDenied):
-    code, title = "slack_user_unmapped", "Slack user not mapped to a person"
-
-
-class SlackCannotShow(StateConflict):
-    code, title = "slack_cannot_show_request", "Decide this request on its page"
 
 
 def configured() -> bool:
@@ -211,34 +203,6 @@ def parse_click(payload: str) -> tuple[str, str, int, str] | None:
         return str(data["user"]["id"]), decision, int(value["approval"]), str(value["args_hash"])
     except (ValueError, KeyError, IndexError, TypeError):
         raise ValidationFailed("not an Unwind approval button click", field="payload") from None
-
-
-def slack_decide(*, payload: str) -> ApprovalRequest | None:
-    """The decision a verified click asks for, as the mapped person's, through `approval_decide` (which refreshes
-    the message after its commit); None for a click on the "Open" link. A request whose message could not show
-    everything its decision covers was posted without buttons and cannot be decided from Slack at all."""
-    from approvals.services import approval_decide
-
-    click = parse_click(payload)
-    if click is None:
-        return None
-    slack_user, decision, approval_id, args_hash = click
-    request = ApprovalRequest.objects.select_related("action__tool", "run", "tool").filter(pk=approval_id).first()
-    if request is None:
-        raise NotFound(f"there is no approval request {approval_id}")
-    if not surfaces.fits(request, LIMITS):
-        raise SlackCannotShow(f"request {request.pk} is too large for a Slack message to show in full, so it cannot be "
-                              "decided from Slack; nothing was decided. Open the approval page to decide.")
-    identity = SlackIdentity.objects.select_related("user").filter(
-        tenant_id=request.tenant_id, slack_user_id=slack_user).first()
-    if identity is None:
-        raise SlackUserUnmapped(f"Slack user {slack_user} is not mapped to anyone who may decide this; an admin maps "
-                                "people with `manage.py slack_identity`")
-    if args_hash != request.args_hash or args_hash != request.action.args_hash:
-        raise StateConflict("this button was made for other arguments than the action has now; nothing was decided")
-    who = identity.user.get_username()
-    reason = "" if decision == Decision.APPROVE else f"rejected in Slack by {who} (Slack buttons carry no reason)"
-    return approval_decide(request=request, user=identity.user, approve=decision == Decision.APPROVE, reason=reason)
 
 
 def outcome_text(request: ApprovalRequest) -> str:

@@ -9,7 +9,7 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import audit, egress, events, mcp_upstream, plpgsql, tracing
+        from ledger import egress, events, mcp_upstream, plpgsql, tracing
 
         # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
@@ -18,7 +18,16 @@ class LedgerConfig(AppConfig):
         egress.check_settings()
         mcp_upstream.check_settings()
         # Signed chain heads are exported by the worker's sweep, off the request path.
-        events.subscribe("sweep", audit.checkpoint_on_sweep)
+        events.subscribe("sweep", checkpoint_on_sweep)
         # Every migrate ends with the engine's PostgreSQL functions as their files define them (ledger/plpgsql).
         post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.plpgsql.install")
         tracing.setup()  # once per process, web and worker; nothing unless OTEL_* asks for traces
+
+
+def checkpoint_on_sweep(*, now) -> None:
+    """The worker's sweep signs and exports the heads (ledger/audit_export.py) when signing is configured; the
+    signing code (and `cryptography`) is loaded only then, so no process starts slower for it."""
+    if settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE:
+        from ledger import audit_export
+
+        audit_export.on_sweep(now=now)

@@ -202,7 +202,7 @@ _last_periodic: dict[str, float | None] = {"at": None}  # this process's last pe
 
 
 def on_sweep(*, now) -> None:
-    """The worker's sweep (through `audit.checkpoint_on_sweep`): sign the heads every
+    """The worker's sweep (through `checkpoint_on_sweep` in ledger/apps.py): sign the heads every
     UNWIND_AUDIT_CHECKPOINT_SECONDS."""
     last = _last_periodic["at"]
     if last is not None and time.monotonic() - last < settings.UNWIND_AUDIT_CHECKPOINT_SECONDS:

@@ -3,7 +3,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import (
     Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant, TenantPolicyVersion, Tool,
 )

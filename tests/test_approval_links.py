@@ -11,7 +11,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from approvals import link_service
+from approvals import clicks, link_service
 from approvals.models import ApprovalDecision, ApprovalLink, ApprovalRequest, Notification
 from approvals.services import approval_decide, notifications_send
 from ledger.models import Action, Membership
@@ -331,11 +331,11 @@ def test_two_uses_racing_past_the_checks_decide_once(tools, smtp, monkeypatch):
     token = LINK.search(links["approve"]).group(2)
     first, decision = link_service.link_find(token)
     second, _ = link_service.link_find(token)  # loaded by the second request before the first used it
-    link_service.link_use(link=first, decision=decision, browser_user=None)
+    clicks.link_use(link=first, decision=decision, browser_user=None)
     after_first = state_of(approval)
-    monkeypatch.setattr(link_service, "link_check", lambda link, browser_user: None)  # it saw the link unused
+    monkeypatch.setattr(clicks, "link_check", lambda link, browser_user: None)  # it saw the link unused
     with pytest.raises(link_service.LinkRefused) as refused:
-        link_service.link_use(link=second, decision=decision, browser_user=None)
+        clicks.link_use(link=second, decision=decision, browser_user=None)
     assert refused.value.code == "approval_link_used"
     assert state_of(approval) == after_first
 
@@ -355,7 +355,7 @@ def test_concurrent_posts_of_one_link_decide_once(tools, smtp):
         try:
             link, decision = link_service.link_find(LINK.search(url).group(2))
             start.wait()
-            link_service.link_use(link=link, decision=decision, browser_user=None, reason="no")
+            clicks.link_use(link=link, decision=decision, browser_user=None, reason="no")
             outcomes.append("decided")
         except Exception as error:  # noqa: BLE001 - each refusal is counted below
             outcomes.append(getattr(error, "code", repr(error)))

@@ -14,7 +14,7 @@ import requests
 from django.db import connection
 
 from ledger import registry
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import Action
 from ledger.received import LiteralFloat, LiteralInt, dumps, loads
 from tests.recorder import recorder  # noqa: F401 - the fixture

@@ -22,8 +22,9 @@ from config.audit_keys import key_id
 from ledger import audit_export
 from ledger.audit import (
     TOOL_POLICY_FIELDS, TOOL_UNFINGERPRINTED_FIELDS, event_hash, fingerprinted_models,
-    ledger_transaction, verify_chain,
+    ledger_transaction,
 )
+from ledger.audit_verify import verify_chain
 from ledger.canonical import dumps
 from ledger.api.tools import policy_of
 from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, Tool

@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from ledger import fastpath, plpgsql
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
 from ledger.services import execution

@@ -3,7 +3,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ledger import sql
-from ledger.audit import ledger_transaction, verify_chain
+from ledger.audit import ledger_transaction
+from ledger.audit_verify import verify_chain
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Run
 from tests.helpers import act, fault, open_run
 

@@ -17,7 +17,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import Action, AuditHead, Membership, Tenant, TenantPolicyVersion
 from ledger.services.actions import action_reclaim
 from ledger.services.tenancy import membership_remove

@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Run
 from ledger.services import execution

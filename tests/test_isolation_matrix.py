@@ -19,7 +19,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from approvals.models import ApprovalRequest
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import Action, Run, Tool
 from ledger.services.tenancy import agent_create
 from ledger.services.tools import tool_upsert

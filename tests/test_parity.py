@@ -28,7 +28,7 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
 from ledger import fastpath, plpgsql
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
 from ledger.services import execution

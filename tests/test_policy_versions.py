@@ -17,7 +17,7 @@ from django.test import Client
 from approvals.models import ApprovalRequest
 from approvals.services import ApprovalVoided, approval_decide
 from ledger import events
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import Action, AuditEvent, ImmutableVersion, Run, TenantPolicyVersion, Tool
 from ledger.services.runs import run_cancel
 from ledger.services.tenancy import membership_set

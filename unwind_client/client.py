@@ -198,7 +198,7 @@ class Unwind:
             action = {**action, "args": sent}
         if action.get("awaiting_report"):
             if execute is None:
-                raise ReportRequired(action, client=self)
+                raise ReportRequired(action, report=self.report)
             return self._execute_and_report(action, execute)
         later = self._later(action["id"], execute, sent)
         if status == "awaiting_approval":

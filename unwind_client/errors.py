@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from unwind_client.client import Unwind
+from typing import Any
 
 
 class UnwindClientError(Exception):
@@ -92,12 +89,12 @@ class Unwound(ActionError):
 class ReportRequired(ActionError):
     """A client-executed tool: run it yourself with `tool_args`, then `report(ok=..., result=...|error=...)`."""
 
-    def __init__(self, action: dict, *, client: Unwind):
+    def __init__(self, action: dict, *, report: Callable[..., dict]):
         super().__init__(f"{action.get('tool')} is executed by the agent: run it and report action {action.get('id')}",
                          action)
         self.tool = action.get("tool")
         self.tool_args = action.get("args")  # not `args`: that is the exception's own message tuple
-        self._client = client
+        self._report = report  # the client's `report`, handed in (as `settle` is above): errors know no client
 
     def report(self, *, ok: bool, result: Any = None, error: str = "") -> dict:
-        return self._client.report(self.action_id, ok=ok, result=result, error=error)
+        return self._report(self.action_id, ok=ok, result=result, error=error)
