@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import describe, egress, mapping, registry, schemas
+from ledger import describe, egress, holds, mapping, registry, schemas
 from ledger.display import parse_display
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
@@ -26,7 +26,7 @@ TARGET_FROM_AGENT = "agent"
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry", "on_refusal", "describe", "display",
+    "compensation", "timeout", "retry", "on_refusal", "describe", "display", "hold",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -297,6 +297,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
+    fields["hold"] = holds.parse(spec.get("hold"), f"{where}.hold")
     return fields
 
 

@@ -19,7 +19,9 @@ from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 ACTION_TRANSITIONS: dict[str, set[str]] = {
     A.PLANNED: {A.AWAITING_APPROVAL, A.RUNNING, A.SKIPPED},
     A.AWAITING_APPROVAL: {A.APPROVED, A.REJECTED, A.EXPIRED, A.SKIPPED},
-    A.APPROVED: {A.RUNNING, A.SKIPPED},
+    A.APPROVED: {A.RUNNING, A.HELD, A.SKIPPED},
+    # A held step (ledger/holds.py) runs when its window ends, or is stopped (skipped) before: one of the two.
+    A.HELD: {A.RUNNING, A.SKIPPED},
     # running -> running is a reclaim after a lost lease (crash recovery).
     A.RUNNING: {A.RUNNING, A.SUCCEEDED, A.FAILED, A.RETRY_SCHEDULED, A.LOST},
     A.RETRY_SCHEDULED: {A.RUNNING, A.SKIPPED},

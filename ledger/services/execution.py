@@ -39,7 +39,7 @@ log = logging.getLogger("unwind.engine")
 
 SYSTEM = "system:engine"
 INLINE_RETRY_LIMIT = 2.0  # seconds: longer backoffs are scheduled, not slept through
-PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED)
+PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED, A.HELD)
 REFUSED = "refused"  # the error_class of a step the tool turned down and the agent was answered about
 
 
@@ -978,8 +978,10 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
         if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and an_attempt_may_have_acted(pending):
             continue  # it may have acted: its retry finds out (reading back, never calling again) first
         was_waiting = pending.status == A.AWAITING_APPROVAL
+        # A held step skipped by its agent's cancel was stopped by the agent (ledger/holds.py).
+        stopped = {"stopped_by": "agent"} if pending.status == A.HELD and actor.startswith("agent:") else {}
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
-                          lease_expires_at=None, next_attempt_at=None)
+                          lease_expires_at=None, next_attempt_at=None, **stopped)
         if was_waiting:
             events.emit("approval_withdrawn", action=pending, reason=why)
 

@@ -162,7 +162,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
 
 IDLE_ACTOR = "system:idle"
 # What keeps a run from being idle whatever the clock says: a step in flight, or one waiting for a person.
-BUSY = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+BUSY = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
 
 
 def span(seconds: int) -> str:
