@@ -104,6 +104,11 @@ def correction_trail(run: Run) -> dict:
                 and _has_no_undo(action):
             not_undone += 1
             say("not_undone", f"This has no automatic undo and still stands: {_quiet(step)}.")
+        elif action.status == A.HELD:
+            can_stop = " You can stop it on this page until then." if (action.tool.hold or {}).get(
+                "customer_can_stop") else ""
+            say("pending", f"This step is waiting and will be taken at {action.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC "
+                           f"unless it is stopped before: {_proposed(action)}.{can_stop}")
         elif action.status == A.LOST:
             say("pending", f"We do not know yet whether this step was taken, and a person has been asked to check: "
                            f"{_proposed(action)}.")
@@ -394,6 +399,9 @@ def _not_done(action, declined, company: str) -> str:
         return _sentence(f"{who} declined this step{when}{reason}, so it was not taken: {asked}")
     if action.status == A.EXPIRED:
         return f"Nobody approved this step in time, so it was not taken: {asked}."
+    if action.status == A.SKIPPED and action.stopped_by:
+        who = {"customer": "You", "agent": "The assistant"}.get(action.stopped_by) or person_at(action.stopped_by, company)
+        return _sentence(f"{who} stopped this step while it was waiting, so it was never taken: {asked}")
     if action.status == A.SKIPPED:
         return f"This step was called off before it was taken: {asked}."
     failed = _declared(action, "failed")

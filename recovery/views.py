@@ -14,11 +14,11 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import selectors as ledger_selectors
+from ledger import holds, selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
-from recovery import selectors, services
+from recovery import selectors, services, stops
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
@@ -28,6 +28,7 @@ from recovery.trail import (
 )
 
 QUEUE_PAGE_SIZE = 25
+HELD_SHOWN = 50  # held steps listed above the queue, soonest first (a hold lasts an hour at most)
 RUNS_PAGE_SIZE = 30
 RESOLVERS = {
     "resume": services.recovery_resume,
@@ -79,6 +80,7 @@ def queue(request):
     page = Paginator(items, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form, "filters": filters, "page": page, "counts": counts, "access": access,
+        "held": list(holds.held_steps(tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN]),
         "total": sum(c["n"] for c in counts), "can_bulk": access.operates_anywhere,
         "operable": {tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)},
         "now": timezone.now(),
@@ -254,6 +256,8 @@ def run_detail(request, pk: int):
 def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
     can_share = access.can_operate(run.tenant_id)
     return render(request, "recovery/run.html", {
+        "can_stop": can_share, "stoppable": [a.pk for a in run.actions.filter(status="held")
+                                             if stops.stopper_role(request.user, a)],
         "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
         "share_days": share_max_age() / 86400, "share_links": trail_links_active(run), "can_share": can_share,
         "new_link_url": new_link_url, "can_send": can_share and "@" in run.on_behalf_of,
@@ -316,10 +320,49 @@ def trail_share(request, token: str):
                                            "Ask the person who shared it for a new one.")
         response["X-Robots-Tag"] = "noindex"
         return response
-    response = render(request, "recovery/trail_share.html", {"run": run, "trail": correction_trail(run)})
+    response = render(request, "recovery/trail_share.html", {
+        "run": run, "trail": correction_trail(run), "stoppable": stops.customer_stoppable(run), "token": token})
     response["X-Robots-Tag"] = "noindex"
     response["Referrer-Policy"] = "no-referrer"
     return response
+
+
+@login_required
+@require_POST
+def hold_stop(request, pk: int):
+    """Stop a held step: an operator of its tenant, or an approver who approved it (recovery/stops.py)."""
+    access = selectors.access_for(request.user)
+    try:
+        action = ledger_selectors.action_get(tenant_ids=access.tenant_ids, agent_id=None, action_id=pk)
+    except NotFound:
+        raise Http404("No such step") from None
+    try:
+        stopped = stops.stop_as_person(action=action, user=request.user, reason=request.POST.get("reason", "")[:500])
+    except PermissionDenied:
+        return _forbidden(request, "Stopping a held step needs the operator role in its tenant, or to have approved "
+                                   "that step.")
+    except StateConflict as conflict:
+        messages.error(request, f"Not stopped: {conflict.detail}.")
+    else:
+        messages.success(request, f"Step {stopped.seq} ({stopped.tool.name}) is stopped: it will not be executed.")
+    return redirect(reverse("recovery:run", args=[action.run_id]) + f"#action-{action.pk}")
+
+
+@require_POST
+def trail_share_stop(request, token: str, action_id: int):
+    """The person the run acts for stops a held step from the trail's share page (where its policy allows)."""
+    try:
+        stops.stop_as_customer(token=token, action_id=action_id)
+    except NotFound:
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+        response["X-Robots-Tag"] = "noindex"
+        return response
+    except PermissionDenied as refused:
+        return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": refused.detail}, status=403)
+    except StateConflict:
+        pass  # it ran (or was stopped) first: the page says which
+    return redirect(reverse("recovery:trail_share", args=[token]) + "#trail")
 
 
 def _trail_missing(request, sentence: str):
