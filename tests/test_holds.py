@@ -9,7 +9,7 @@ import time
 from datetime import datetime
 
 import pytest
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from ledger import holds
@@ -225,3 +225,47 @@ def test_a_stop_and_the_release_racing_have_exactly_one_winner(django_db_setup, 
         assert step.status == ("running" if released else "skipped")
         outcomes["released" if released else "stopped"] += 1
     assert sum(outcomes.values()) == 25
+
+
+# --- a worker killed during the window ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.skipif(connection.vendor == "sqlite" and ":memory:" in str(connection.settings_dict.get("NAME")),
+                    reason="worker processes need a database file or server")
+def test_a_worker_killed_during_the_window_runs_the_step_once_after_restart(http_tools):
+    """A real `manage.py worker` (cluster and sweep clock) is SIGKILLed while a step is held; the next worker, started
+    after the window ended, finds it overdue and runs it, once."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import POLICY
+    from tests.test_g05_crash_safety import ROOT, process_env, wait_until
+
+    tool_upsert(tenant=http_tools.acme, name="email.send", spec=dict(POLICY["tools"]["email.send"], hold="2s"),
+                actor="test")
+    run = open_run(http_tools)
+    email = act(run, "email.send", {"to": "carol@example.com", "subject": "Your trip", "body": "Booked."})
+    assert email.status == "held"
+
+    def start():
+        return subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT,
+                                env=process_env(http_tools.live_server), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE)
+
+    first = start()
+    time.sleep(0.8)  # the worker is up, sweeping, and the step still held
+    first.send_signal(signal.SIGKILL)
+    first.wait(timeout=30)
+    time.sleep(2.0)  # the window ends with no worker running
+    email.refresh_from_db()
+    assert email.status == "held" and calls("email.send") == 0
+    second = start()
+    try:
+        ran = wait_until(lambda: Action.objects.get(pk=email.pk).status == "succeeded", timeout=60)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        _, stderr = second.communicate(timeout=60)
+    assert ran, stderr.decode()[-2000:]
+    assert len([c for c in call_list(tenant=acme(), tool="email.send")["results"] if c["effect_applied"]]) == 1
+    assert list(Action.objects.get(pk=email.pk).attempt_set.values_list("outcome", flat=True)) == ["succeeded"]
