@@ -320,10 +320,14 @@ def trail_share(request, token: str):
                                            "Ask the person who shared it for a new one.")
         response["X-Robots-Tag"] = "noindex"
         return response
+    stoppable = stops.customer_stoppable(run)
     response = render(request, "recovery/trail_share.html", {
-        "run": run, "trail": correction_trail(run), "stoppable": stops.customer_stoppable(run), "token": token})
+        "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token})
     response["X-Robots-Tag"] = "noindex"
-    response["Referrer-Policy"] = "no-referrer"
+    # The link never leaves in a Referer. With a Stop form on the page, same-origin: a browser then sends the form's
+    # POST with its real Origin (no-referrer makes it "null", which the CSRF check rightly refuses), and still no
+    # Referer to any other site.
+    response["Referrer-Policy"] = "same-origin" if stoppable else "no-referrer"
     return response
 
 
