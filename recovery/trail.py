@@ -159,7 +159,18 @@ def trail_link_create(*, run: Run, user, sent_to: str = "") -> tuple[TrailShareL
     """
     require_role(user, run.tenant_id, Role.OPERATOR)
     token = secrets.token_urlsafe(32)
-    actor = f"user:{user.get_username()}"
+    link = _link_create(run=run, token=token, actor=f"user:{user.get_username()}", sent_to=sent_to)
+    return link, token
+
+
+def new_share_link(*, run: Run, actor: str, sent_to: str) -> str:
+    """A share link made by the system itself (a held step's notice to the person it acts for); its token."""
+    token = secrets.token_urlsafe(32)
+    _link_create(run=run, token=token, actor=actor, sent_to=sent_to)
+    return token
+
+
+def _link_create(*, run: Run, token: str, actor: str, sent_to: str) -> TrailShareLink:
     with ledger_transaction(run.tenant_id) as audit:
         link = TrailShareLink.objects.create(
             tenant_id=run.tenant_id, run=run, token_hash=_token_hash(token), created_by=actor, sent_to=sent_to,
@@ -167,7 +178,7 @@ def trail_link_create(*, run: Run, user, sent_to: str = "") -> tuple[TrailShareL
         )
         audit.record("trail.link_created", actor=actor, run=run, link=link.pk, expires_at=link.expires_at.isoformat(),
                      sent_to=sent_to)
-    return link, token
+    return link
 
 
 def trail_link_revoke(*, run: Run, link_id: int, user) -> TrailShareLink:

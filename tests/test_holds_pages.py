@@ -19,6 +19,7 @@ from recovery.trail import trail_link_create
 from tests.helpers import act, open_run
 from tests.test_browser import CHROMIUM, browser, page, sync_api  # noqa: F401
 from tests.test_holds import calls, hold, trip
+from tests.test_notifications import smtp  # noqa: F401
 
 TOKEN = re.compile(r'name="csrfmiddlewaretoken" value="([^"]+)"')
 
@@ -183,3 +184,32 @@ def test_the_customer_presses_stop_on_a_390_px_phone(live, browser):  # noqa: F8
         context.close()
     charge.refresh_from_db()
     assert charge.status == "skipped" and calls("payments.charge") == 0
+
+
+def test_the_customer_is_emailed_the_link_and_deadline_and_the_link_stops_it(live, smtp, settings):
+    """Real SMTP on loopback: the notice carries the trail's link and the deadline; following the link shows the
+    Stop button, and pressing it stops the step."""
+    from urllib.parse import urlsplit
+
+    from approvals.services import notifications_send
+
+    settings.UNWIND_BASE_URL = live.live_server.url
+    run, charge = held_charge(live, **{"for": "30s"})
+    assert notifications_send() >= 1
+    notice = [m for m in smtp.messages if m["To"] == "carol@example.com"]
+    assert len(notice) == 1 and "about to act on your request" in notice[0]["Subject"]
+    text = notice[0].get_body(("plain",)).get_content()
+    assert f"{charge.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC" in text
+    link = next(word for word in text.split() if word.startswith(live.live_server.url + "/console/trail/"))
+    assert urlsplit(link).path.startswith("/console/trail/")
+    assert "Stop it" in requests.get(link).text
+    assert form_post(requests.Session(), link, f"{link}stop/{charge.pk}/").status_code == 302
+    charge.refresh_from_db()
+    assert charge.status == "skipped" and charge.stopped_by == "customer"
+
+
+def test_no_notice_when_the_customer_may_not_stop_or_has_no_address(live, smtp):
+    from approvals.models import Notification
+
+    held_charge(live, customer_can_stop=False)
+    assert not Notification.objects.filter(kind="hold_notice").exists()
