@@ -269,3 +269,16 @@ def test_a_worker_killed_during_the_window_runs_the_step_once_after_restart(http
     assert ran, stderr.decode()[-2000:]
     assert len([c for c in call_list(tenant=acme(), tool="email.send")["results"] if c["effect_applied"]]) == 1
     assert list(Action.objects.get(pk=email.pk).attempt_set.values_list("outcome", flat=True)) == ["succeeded"]
+
+
+def test_metrics_count_holds_and_stops_by_whom(tools, django_capture_on_commit_callbacks):
+    from recovery.metrics import console_metrics, metrics_charts
+
+    run, *_ = trip(tools)
+    charge = act(run, "payments.charge", {"customer": "carol", "amount_cents": 4200})
+    with django_capture_on_commit_callbacks(execute=True):
+        holds.action_stop(action_id=charge.pk, actor="user:oscar", by="operator")
+    data = console_metrics(tenant_ids=[tools.acme.pk])
+    assert data["holds"] == {"held": 1, "stopped": {"agent": 0, "operator": 1, "approver": 0, "customer": 0}}
+    chart = next(c for c in metrics_charts(data) if c["title"].startswith("Held steps"))
+    assert [bar["value"] for bar in chart["bars"]] == ["1", "0", "1", "0", "0"]
