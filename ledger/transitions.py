@@ -39,7 +39,8 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
 RUN_TRANSITIONS: dict[str, set[str]] = {
     R.RUNNING: {R.AWAITING_APPROVAL, R.COMPLETED, R.UNWINDING, R.NEEDS_ATTENTION},
     R.AWAITING_APPROVAL: {R.RUNNING, R.UNWINDING, R.NEEDS_ATTENTION},
-    R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION},
+    # unwinding -> closed: the rest undone, and a step of unknown outcome taken over by a person (services/unknowns.py).
+    R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION, R.CLOSED},
     R.NEEDS_ATTENTION: {R.RUNNING, R.UNWINDING, R.CLOSED},
     R.COMPLETED: set(),
     R.COMPENSATED: set(),

@@ -90,9 +90,12 @@ def recovery_resume(*, item: RecoveryItem, user, reason: str = "") -> RecoveryIt
     return _after(item, reason)
 
 
-def recovery_compensate(*, item: RecoveryItem, user, reason: str = "") -> RecoveryItem:
+def recovery_compensate(*, item: RecoveryItem, user, reason: str = "", unknown: str = "") -> RecoveryItem:
+    """Compensate the item's run; `unknown` settles its steps of unknown outcome in the same decision
+    (ledger/services/unknowns.py)."""
     item = _open_item(item, user)
-    run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift")
+    run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift",
+                   unknown=unknown)
     return _after(item, reason)
 
 

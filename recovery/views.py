@@ -18,6 +18,7 @@ from ledger import holds, selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
+from ledger.services.unknowns import unknown_steps
 from recovery import selectors, services, stops
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
@@ -116,8 +117,14 @@ def item_detail(request, pk: int):
     return render(request, "recovery/item.html", _item_context(access, item))
 
 
+def _resolve_form(item: RecoveryItem, operation: str, data=None) -> ResolveForm:
+    unknown = len(unknown_steps(item.run)) if operation == "compensate" else 0
+    return ResolveForm(data, operation=operation, unknown_steps=unknown)
+
+
 def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
     return {
+        "unknown_steps": list(unknown_steps(item.run)) if operation == "compensate" else [],
         "item": item, "run": item.run, "operation": operation, "label": operations_for(item)[operation], "form": form,
         "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
         "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
@@ -145,17 +152,18 @@ def item_resolve(request, pk: int, operation: str):
             context = _item_context(access, item) | {"refusal": moved_on}
             return render(request, "recovery/item.html", context, status=409)
         template = "recovery/_confirm_panel.html" if request.htmx else "recovery/confirm.html"
-        return render(request, template, _confirm_context(item, operation, ResolveForm(operation=operation)))
+        return render(request, template, _confirm_context(item, operation, _resolve_form(item, operation)))
     if request.method != "POST":
         return render(request, "recovery/refused.html", {"title": "Method not allowed",
                                                          "detail": "Use the buttons on the item page."}, status=405)
-    form = ResolveForm(request.POST, operation=operation)
+    form = _resolve_form(item, operation, request.POST)
     if not form.is_valid():
         if not access.can_operate(item.tenant_id):
             return _forbidden(request, _role_refusal(access, item.tenant_id))
         return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
     try:
-        item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"])
+        extra = {"unknown": form.cleaned_data["unknown"]} if "unknown" in form.cleaned_data else {}
+        item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"], **extra)
     except PermissionDenied:
         return _forbidden(request, _role_refusal(access, item.tenant_id))
     except StateConflict as refusal:

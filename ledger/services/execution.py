@@ -32,6 +32,7 @@ from ledger.models import (
     OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
 from ledger.policy import approvals_needed
+from ledger.services import unknowns
 from ledger.services.dispatch import HELD, enqueue, new_owner
 from ledger.transitions import action_transition, moved, run_transition
 
@@ -1285,10 +1286,13 @@ def settle(run: Run, *, log: AuditLog) -> None:
     failed = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.COMPENSATION_FAILED]
     standing = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.SUCCEEDED
                 and a.tool.action_class != ActionClass.READ_ONLY and not compensable(a)]
-    lost = [a for a in actions if a.status == A.LOST]
+    lost = [a for a in actions if a.status == A.LOST and not unknowns.left_to_person(a)]
     if not failed and not standing and not lost:
-        run_transition(run, R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None)
-        checkpoint_save(run, "compensated", log=log)
+        left = [a for a in actions if unknowns.left_to_person(a)]
+        # A step a person took over (their one decision on the run, ledger/services/unknowns.py) ends it closed.
+        run_transition(run, R.CLOSED if left else R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None,
+                       note={"left_to_person": [a.pk for a in left]} if left else None)
+        checkpoint_save(run, "closed" if left else "compensated", log=log)
         events.emit("run_finished", run=run)
         return
     comps = {a.compensates_id: a for a in actions if a.kind == ActionKind.COMPENSATION}  # newest wins: ordered by seq
