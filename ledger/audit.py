@@ -57,7 +57,7 @@ TOOL_POLICY_FIELDS = (
     "on_refusal", "describe", "display", "hold",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
-                          "local_part_case_sensitive")
+                          "local_part_case_sensitive", "customer_requests_seconds")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
@@ -65,7 +65,8 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 # like editing `args`.
 ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
                "local_part_case_sensitive": False,
-               "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": ""}
+               "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": "",
+               "customer_requests_seconds": 0}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks

@@ -73,6 +73,8 @@ ROLE_ORDER = {Role.VIEWER: 0, Role.APPROVER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 
 # The bounds of a run's idle timeout (README, "Policy files"): a minute to thirty days.
 RUN_IDLE_TIMEOUT_SECONDS = (60, 30 * 86400)
+# The bounds of the window for customer requests (recovery/requests.py), when on: an hour to ninety days.
+CUSTOMER_REQUESTS_SECONDS = (3600, 90 * 86400)
 
 
 class Tenant(models.Model):
@@ -90,6 +92,10 @@ class Tenant(models.Model):
     local_part_case_sensitive = models.BooleanField(
         default=False, help_text="Whether Alice@… and alice@… are two people when telling a requester from an "
                                  "approver (the domain is always case-insensitive).")
+    customer_requests_seconds = models.PositiveIntegerField(
+        default=0, db_default=0,
+        help_text="How long after a run the person it acted for may ask for a correction from its trail's share page "
+                  "(recovery/requests.py); 0: never (the default).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -249,6 +255,7 @@ class TenantPolicyVersion(models.Model):
     approval_ttl_seconds = models.PositiveIntegerField()
     run_idle_timeout_seconds = models.PositiveIntegerField(default=3600)
     local_part_case_sensitive = models.BooleanField(default=False)
+    customer_requests_seconds = models.PositiveIntegerField(default=0, db_default=0)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -42,9 +42,11 @@ RUN_TRANSITIONS: dict[str, set[str]] = {
     # unwinding -> closed: the rest undone, and a step of unknown outcome taken over by a person (services/unknowns.py).
     R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION, R.CLOSED},
     R.NEEDS_ATTENTION: {R.RUNNING, R.UNWINDING, R.CLOSED},
-    R.COMPLETED: set(),
-    R.COMPENSATED: set(),
-    R.CLOSED: set(),
+    # A finished run is put before a person again only when the person it acted for asks for a correction of it
+    # (recovery/requests.py); the operator then resumes, compensates or closes it as any other.
+    R.COMPLETED: {R.NEEDS_ATTENTION},
+    R.COMPENSATED: {R.NEEDS_ATTENTION},
+    R.CLOSED: {R.NEEDS_ATTENTION},
 }
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, ApprovalStatus
 from ledger.holds import STOPPERS
 from ledger.models import Action, ActionKind, ActionStatus as A, AuditEvent, Checkpoint, Run, RunStatus
-from recovery.models import ItemStatus, RecoveryItem
+from recovery.models import CustomerRequest, ItemStatus, RecoveryItem
 from recovery.selectors import AGE_BUCKETS
 
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
@@ -114,11 +114,13 @@ def console_metrics(*, tenant_ids: list[int], window: str = DEFAULT_WINDOW, now=
 
 
 def hold_counts(*, tenant_ids: list[int], since) -> dict:
-    """Steps held in the window (ledger/holds.py), and those stopped before they ran, by who stopped them."""
+    """Steps held in the window (ledger/holds.py), those stopped before they ran by who stopped them, and the
+    corrections customers asked for from their trails (recovery/requests.py)."""
     held = AuditEvent.objects.filter(tenant_id__in=tenant_ids, kind="forward.held", created_at__gte=since).count()
     stopped = dict(Action.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).exclude(stopped_by="")
                    .order_by().values_list("stopped_by").annotate(n=Count("id")).values_list("stopped_by", "n"))
-    return {"held": held, "stopped": {by: stopped.get(by, 0) for by in STOPPERS}}
+    return {"held": held, "stopped": {by: stopped.get(by, 0) for by in STOPPERS},
+            "customer_requests": CustomerRequest.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).count()}
 
 
 def _age_q(now, younger, older) -> Q:
@@ -214,8 +216,11 @@ def metrics_charts(data: dict) -> list[dict]:
             (b["label"], [(b["label"], b["n"], "bad" if b["bucket"] == "older" else "warn")])
             for b in data["open_items_by_age"]]),
         bar_chart("Actions per tool and outcome", tools),
-        bar_chart("Held steps, and who stopped them", [("held", [("held", data["holds"]["held"], "warn")])] + [
-            (f"stopped by {by}", [(f"stopped by {by}", n, "muted")]) for by, n in data["holds"]["stopped"].items()]),
+        bar_chart("Held steps, who stopped them, customer requests",
+                  [("held", [("held", data["holds"]["held"], "warn")])] + [
+                      (f"stopped by {by}", [(f"stopped by {by}", n, "muted")])
+                      for by, n in data["holds"]["stopped"].items()]
+                  + [("customer requests", [("customer requests", data["holds"]["customer_requests"], "bad")])]),
     ]
 
 

@@ -28,6 +28,8 @@ SUGGESTIONS = {
                             "needs. Resume to accept it and go on, or undo it by hand with the record shown and close it.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
+    "customer_request": "The person the run acted for asks for a correction (their words are below): compensate to "
+                        "undo what can be undone, resume to let the run go on, or close it; and write them a reply.",
     "idle_after_pivot": "The agent went away after the pivot committed: resume to let it go on (its next step is "
                         "its own), compensate to undo what can be undone, or close it.",
 }

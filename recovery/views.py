@@ -19,7 +19,7 @@ from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError
 from ledger.models import Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
 from ledger.services.unknowns import unknown_steps
-from recovery import selectors, services, stops
+from recovery import requests as customer_requests, selectors, services, stops
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
@@ -94,6 +94,7 @@ def _item_context(access, item: RecoveryItem) -> dict:
     run = item.run
     cannot_resume = resume_refusal(run) if item.status == ItemStatus.OPEN else ""
     return {
+        "customer_requests": customer_requests.requests_for(run), "can_reply": access.can_operate(item.tenant_id),
         "item": item, "run": run,
         "failure": (failure := selectors.item_failure(item)),
         "drift": selectors.drift_comparison(failure),
@@ -328,14 +329,22 @@ def trail_share(request, token: str):
                                            "Ask the person who shared it for a new one.")
         response["X-Robots-Tag"] = "noindex"
         return response
+    return _share_page(request, run, token)
+
+
+def _share_page(request, run: Run, token: str, *, ask_error: str = "", status: int = 200, asked: dict | None = None):
     stoppable = stops.customer_stoppable(run)
+    can_ask = customer_requests.window_open(run)
     response = render(request, "recovery/trail_share.html", {
-        "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token})
+        "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token,
+        "can_ask": can_ask, "askable": customer_requests.askable_steps(run) if can_ask else [],
+        "requests": customer_requests.requests_for(run), "ask_error": ask_error, "asked": asked or {},
+        "max_text": customer_requests.MAX_TEXT}, status=status)
     response["X-Robots-Tag"] = "noindex"
     # The link never leaves in a Referer. With a Stop form on the page, same-origin: a browser then sends the form's
     # POST with its real Origin (no-referrer makes it "null", which the CSRF check rightly refuses), and still no
     # Referer to any other site.
-    response["Referrer-Policy"] = "same-origin" if stoppable else "no-referrer"
+    response["Referrer-Policy"] = "same-origin" if stoppable or can_ask else "no-referrer"
     return response
 
 
@@ -375,6 +384,55 @@ def trail_share_stop(request, token: str, action_id: int):
     except StateConflict:
         pass  # it ran (or was stopped) first: the page says which
     return redirect(reverse("recovery:trail_share", args=[token]) + "#trail")
+
+
+@require_POST
+def trail_share_ask(request, token: str):
+    """The person the run acts for asks for a correction from the share page (recovery/requests.py)."""
+    raw_action = request.POST.get("action", "")
+    asked = {"kind": request.POST.get("kind", ""), "text": request.POST.get("text", ""), "action": raw_action}
+    try:
+        customer_requests.customer_request_open(
+            token=token, action_id=int(raw_action) if raw_action.isdigit() else None,
+            kind=asked["kind"], text=asked["text"])
+    except NotFound:
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+        response["X-Robots-Tag"] = "noindex"
+        return response
+    except UnwindError as refused:
+        link = customer_requests.live_link(token)
+        if link is None:
+            return _trail_missing(request, "This link does not open a correction trail.")
+        run = link.run
+        return _share_page(request, run, token, ask_error=_sentence_of(refused.detail), status=refused.status,
+                           asked=asked)
+    return redirect(reverse("recovery:trail_share", args=[token]) + "#requests")
+
+
+def _sentence_of(text: str) -> str:
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
+@login_required
+@require_POST
+def customer_request_reply_view(request, pk: int):
+    """An operator answers a customer's request: the share page shows it and the person gets an email."""
+    try:
+        asked = customer_requests.request_get(user=request.user, pk=pk)
+    except NotFound:
+        raise Http404("No such request") from None
+    back = reverse("recovery:run", args=[asked.run_id]) if asked.item_id is None else \
+        reverse("recovery:item", args=[asked.item_id])
+    try:
+        customer_requests.customer_request_reply(request=asked, user=request.user, text=request.POST.get("reply", ""))
+    except PermissionDenied:
+        return _forbidden(request, "Answering a customer's request needs the operator role in its tenant.")
+    except (ValidationFailed, StateConflict) as refused:
+        messages.error(request, f"Not sent: {refused.detail}.")
+    else:
+        messages.success(request, "Your reply is on the customer's trail page, and an email tells them.")
+    return redirect(back + "#customer-requests")
 
 
 def _trail_missing(request, sentence: str):

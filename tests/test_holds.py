@@ -279,6 +279,7 @@ def test_metrics_count_holds_and_stops_by_whom(tools, django_capture_on_commit_c
     with django_capture_on_commit_callbacks(execute=True):
         holds.action_stop(action_id=charge.pk, actor="user:oscar", by="operator")
     data = console_metrics(tenant_ids=[tools.acme.pk])
-    assert data["holds"] == {"held": 1, "stopped": {"agent": 0, "operator": 1, "approver": 0, "customer": 0}}
+    assert data["holds"] == {"held": 1, "stopped": {"agent": 0, "operator": 1, "approver": 0, "customer": 0},
+                             "customer_requests": 0}
     chart = next(c for c in metrics_charts(data) if c["title"].startswith("Held steps"))
-    assert [bar["value"] for bar in chart["bars"]] == ["1", "0", "1", "0", "0"]
+    assert [bar["value"] for bar in chart["bars"]] == ["1", "0", "1", "0", "0", "0"]
