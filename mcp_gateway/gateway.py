@@ -254,9 +254,9 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
     if action.status == A.HELD:
         at = action.next_attempt_at.isoformat(timespec="seconds")
         return Answer({**base, "pending": True, "executes_at": at,
-                       "message": f"{action.tool.name} is held until {at} (an undo window): it runs then unless someone "
-                                  f"stops it. To stop it, call unwind_rollback before then: the step is never executed. "
-                                  f"Call unwind_status with action_id {action.pk} to wait for the outcome."},
+                       "message": f"{action.tool.name} is held until {at} (an undo window): it runs then unless "
+                                  f"someone stops it. To stop it, call unwind_rollback before then: the step is never "
+                                  f"executed. Call unwind_status with action_id {action.pk} to wait for the outcome."},
                       waiting=action.pk)
     if action.status in ACTIVE_ACTION_STATUSES:
         approval = approval_of(caller, action) if action.status == A.AWAITING_APPROVAL else None

@@ -120,7 +120,8 @@ def hold_counts(*, tenant_ids: list[int], since) -> dict:
     stopped = dict(Action.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).exclude(stopped_by="")
                    .order_by().values_list("stopped_by").annotate(n=Count("id")).values_list("stopped_by", "n"))
     return {"held": held, "stopped": {by: stopped.get(by, 0) for by in STOPPERS},
-            "customer_requests": CustomerRequest.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).count()}
+            "customer_requests": CustomerRequest.objects.filter(tenant_id__in=tenant_ids,
+                                                                created_at__gte=since).count()}
 
 
 def _age_q(now, younger, older) -> Q:

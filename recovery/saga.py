@@ -18,7 +18,8 @@ STATUS_MARKS = {
     ActionStatus.RETRY_SCHEDULED: ("↻", "retry scheduled"), ActionStatus.SUCCEEDED: ("✓", "succeeded"),
     ActionStatus.FAILED: ("✕", "failed"), ActionStatus.LOST: ("?", "outcome unknown"),
     ActionStatus.REJECTED: ("⊘", "rejected"), ActionStatus.EXPIRED: ("⊘", "expired"),
-    ActionStatus.SKIPPED: ("–", "skipped"), ActionStatus.HELD: ("⏳", "held"), ActionStatus.COMPENSATING: ("↺", "compensating"),
+    ActionStatus.SKIPPED: ("–", "skipped"), ActionStatus.HELD: ("⏳", "held"),
+    ActionStatus.COMPENSATING: ("↺", "compensating"),
     ActionStatus.COMPENSATED: ("↺", "compensated"), ActionStatus.COMPENSATION_FAILED: ("⚠", "compensation failed"),
 }
 # The legend lists these, in this order, with the same classes the boxes use.

@@ -95,5 +95,5 @@ def on_action_held(*, action: Action, run: Run) -> None:
     notify(tenant_id=run.tenant_id, kind="hold_notice", recipients=[recipient],
            subject=f"{company} is about to act on your request (reference {run.pk})",
            template="recovery/email/hold_notice",
-           context={"run": run, "company": company, "url": trail_share_url(token), "executes_at": action.next_attempt_at,
-                    "words": _sentence(f"we are about to {_proposed(action)}")})
+           context={"run": run, "company": company, "url": trail_share_url(token),
+                    "executes_at": action.next_attempt_at, "words": _sentence(f"we are about to {_proposed(action)}")})

@@ -411,7 +411,8 @@ def _not_done(action, declined, company: str) -> str:
     if action.status == A.EXPIRED:
         return f"Nobody approved this step in time, so it was not taken: {asked}."
     if action.status == A.SKIPPED and action.stopped_by:
-        who = {"customer": "You", "agent": "The assistant"}.get(action.stopped_by) or person_at(action.stopped_by, company)
+        who = {"customer": "You", "agent": "The assistant"}.get(action.stopped_by) \
+            or person_at(action.stopped_by, company)
         return _sentence(f"{who} stopped this step while it was waiting, so it was never taken: {asked}")
     if action.status == A.SKIPPED:
         return f"This step was called off before it was taken: {asked}."

@@ -55,7 +55,8 @@ def trip(world, *, hold_on="payments.charge", **hold_value):
 # --- policy ---------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("value, stored", [
-    (None, {}), ("30s", {"seconds": 30.0, "customer_can_stop": False}), (5, {"seconds": 5.0, "customer_can_stop": False}),
+    (None, {}), ("30s", {"seconds": 30.0, "customer_can_stop": False}),
+    (5, {"seconds": 5.0, "customer_can_stop": False}),
     ({"for": "2m", "customer_can_stop": True}, {"seconds": 120.0, "customer_can_stop": True}),
     ("1h", {"seconds": 3600.0, "customer_can_stop": False}),
 ])
@@ -117,7 +118,8 @@ def test_the_same_call_again_while_held_is_in_flight_not_a_second_step(tools):
 
 # --- stopped before the window ends ----------------------------------------------------------------------------
 
-def test_an_operator_stops_a_held_pivot_and_earlier_steps_are_undone_newest_first(tools, django_capture_on_commit_callbacks):
+def test_an_operator_stops_a_held_pivot_and_earlier_steps_are_undone_newest_first(tools,
+                                                                                 django_capture_on_commit_callbacks):
     run, flight, hotel = trip(tools)
     charge = act(run, "payments.charge", {"customer": "carol", "amount_cents": 4200})
     with django_capture_on_commit_callbacks(execute=True):
@@ -126,13 +128,15 @@ def test_an_operator_stops_a_held_pivot_and_earlier_steps_are_undone_newest_firs
     assert "stopped by user:oscar" in stopped.decision_reason
     run.refresh_from_db()
     assert run.status == "compensated"
-    undo = list(Action.objects.filter(run=run, kind="compensation").order_by("seq").values_list("compensates_id", "status"))
+    undo = list(Action.objects.filter(run=run, kind="compensation").order_by("seq")
+                .values_list("compensates_id", "status"))
     assert undo == [(hotel.pk, "succeeded"), (flight.pk, "succeeded")]  # newest first
     # The window passes: nothing is released, the card is never charged.
     assert sweep_after(charge, django_capture_on_commit_callbacks)["released"] == 0
     assert calls("payments.charge") == 0
     event = AuditEvent.objects.get(action_ref=charge.pk, kind="forward.skipped")
-    assert event.actor == "user:oscar" and event.data["stopped_by"] == "operator" and event.data["reason"] == "wrong card"
+    assert event.actor == "user:oscar" and event.data["stopped_by"] == "operator"
+    assert event.data["reason"] == "wrong card"
     with pytest.raises(StateConflict, match="not held"):
         holds.action_stop(action_id=charge.pk, actor="user:oscar", by="operator")
 

@@ -60,7 +60,8 @@ def test_it_happened_undoes_it_with_the_rest_newest_first(tools):
     recovery_compensate(item=item, user=tools.oscar, reason="the relay sent it", unknown="happened")
     run.refresh_from_db()
     assert run.status == "compensated" and RecoveryItem.objects.filter(run=run).count() == 1
-    undo = list(Action.objects.filter(run=run, kind="compensation").order_by("seq").values_list("compensates_id", flat=True))
+    undo = list(Action.objects.filter(run=run, kind="compensation").order_by("seq")
+                .values_list("compensates_id", flat=True))
     assert undo == [email.pk, ticket.pk]
     assert len(emails("Correction: Ticket escalated")) == 1
     assert AuditEvent.objects.filter(action_ref=email.pk, kind="forward.succeeded", actor="user:oscar").exists()

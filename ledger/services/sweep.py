@@ -58,9 +58,9 @@ def sweep() -> dict:
 
 def next_due(after):
     """When the sweep next has something to do that a sweep started at `after` could not have seen: the earliest
-    lease that runs out, retry that falls due, or hold that ends, later than that (None when there is none). The sweep clock
-    wakes then, not a whole interval later, so a lost step is picked up just after its lease ends. (Idle deadlines,
-    a minute or more away, are met by the interval.)"""
+    lease that runs out, retry that falls due, or hold that ends, later than that (None when there is none). The
+    sweep clock wakes then, not a whole interval later, so a lost step is picked up just after its lease ends. (Idle
+    deadlines, a minute or more away, are met by the interval.)"""
     lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__gt=after).aggregate(
         at=Min("lease_expires_at"))["at"]
     retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__gt=after).aggregate(
