@@ -213,3 +213,26 @@ def test_no_notice_when_the_customer_may_not_stop_or_has_no_address(live, smtp):
 
     held_charge(live, customer_can_stop=False)
     assert not Notification.objects.filter(kind="hold_notice").exists()
+
+
+def test_the_approver_sees_the_countdown_on_the_steps_page_and_can_stop_it_there(live):
+    hold(live, "payments.charge", {"for": "30s"}, approval="manual")
+    run = open_run(live, goal="Approved charge")
+    charge = act(run, "payments.charge", {"customer": "carol", "amount_cents": 4200})
+    page_url = f"{live.live_server.url}/approvals/{ApprovalRequest.objects.get(action=charge).pk}/"
+    alice = login(live, "alice")
+    decided = form_post(alice, page_url, f"{page_url}decide/", decision="approve", reason="ok")
+    assert decided.status_code in (200, 302)
+    charge.refresh_from_db()
+    assert charge.status == "held"
+    page = alice.get(page_url).text
+    assert f"until {charge.next_attempt_at:%H:%M:%S} UTC, then it runs unless stopped" in page
+    assert "Unwind runs the action now" not in page  # the outcome sentence says it is held, not run
+    assert f"Its tool holds it until {charge.next_attempt_at:%H:%M:%S} UTC" in page
+    assert f'data-stop="{charge.pk}"' in page
+    ben = login(live, "ben")  # an approver who did not approve it: no Stop for him
+    assert f'data-stop="{charge.pk}"' not in ben.get(page_url).text
+    stop_url = f"{live.live_server.url}/console/steps/{charge.pk}/stop/"
+    assert form_post(alice, page_url, stop_url).status_code == 302
+    charge.refresh_from_db()
+    assert charge.status == "skipped" and charge.stopped_by == "approver" and calls("payments.charge") == 0
