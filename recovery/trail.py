@@ -506,6 +506,8 @@ def _reviews(events, actions, say, company: str) -> list[str]:
 def _headline(run, forward, not_undone: int, company: str) -> str:
     changed = any(a.status in HAD_EFFECT for a in forward)
     if run.status == R.COMPLETED:
+        if any(a.stopped_by for a in forward):
+            return "The task ended without the steps that were stopped while they waited; they are listed below."
         if any(a.status in NOT_DONE for a in forward):
             return "The agent finished the task; the steps it did not take are listed below."
         return "The agent finished the task; nothing needed to be corrected."

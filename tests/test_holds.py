@@ -154,6 +154,10 @@ def test_a_held_step_after_the_pivot_stopped_ends_the_run_without_it(tools, djan
     assert sweep_after(email, django_capture_on_commit_callbacks)["released"] == 0
     assert calls("email.send") == 0 and calls("payments.charge") == 1
     assert not Action.objects.filter(run=run, kind="compensation").exists()  # after the pivot nothing is undone
+    from recovery.trail import correction_trail
+    trail = correction_trail(run)
+    assert trail["headline"].startswith("The task ended without the steps that were stopped")
+    assert any(s["text"].startswith("You stopped this step while it was waiting") for s in trail["statements"])
 
 
 def test_the_agent_cancelling_its_run_stops_a_held_step(tools, django_capture_on_commit_callbacks):
