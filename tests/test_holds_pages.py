@@ -136,6 +136,9 @@ def test_an_operator_stops_from_the_run_page_and_a_viewer_cannot(live):
     assert form_post(mallory, f"{live.live_server.url}/console/runs/", stop_url).status_code == 404
     assert still_held(charge)
     oscar = login(live, "oscar")
+    queue_url = f"{live.live_server.url}/console/recovery/"
+    assert f'data-held="{charge.pk}"' in oscar.get(queue_url).text  # listed above the queue, with its Stop
+    assert f'data-held="{charge.pk}"' not in victor.get(queue_url).text  # a viewer's queue lists none
     page_text = oscar.get(run_url).text
     assert f'data-stop="{charge.pk}"' in page_text and "can stop it" in page_text
     assert form_post(oscar, run_url, stop_url).status_code == 302
