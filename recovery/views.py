@@ -423,7 +423,7 @@ def customer_request_reply_view(request, pk: int):
     except NotFound:
         raise Http404("No such request") from None
     back = reverse("recovery:run", args=[asked.run_id]) if asked.item_id is None else \
-        reverse("recovery:item", args=[asked.item_id])
+        reverse("recovery:item", args=[asked.item_id]) + "#customer-requests"
     try:
         customer_requests.customer_request_reply(request=asked, user=request.user, text=request.POST.get("reply", ""))
     except PermissionDenied:
@@ -432,7 +432,7 @@ def customer_request_reply_view(request, pk: int):
         messages.error(request, f"Not sent: {refused.detail}.")
     else:
         messages.success(request, "Your reply is on the customer's trail page, and an email tells them.")
-    return redirect(back + "#customer-requests")
+    return redirect(back)
 
 
 def _trail_missing(request, sentence: str):

@@ -90,6 +90,7 @@ def test_a_request_opens_an_item_and_the_reply_reaches_the_page_and_the_email(li
     event = AuditEvent.objects.get(run_ref=run.pk, kind="customer.request")
     assert event.actor.startswith("customer:carol@example.com") and event.data["text"] == HOSTILE
     page = requests.get(url).text
+    assert 'id="requests"' in page  # where the redirect's #requests lands
     assert "Not answered yet." in page and "<script>alert(1)" not in page and "&lt;script&gt;" in page
     assert "[U+202E]" in page  # the bidi control is shown, not obeyed
 

@@ -70,6 +70,7 @@ def test_the_customer_stops_a_held_step_from_the_trail_and_it_never_runs(live):
     event = AuditEvent.objects.get(action_ref=charge.pk, kind="forward.skipped")
     assert event.actor.startswith("customer:") and event.data["stopped_by"] == "customer"
     after = requests.get(url).text
+    assert 'id="trail"' in after  # where the redirect's #trail lands
     assert "You stopped this step while it was waiting, so it was never taken" in after and "Stop it" not in after
 
 
