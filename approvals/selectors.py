@@ -61,6 +61,16 @@ def approval_for(user, pk: int) -> ApprovalRequest | None:
             .first())
 
 
+def may_stop_held(approval: ApprovalRequest, user) -> bool:
+    """Whether this person may stop the request's step while it is held (ledger/holds.py): they approved it, or
+    they operate its tenant (recovery/stops.py decides again when they press Stop)."""
+    role = Membership.objects.filter(user=user, tenant_id=approval.tenant_id).values_list("role", flat=True).first()
+    if role in (Role.OPERATOR, Role.ADMIN):
+        return True
+    return ApprovalDecision.objects.filter(request__action_id=approval.action_id, user=user,
+                                           decision="approve").exists()
+
+
 def run_steps(run_id: int) -> list[Action]:
     return list(Action.objects.filter(run_id=run_id).select_related("tool").order_by("seq"))
 

@@ -16,7 +16,7 @@ from approvals.forms import DecisionForm, InboxFilterForm
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
 from approvals.services import approval_decide, require_role
 from ledger.errors import UnwindError
-from ledger.models import Role, RunStatus
+from ledger.models import Action, ActionStatus, Role, RunStatus
 
 
 @login_required
@@ -77,6 +77,7 @@ def detail_context(request, approval: ApprovalRequest, *, form: DecisionForm | N
         "view": selectors.preview_view(approval),
         "state": selectors.decision_state(approval, request.user),
         "steps": selectors.run_steps(approval.run_id),
+        "may_stop": selectors.may_stop_held(approval, request.user),
         "form": form or DecisionForm(),
         "error": error,
         "notice": notice,
@@ -95,6 +96,11 @@ def _outcome_sentence(approval: ApprovalRequest, *, approved: bool) -> str:
     run = approval.run
     run.refresh_from_db(fields=["status"])
     if approved and approval.status == ApprovalStatus.APPROVED:
+        held = Action.objects.filter(pk=approval.action_id, status=ActionStatus.HELD).values_list(
+            "next_attempt_at", flat=True).first()
+        if held is not None:
+            return (f"Approved. Its tool holds it until {held:%H:%M:%S} UTC (an undo window): it runs then unless "
+                    f"someone stops it, and you can stop it on this page until then.")
         return "Approved. Unwind runs the action now; the run continues in the background."
     if approved:
         given = approval.decisions.filter(decision=Decision.APPROVE).count()

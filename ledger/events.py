@@ -12,6 +12,8 @@ Events and their keyword payloads:
 - compensation_failed(action, forward)       a compensation gave up (alert and continue)
 - policy_changed(retired, current, actor)    a tool's policy got a new version; `retired` is the one it replaced
 - run_finished(run)                          completed, compensated or closed
+- action_held(action, run)                    a step waits out its tool's hold (ledger/holds.py) until it runs
+- hold_stopped(action, run, by, actor)       a held step was stopped before it ran
 - sweep(now)                                 the periodic sweep, for time-based work of other apps
 """
 from collections import defaultdict
@@ -19,7 +21,7 @@ from typing import Callable
 
 KNOWN = {
     "approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
-    "compensation_failed", "run_finished", "sweep", "policy_changed",
+    "compensation_failed", "run_finished", "sweep", "policy_changed", "action_held", "hold_stopped",
 }
 _subscribers: dict[str, list[Callable]] = defaultdict(list)
 

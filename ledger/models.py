@@ -73,6 +73,8 @@ ROLE_ORDER = {Role.VIEWER: 0, Role.APPROVER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 
 # The bounds of a run's idle timeout (README, "Policy files"): a minute to thirty days.
 RUN_IDLE_TIMEOUT_SECONDS = (60, 30 * 86400)
+# The bounds of the window for customer requests (recovery/requests.py), when on: an hour to ninety days.
+CUSTOMER_REQUESTS_SECONDS = (3600, 90 * 86400)
 
 
 class Tenant(models.Model):
@@ -90,6 +92,10 @@ class Tenant(models.Model):
     local_part_case_sensitive = models.BooleanField(
         default=False, help_text="Whether Alice@… and alice@… are two people when telling a requester from an "
                                  "approver (the domain is always case-insensitive).")
+    customer_requests_seconds = models.PositiveIntegerField(
+        default=0, db_default=0,
+        help_text="How long after a run the person it acted for may ask for a correction from its trail's share page "
+                  "(recovery/requests.py); 0: never (the default).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -202,6 +208,9 @@ class Tool(models.Model):
     on_refusal = models.CharField(
         max_length=16, choices=OnRefusal.choices, default=OnRefusal.ANSWER,
         help_text="A refusal (4xx but 408/425/429) answers the agent and keeps the run open, or unwinds it.")
+    hold = models.JSONField(default=dict, blank=True,
+                            help_text='An undo window before its steps run (ledger/holds.py): {"seconds": 30, '
+                                      '"customer_can_stop": false}; empty: none.')
     display = models.JSONField(default=dict, blank=True,
                                help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
     created_at = models.DateTimeField(auto_now_add=True)
@@ -246,6 +255,7 @@ class TenantPolicyVersion(models.Model):
     approval_ttl_seconds = models.PositiveIntegerField()
     run_idle_timeout_seconds = models.PositiveIntegerField(default=3600)
     local_part_case_sensitive = models.BooleanField(default=False)
+    customer_requests_seconds = models.PositiveIntegerField(default=0, db_default=0)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -331,6 +341,8 @@ class ActionStatus(models.TextChoices):
     EXPIRED = "expired", "expired"
     RUNNING = "running", "running"
     RETRY_SCHEDULED = "retry_scheduled", "retry scheduled"
+    # Ready to run, waiting out its tool's hold (an undo window, ledger/holds.py) until `next_attempt_at`.
+    HELD = "held", "held"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
     LOST = "lost", "outcome unknown"
@@ -398,6 +410,9 @@ class Action(models.Model):
     # in a worker, and its compensation join the agent's trace; null when tracing was off.
     trace_context = models.JSONField(null=True, blank=True)
     decision_reason = models.TextField(blank=True)
+    stopped_by = models.CharField(
+        max_length=16, blank=True, default="", db_default="",
+        help_text="Who stopped it while it was held (ledger/holds.py): agent, operator, approver or customer.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -416,6 +431,8 @@ class Action(models.Model):
             # with their values, so the partial index serves them; SQLite scans, at demo sizes).
             models.Index(fields=["lease_expires_at"], condition=Q(status="running"), name="action_running_lease"),
             models.Index(fields=["next_attempt_at"], condition=Q(status="retry_scheduled"), name="action_retry_due"),
+            # The sweep's look-up of held steps whose window ended (ledger/holds.py).
+            models.Index(fields=["next_attempt_at"], condition=Q(status="held"), name="action_held_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
             # One look-up per proposal: does this run already hold a step with the same content?
             models.Index(fields=["run", "content_key"], name="action_run_content"),
@@ -521,6 +538,6 @@ class AuditHead(models.Model):
 
 ACTIVE_ACTION_STATUSES = (
     ActionStatus.PLANNED, ActionStatus.AWAITING_APPROVAL, ActionStatus.APPROVED,
-    ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED,
+    ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED, ActionStatus.HELD,
 )
 IN_FLIGHT = Q(status__in=[ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED])

@@ -11,12 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import describe, egress, mapping, registry, schemas
+from ledger import describe, egress, holds, mapping, registry, schemas
 from ledger.display import parse_display
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
-    RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy, Executor, OnRefusal, Risk,
-    SagaRole, Tool,
+    CUSTOMER_REQUESTS_SECONDS, RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy,
+    Executor, OnRefusal, Risk, SagaRole, Tool,
 )
 
 # `target.from: agent`: the agent names the target in its proposal (`target`), for a tool whose arguments do not say
@@ -26,7 +26,7 @@ TARGET_FROM_AGENT = "agent"
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry", "on_refusal", "describe", "display",
+    "compensation", "timeout", "retry", "on_refusal", "describe", "display", "hold",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -297,6 +297,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
+    fields["hold"] = holds.parse(spec.get("hold"), f"{where}.hold")
     return fields
 
 
@@ -519,10 +520,16 @@ def parse_document(document: Any) -> PolicyDocument:
 def _parse_defaults(defaults: Any) -> dict:
     defaults = _dict(defaults, "defaults")
     parsed: dict[str, Any] = {}
-    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive"}
+    unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive",
+                               "customer_requests"}
     if unknown:
         _fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl, "
-                                                "run_idle_timeout, local_part_case_sensitive)")
+                                                "run_idle_timeout, local_part_case_sensitive, customer_requests)")
+    if "customer_requests" in defaults:
+        window = defaults["customer_requests"]
+        parsed["customer_requests_seconds"] = 0 if window in ("off", False) else int(_duration(
+            window, "defaults.customer_requests", minimum=CUSTOMER_REQUESTS_SECONDS[0],
+            maximum=CUSTOMER_REQUESTS_SECONDS[1]))
     if "local_part_case_sensitive" in defaults:
         if not isinstance(defaults["local_part_case_sensitive"], bool):
             _fail("defaults.local_part_case_sensitive", "must be true or false")

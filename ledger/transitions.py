@@ -19,7 +19,9 @@ from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 ACTION_TRANSITIONS: dict[str, set[str]] = {
     A.PLANNED: {A.AWAITING_APPROVAL, A.RUNNING, A.SKIPPED},
     A.AWAITING_APPROVAL: {A.APPROVED, A.REJECTED, A.EXPIRED, A.SKIPPED},
-    A.APPROVED: {A.RUNNING, A.SKIPPED},
+    A.APPROVED: {A.RUNNING, A.HELD, A.SKIPPED},
+    # A held step (ledger/holds.py) runs when its window ends, or is stopped (skipped) before: one of the two.
+    A.HELD: {A.RUNNING, A.SKIPPED},
     # running -> running is a reclaim after a lost lease (crash recovery).
     A.RUNNING: {A.RUNNING, A.SUCCEEDED, A.FAILED, A.RETRY_SCHEDULED, A.LOST},
     A.RETRY_SCHEDULED: {A.RUNNING, A.SKIPPED},
@@ -37,11 +39,14 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
 RUN_TRANSITIONS: dict[str, set[str]] = {
     R.RUNNING: {R.AWAITING_APPROVAL, R.COMPLETED, R.UNWINDING, R.NEEDS_ATTENTION},
     R.AWAITING_APPROVAL: {R.RUNNING, R.UNWINDING, R.NEEDS_ATTENTION},
-    R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION},
+    # unwinding -> closed: the rest undone, and a step of unknown outcome taken over by a person (services/unknowns.py).
+    R.UNWINDING: {R.COMPENSATED, R.NEEDS_ATTENTION, R.CLOSED},
     R.NEEDS_ATTENTION: {R.RUNNING, R.UNWINDING, R.CLOSED},
-    R.COMPLETED: set(),
-    R.COMPENSATED: set(),
-    R.CLOSED: set(),
+    # A finished run is put before a person again only when the person it acted for asks for a correction of it
+    # (recovery/requests.py); the operator then resumes, compensates or closes it as any other.
+    R.COMPLETED: {R.NEEDS_ATTENTION},
+    R.COMPENSATED: {R.NEEDS_ATTENTION},
+    R.CLOSED: {R.NEEDS_ATTENTION},
 }
 
 

@@ -251,6 +251,13 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
         return Answer({"code": code, "message": f"{action.tool.name} was not approved ({action.decision_reason or action.status}) "
                                                 f"and was not done. The run stays open unless it says otherwise.",
                        "reason": action.decision_reason, **base}, is_error=True)
+    if action.status == A.HELD:
+        at = action.next_attempt_at.isoformat(timespec="seconds")
+        return Answer({**base, "pending": True, "executes_at": at,
+                       "message": f"{action.tool.name} is held until {at} (an undo window): it runs then unless "
+                                  f"someone stops it. To stop it, call unwind_rollback before then: the step is never "
+                                  f"executed. Call unwind_status with action_id {action.pk} to wait for the outcome."},
+                      waiting=action.pk)
     if action.status in ACTIVE_ACTION_STATUSES:
         approval = approval_of(caller, action) if action.status == A.AWAITING_APPROVAL else None
         how = (f"call unwind_status with action_id {action.pk} (and wait, up to {MAX_STATUS_WAIT:g} s), or call this "

@@ -11,6 +11,10 @@ class RecoveryConfig(AppConfig):
         events.subscribe("run_needs_attention", services.on_run_needs_attention)
         events.subscribe("run_attention_cleared", services.on_run_attention_cleared)
 
+        from recovery import stops
+
+        events.subscribe("action_held", stops.on_action_held)
+
         # The audit chain fingerprints every recovery item as opened and as resolved (ledger/audit.py): a
         # resolution edited in the database behind the services' back fails `verify_audit`.
         from ledger.audit import register_fingerprinted

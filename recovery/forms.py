@@ -4,6 +4,7 @@ from __future__ import annotations
 from django import forms
 
 from ledger.models import Risk, RunStatus
+from ledger.services.unknowns import CHOICES as UNKNOWN_CHOICES
 from recovery.metrics import DEFAULT_WINDOW, WINDOWS
 from recovery.models import ItemStatus, Reason
 from recovery.selectors import AGE_BUCKETS, QUEUE_SORTS, Access
@@ -78,12 +79,19 @@ class RunFilterForm(TenantChoiceMixin, forms.Form):
 
 
 class ResolveForm(forms.Form):
+    """The reason for a decision, and for compensating a run with a step of unknown outcome, what became of it."""
+
     reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3}),
                              help_text="Recorded in the audit chain with your name.")
 
-    def __init__(self, *args, operation: str, **kwargs):
+    def __init__(self, *args, operation: str, unknown_steps: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.operation = operation
+        if operation == "compensate" and unknown_steps:
+            # One decision per run: what became of the step whose outcome is unknown is asked here too.
+            self.fields["unknown"] = forms.ChoiceField(
+                choices=list(UNKNOWN_CHOICES.items()), widget=forms.RadioSelect,
+                error_messages={"required": "Say what became of the step whose outcome is unknown."})
         if operation == "close":
             self.fields["reason"].required = True
             self.fields["reason"].error_messages["required"] = CLOSE_NEEDS_REASON

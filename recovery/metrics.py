@@ -8,8 +8,9 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from ledger.models import Action, ActionKind, ActionStatus as A, Checkpoint, Run, RunStatus
-from recovery.models import ItemStatus, RecoveryItem
+from ledger.holds import STOPPERS
+from ledger.models import Action, ActionKind, ActionStatus as A, AuditEvent, Checkpoint, Run, RunStatus
+from recovery.models import CustomerRequest, ItemStatus, RecoveryItem
 from recovery.selectors import AGE_BUCKETS
 
 WINDOWS = {"1h": timedelta(hours=1), "24h": timedelta(hours=24), "7d": timedelta(days=7), "30d": timedelta(days=30)}
@@ -22,7 +23,7 @@ LATENCY_SAMPLE_LIMIT = 50_000
 OUTCOME_CLASSES = {
     A.SUCCEEDED: "ok", A.COMPENSATED: "undone", A.FAILED: "bad", A.COMPENSATION_FAILED: "bad", A.LOST: "bad",
     A.REJECTED: "warn", A.EXPIRED: "warn", A.SKIPPED: "muted", A.COMPENSATING: "busy", A.RUNNING: "busy",
-    A.RETRY_SCHEDULED: "busy", A.AWAITING_APPROVAL: "warn", A.APPROVED: "busy", A.PLANNED: "muted",
+    A.RETRY_SCHEDULED: "busy", A.AWAITING_APPROVAL: "warn", A.APPROVED: "busy", A.PLANNED: "muted", A.HELD: "warn",
 }
 RUN_CLASSES = {
     RunStatus.COMPLETED: "ok", RunStatus.COMPENSATED: "undone", RunStatus.NEEDS_ATTENTION: "bad",
@@ -98,6 +99,7 @@ def console_metrics(*, tenant_ids: list[int], window: str = DEFAULT_WINDOW, now=
     return {
         "window": window,
         "since": since,
+        "holds": hold_counts(tenant_ids=tenant_ids, since=since),
         "runs": total_runs,
         "unwound_runs": unwound_runs,
         "compensation_frequency": unwound_runs / total_runs if total_runs else None,
@@ -109,6 +111,17 @@ def console_metrics(*, tenant_ids: list[int], window: str = DEFAULT_WINDOW, now=
         "runs_by_status": runs_by_status,
         "actions_per_tool": per_tool,
     }
+
+
+def hold_counts(*, tenant_ids: list[int], since) -> dict:
+    """Steps held in the window (ledger/holds.py), those stopped before they ran by who stopped them, and the
+    corrections customers asked for from their trails (recovery/requests.py)."""
+    held = AuditEvent.objects.filter(tenant_id__in=tenant_ids, kind="forward.held", created_at__gte=since).count()
+    stopped = dict(Action.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).exclude(stopped_by="")
+                   .order_by().values_list("stopped_by").annotate(n=Count("id")).values_list("stopped_by", "n"))
+    return {"held": held, "stopped": {by: stopped.get(by, 0) for by in STOPPERS},
+            "customer_requests": CustomerRequest.objects.filter(tenant_id__in=tenant_ids,
+                                                                created_at__gte=since).count()}
 
 
 def _age_q(now, younger, older) -> Q:
@@ -204,6 +217,11 @@ def metrics_charts(data: dict) -> list[dict]:
             (b["label"], [(b["label"], b["n"], "bad" if b["bucket"] == "older" else "warn")])
             for b in data["open_items_by_age"]]),
         bar_chart("Actions per tool and outcome", tools),
+        bar_chart("Held steps, who stopped them, customer requests",
+                  [("held", [("held", data["holds"]["held"], "warn")])] + [
+                      (f"stopped by {by}", [(f"stopped by {by}", n, "muted")])
+                      for by, n in data["holds"]["stopped"].items()]
+                  + [("customer requests", [("customer requests", data["holds"]["customer_requests"], "bad")])]),
     ]
 
 

@@ -17,6 +17,7 @@ class Reason(models.TextChoices):
     IDLE_AFTER_PIVOT = "idle_after_pivot", "agent went away after the pivot"
     SETTLE_FAILED = "settle_failed", "recording the outcome failed"
     READ_BACK_INCOMPLETE = "read_back_incomplete", "found done, but its record is incomplete"
+    CUSTOMER_REQUEST = "customer_request", "the customer asks for a correction"
 
 
 class ItemStatus(models.TextChoices):
@@ -84,3 +85,33 @@ class TrailShareLink(models.Model):
 
     def __str__(self):
         return f"trail share link {self.pk} of run {self.run_id}"
+
+
+class RequestKind(models.TextChoices):
+    UNDO = "undo", "undo this"
+    OTHER = "other", "something else is wrong"
+
+
+class CustomerRequest(models.Model):
+    """A correction the person a run acted for asked for from its trail's share page (recovery/requests.py), and the
+    operator's reply. Only the holder of a live share link can make one; `link` is the link it came through."""
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey("ledger.Run", on_delete=models.CASCADE, related_name="customer_requests")
+    action = models.ForeignKey("ledger.Action", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    link = models.ForeignKey(TrailShareLink, on_delete=models.CASCADE, related_name="requests")
+    item = models.ForeignKey(RecoveryItem, on_delete=models.SET_NULL, null=True, blank=True, related_name="requests")
+    kind = models.CharField(max_length=8, choices=RequestKind.choices)
+    text = models.TextField()
+    reply = models.TextField(blank=True)
+    replied_by = models.CharField(max_length=160, blank=True)
+    replied_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["link", "-created_at"], name="requests_of_link"),
+                   models.Index(fields=["run", "-created_at"], name="requests_of_run")]
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self):
+        return f"customer request {self.pk} on run {self.run_id}"

@@ -18,7 +18,8 @@ STATUS_MARKS = {
     ActionStatus.RETRY_SCHEDULED: ("↻", "retry scheduled"), ActionStatus.SUCCEEDED: ("✓", "succeeded"),
     ActionStatus.FAILED: ("✕", "failed"), ActionStatus.LOST: ("?", "outcome unknown"),
     ActionStatus.REJECTED: ("⊘", "rejected"), ActionStatus.EXPIRED: ("⊘", "expired"),
-    ActionStatus.SKIPPED: ("–", "skipped"), ActionStatus.COMPENSATING: ("↺", "compensating"),
+    ActionStatus.SKIPPED: ("–", "skipped"), ActionStatus.HELD: ("⏳", "held"),
+    ActionStatus.COMPENSATING: ("↺", "compensating"),
     ActionStatus.COMPENSATED: ("↺", "compensated"), ActionStatus.COMPENSATION_FAILED: ("⚠", "compensation failed"),
 }
 # The legend lists these, in this order, with the same classes the boxes use.
@@ -32,7 +33,8 @@ ROLE_WORDS = {SagaRole.COMPENSATABLE: "compensatable: undone if the run fails",
 # A step where the run rests: the first of these (after the recovery item's own step) gets the marker.
 UNSETTLED = {ActionStatus.FAILED, ActionStatus.LOST, ActionStatus.REJECTED, ActionStatus.EXPIRED,
              ActionStatus.COMPENSATION_FAILED, ActionStatus.AWAITING_APPROVAL, ActionStatus.RUNNING,
-             ActionStatus.RETRY_SCHEDULED, ActionStatus.PLANNED, ActionStatus.APPROVED, ActionStatus.COMPENSATING}
+             ActionStatus.RETRY_SCHEDULED, ActionStatus.PLANNED, ActionStatus.APPROVED, ActionStatus.COMPENSATING,
+             ActionStatus.HELD}
 RESTING = {RunStatus.NEEDS_ATTENTION, RunStatus.COMPENSATED, RunStatus.CLOSED}
 
 
@@ -72,6 +74,17 @@ class Step:
     compensation: Box | None
     undoable: bool
     marker: str = ""
+
+    @property
+    def stoppers(self) -> str:
+        """Who can stop a held step, in words (ledger/holds.py)."""
+        action = self.forward.action
+        who = ["the agent", "an operator"]
+        if action.approvals_required:
+            who.append("its approvers")
+        if (action.tool.hold or {}).get("customer_can_stop"):
+            who.append("the customer")
+        return ", ".join(who[:-1]) + " or " + who[-1]
 
     @property
     def ready(self) -> bool:

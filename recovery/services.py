@@ -28,6 +28,8 @@ SUGGESTIONS = {
                             "needs. Resume to accept it and go on, or undo it by hand with the record shown and close it.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
+    "customer_request": "The person the run acted for asks for a correction (their words are below): compensate to "
+                        "undo what can be undone, resume to let the run go on, or close it; and write them a reply.",
     "idle_after_pivot": "The agent went away after the pivot committed: resume to let it go on (its next step is "
                         "its own), compensate to undo what can be undone, or close it.",
 }
@@ -90,9 +92,12 @@ def recovery_resume(*, item: RecoveryItem, user, reason: str = "") -> RecoveryIt
     return _after(item, reason)
 
 
-def recovery_compensate(*, item: RecoveryItem, user, reason: str = "") -> RecoveryItem:
+def recovery_compensate(*, item: RecoveryItem, user, reason: str = "", unknown: str = "") -> RecoveryItem:
+    """Compensate the item's run; `unknown` settles its steps of unknown outcome in the same decision
+    (ledger/services/unknowns.py)."""
     item = _open_item(item, user)
-    run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift")
+    run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift",
+                   unknown=unknown)
     return _after(item, reason)
 
 

@@ -104,6 +104,11 @@ def correction_trail(run: Run) -> dict:
                 and _has_no_undo(action):
             not_undone += 1
             say("not_undone", f"This has no automatic undo and still stands: {_quiet(step)}.")
+        elif action.status == A.HELD:
+            can_stop = " You can stop it on this page until then." if (action.tool.hold or {}).get(
+                "customer_can_stop") else ""
+            say("pending", f"This step is waiting and will be taken at {action.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC "
+                           f"unless it is stopped before: {_proposed(action)}.{can_stop}")
         elif action.status == A.LOST:
             say("pending", f"We do not know yet whether this step was taken, and a person has been asked to check: "
                            f"{_proposed(action)}.")
@@ -154,7 +159,18 @@ def trail_link_create(*, run: Run, user, sent_to: str = "") -> tuple[TrailShareL
     """
     require_role(user, run.tenant_id, Role.OPERATOR)
     token = secrets.token_urlsafe(32)
-    actor = f"user:{user.get_username()}"
+    link = _link_create(run=run, token=token, actor=f"user:{user.get_username()}", sent_to=sent_to)
+    return link, token
+
+
+def new_share_link(*, run: Run, actor: str, sent_to: str) -> str:
+    """A share link made by the system itself (a held step's notice to the person it acts for); its token."""
+    token = secrets.token_urlsafe(32)
+    _link_create(run=run, token=token, actor=actor, sent_to=sent_to)
+    return token
+
+
+def _link_create(*, run: Run, token: str, actor: str, sent_to: str) -> TrailShareLink:
     with ledger_transaction(run.tenant_id) as audit:
         link = TrailShareLink.objects.create(
             tenant_id=run.tenant_id, run=run, token_hash=_token_hash(token), created_by=actor, sent_to=sent_to,
@@ -162,7 +178,7 @@ def trail_link_create(*, run: Run, user, sent_to: str = "") -> tuple[TrailShareL
         )
         audit.record("trail.link_created", actor=actor, run=run, link=link.pk, expires_at=link.expires_at.isoformat(),
                      sent_to=sent_to)
-    return link, token
+    return link
 
 
 def trail_link_revoke(*, run: Run, link_id: int, user) -> TrailShareLink:
@@ -394,6 +410,10 @@ def _not_done(action, declined, company: str) -> str:
         return _sentence(f"{who} declined this step{when}{reason}, so it was not taken: {asked}")
     if action.status == A.EXPIRED:
         return f"Nobody approved this step in time, so it was not taken: {asked}."
+    if action.status == A.SKIPPED and action.stopped_by:
+        who = {"customer": "You", "agent": "The assistant"}.get(action.stopped_by) \
+            or person_at(action.stopped_by, company)
+        return _sentence(f"{who} stopped this step while it was waiting, so it was never taken: {asked}")
     if action.status == A.SKIPPED:
         return f"This step was called off before it was taken: {asked}."
     failed = _declared(action, "failed")
@@ -486,6 +506,8 @@ def _reviews(events, actions, say, company: str) -> list[str]:
 def _headline(run, forward, not_undone: int, company: str) -> str:
     changed = any(a.status in HAD_EFFECT for a in forward)
     if run.status == R.COMPLETED:
+        if any(a.stopped_by for a in forward):
+            return "The task ended without the steps that were stopped while they waited; they are listed below."
         if any(a.status in NOT_DONE for a in forward):
             return "The agent finished the task; the steps it did not take are listed below."
         return "The agent finished the task; nothing needed to be corrected."

@@ -14,11 +14,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import selectors as ledger_selectors
+from ledger import holds, selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
-from recovery import selectors, services
+from ledger.services.unknowns import unknown_steps
+from recovery import requests as customer_requests, selectors, services, stops
 from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
@@ -28,6 +29,7 @@ from recovery.trail import (
 )
 
 QUEUE_PAGE_SIZE = 25
+HELD_SHOWN = 50  # held steps listed above the queue, soonest first (a hold lasts an hour at most)
 RUNS_PAGE_SIZE = 30
 RESOLVERS = {
     "resume": services.recovery_resume,
@@ -79,6 +81,7 @@ def queue(request):
     page = Paginator(items, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form, "filters": filters, "page": page, "counts": counts, "access": access,
+        "held": list(holds.held_steps(tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN]),
         "total": sum(c["n"] for c in counts), "can_bulk": access.operates_anywhere,
         "operable": {tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)},
         "now": timezone.now(),
@@ -91,6 +94,7 @@ def _item_context(access, item: RecoveryItem) -> dict:
     run = item.run
     cannot_resume = resume_refusal(run) if item.status == ItemStatus.OPEN else ""
     return {
+        "customer_requests": customer_requests.requests_for(run), "can_reply": access.can_operate(item.tenant_id),
         "item": item, "run": run,
         "failure": (failure := selectors.item_failure(item)),
         "drift": selectors.drift_comparison(failure),
@@ -114,8 +118,14 @@ def item_detail(request, pk: int):
     return render(request, "recovery/item.html", _item_context(access, item))
 
 
+def _resolve_form(item: RecoveryItem, operation: str, data=None) -> ResolveForm:
+    unknown = len(unknown_steps(item.run)) if operation == "compensate" else 0
+    return ResolveForm(data, operation=operation, unknown_steps=unknown)
+
+
 def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
     return {
+        "unknown_steps": list(unknown_steps(item.run)) if operation == "compensate" else [],
         "item": item, "run": item.run, "operation": operation, "label": operations_for(item)[operation], "form": form,
         "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
         "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
@@ -143,17 +153,18 @@ def item_resolve(request, pk: int, operation: str):
             context = _item_context(access, item) | {"refusal": moved_on}
             return render(request, "recovery/item.html", context, status=409)
         template = "recovery/_confirm_panel.html" if request.htmx else "recovery/confirm.html"
-        return render(request, template, _confirm_context(item, operation, ResolveForm(operation=operation)))
+        return render(request, template, _confirm_context(item, operation, _resolve_form(item, operation)))
     if request.method != "POST":
         return render(request, "recovery/refused.html", {"title": "Method not allowed",
                                                          "detail": "Use the buttons on the item page."}, status=405)
-    form = ResolveForm(request.POST, operation=operation)
+    form = _resolve_form(item, operation, request.POST)
     if not form.is_valid():
         if not access.can_operate(item.tenant_id):
             return _forbidden(request, _role_refusal(access, item.tenant_id))
         return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
     try:
-        item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"])
+        extra = {"unknown": form.cleaned_data["unknown"]} if "unknown" in form.cleaned_data else {}
+        item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"], **extra)
     except PermissionDenied:
         return _forbidden(request, _role_refusal(access, item.tenant_id))
     except StateConflict as refusal:
@@ -254,6 +265,8 @@ def run_detail(request, pk: int):
 def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
     can_share = access.can_operate(run.tenant_id)
     return render(request, "recovery/run.html", {
+        "can_stop": can_share, "stoppable": [a.pk for a in run.actions.filter(status="held")
+                                             if stops.stopper_role(request.user, a)],
         "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
         "share_days": share_max_age() / 86400, "share_links": trail_links_active(run), "can_share": can_share,
         "new_link_url": new_link_url, "can_send": can_share and "@" in run.on_behalf_of,
@@ -316,10 +329,110 @@ def trail_share(request, token: str):
                                            "Ask the person who shared it for a new one.")
         response["X-Robots-Tag"] = "noindex"
         return response
-    response = render(request, "recovery/trail_share.html", {"run": run, "trail": correction_trail(run)})
+    return _share_page(request, run, token)
+
+
+def _share_page(request, run: Run, token: str, *, ask_error: str = "", status: int = 200, asked: dict | None = None):
+    stoppable = stops.customer_stoppable(run)
+    can_ask = customer_requests.window_open(run)
+    response = render(request, "recovery/trail_share.html", {
+        "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token,
+        "can_ask": can_ask, "askable": customer_requests.askable_steps(run) if can_ask else [],
+        "requests": customer_requests.requests_for(run), "ask_error": ask_error, "asked": asked or {},
+        "max_text": customer_requests.MAX_TEXT}, status=status)
     response["X-Robots-Tag"] = "noindex"
-    response["Referrer-Policy"] = "no-referrer"
+    # The link never leaves in a Referer. With a Stop form on the page, same-origin: a browser then sends the form's
+    # POST with its real Origin (no-referrer makes it "null", which the CSRF check rightly refuses), and still no
+    # Referer to any other site.
+    response["Referrer-Policy"] = "same-origin" if stoppable or can_ask else "no-referrer"
     return response
+
+
+@login_required
+@require_POST
+def hold_stop(request, pk: int):
+    """Stop a held step: an operator of its tenant, or an approver who approved it (recovery/stops.py)."""
+    access = selectors.access_for(request.user)
+    try:
+        action = ledger_selectors.action_get(tenant_ids=access.tenant_ids, agent_id=None, action_id=pk)
+    except NotFound:
+        raise Http404("No such step") from None
+    try:
+        stopped = stops.stop_as_person(action=action, user=request.user, reason=request.POST.get("reason", "")[:500])
+    except PermissionDenied:
+        return _forbidden(request, "Stopping a held step needs the operator role in its tenant, or to have approved "
+                                   "that step.")
+    except StateConflict as conflict:
+        messages.error(request, f"Not stopped: {conflict.detail}.")
+    else:
+        messages.success(request, f"Step {stopped.seq} ({stopped.tool.name}) is stopped: it will not be executed.")
+    return redirect(reverse("recovery:run", args=[action.run_id]) + f"#action-{action.pk}")
+
+
+@require_POST
+def trail_share_stop(request, token: str, action_id: int):
+    """The person the run acts for stops a held step from the trail's share page (where its policy allows)."""
+    try:
+        stops.stop_as_customer(token=token, action_id=action_id)
+    except NotFound:
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+        response["X-Robots-Tag"] = "noindex"
+        return response
+    except PermissionDenied as refused:
+        return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": refused.detail}, status=403)
+    except StateConflict:
+        pass  # it ran (or was stopped) first: the page says which
+    return redirect(reverse("recovery:trail_share", args=[token]) + "#trail")
+
+
+@require_POST
+def trail_share_ask(request, token: str):
+    """The person the run acts for asks for a correction from the share page (recovery/requests.py)."""
+    raw_action = request.POST.get("action", "")
+    asked = {"kind": request.POST.get("kind", ""), "text": request.POST.get("text", ""), "action": raw_action}
+    try:
+        customer_requests.customer_request_open(
+            token=token, action_id=int(raw_action) if raw_action.isdigit() else None,
+            kind=asked["kind"], text=asked["text"])
+    except NotFound:
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+        response["X-Robots-Tag"] = "noindex"
+        return response
+    except UnwindError as refused:
+        link = customer_requests.live_link(token)
+        if link is None:
+            return _trail_missing(request, "This link does not open a correction trail.")
+        run = link.run
+        return _share_page(request, run, token, ask_error=_sentence_of(refused.detail), status=refused.status,
+                           asked=asked)
+    return redirect(reverse("recovery:trail_share", args=[token]) + "#requests")
+
+
+def _sentence_of(text: str) -> str:
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
+@login_required
+@require_POST
+def customer_request_reply_view(request, pk: int):
+    """An operator answers a customer's request: the share page shows it and the person gets an email."""
+    try:
+        asked = customer_requests.request_get(user=request.user, pk=pk)
+    except NotFound:
+        raise Http404("No such request") from None
+    back = reverse("recovery:run", args=[asked.run_id]) if asked.item_id is None else \
+        reverse("recovery:item", args=[asked.item_id]) + "#customer-requests"
+    try:
+        customer_requests.customer_request_reply(request=asked, user=request.user, text=request.POST.get("reply", ""))
+    except PermissionDenied:
+        return _forbidden(request, "Answering a customer's request needs the operator role in its tenant.")
+    except (ValidationFailed, StateConflict) as refused:
+        messages.error(request, f"Not sent: {refused.detail}.")
+    else:
+        messages.success(request, "Your reply is on the customer's trail page, and an email tells them.")
+    return redirect(back)
 
 
 def _trail_missing(request, sentence: str):

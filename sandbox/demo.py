@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import json
+import re
 
 import requests
 
 from ledger import signing
-from unwind_client import ApprovalPending, Refused, Unwind, Unwound
+from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, Unwound
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Context:
     approve: Callable[[int, bool, str], None]  # (action_id, approve?, reason) as a person would
     tenant: str  # the demo tenant's slug: the sandbox world the scenarios act in
     operator: tuple[str, str]  # (username, password) of the tenant's operator, for the sandbox's controls
+    hold: Callable[[str, object], None]  # (tool, hold or None): the tenant's admin writes a tool's hold
+    notice_link: Callable[[int], str]  # run id -> the trail link its held-step notice email carries ("" if none)
     checks: list[Check] = field(default_factory=list)
     runs: dict[str, int] = field(default_factory=dict)
 
@@ -148,14 +151,66 @@ def travel(ctx: Context) -> None:
         ctx.expect(s, "charge", "waits for approval", "waits for approval")
         ctx.expect(s, "charge captured after approval", "captured", charge.get("status"))
     ctx.fault("email.send", mode="status", status=503, times=2)
+    ctx.hold("email.send", HOLD)  # the confirmation waits 3 s in case someone stops it; nobody does
     run.act("email.send", {"to": "carol@company.com", "subject": "Your Madrid trip", "body": "Booked and paid."})
     detail = ctx.client.get_run(run.id).data
     confirmation = [a for a in detail["actions"] if a["tool"] == "email.send"][0]
     ctx.expect(s, "confirmation after the pivot", "succeeded after 3 attempts",
                f"{confirmation['status']} after {confirmation['attempts']} attempts")
+    events = ctx.client.request("GET", f"/api/v1/runs/{run.id}/events?limit=200").json()["results"]
+    ctx.expect(s, "confirmation held 3 s, nobody stopped it", True,
+               any(e["kind"] == "forward.held" and e["action"] == confirmation["id"] for e in events))
     ctx.expect(s, "no compensation after the pivot", 0, sum(1 for a in detail["actions"] if a["kind"] == "compensation"))
     run.complete()
     ctx.expect(s, "run ends", "completed", ctx.run_status(run.id))
+    ctx.hold("email.send", None)
+    held_and_stopped(ctx)
+
+
+HOLD = {"for": "3s", "customer_can_stop": True}
+
+
+def held_and_stopped(ctx: Context) -> None:
+    """The confirmation held for a moment (hold: 3s, customer_can_stop): Carol stops one from her trail page."""
+    s = "2 travel"
+    ctx.hold("email.send", HOLD)
+    run = ctx.client.run(goal="Trip to Seville", on_behalf_of="carol@company.com")
+    ctx.runs["2 travel, stopped"] = run.id
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "IB1702", "date": "2027-01-15"})
+    run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Alfonso", "nights": 2})
+    try:
+        run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 39000, "currency": "EUR"})
+    except ApprovalPending as pending:
+        ctx.approve(pending.action_id, True, "")
+        pending.wait(timeout=20)
+    subject = "Your Seville trip"
+    try:
+        run.act("email.send", {"to": "carol@company.com", "subject": subject, "body": "Booked and paid."}, timeout=0)
+        ctx.expect(s, "Seville confirmation", "held", "sent at once")
+        return
+    except InFlight as held:
+        ctx.expect(s, "Seville confirmation", "held", ctx.client.action(held.action_id)["status"])
+        link = ctx.notice_link(run.id)
+        ctx.expect(s, "Carol is emailed her trail link", True, bool(link))
+        page = requests.get(link, timeout=10)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+        form = re.search(r'<form method="post" action="([^"]+/stop/\d+/)"', page.text)
+        session_cookie = page.cookies
+        if token and form:
+            requests.post(ctx.base_url + form.group(1), data={"csrfmiddlewaretoken": token.group(1)},
+                          cookies=session_cookie, headers={"Referer": link}, timeout=20)
+        try:
+            held.wait(timeout=20)
+            ctx.expect(s, "Carol stops it from her trail page", "stopped by the customer", "sent")
+        except Rejected as stopped:
+            ctx.expect(s, "Carol stops it from her trail page", "stopped by the customer",
+                       f"stopped by the {stopped.action.get('stopped_by')}")
+    ctx.expect(s, "Seville run ends without it", "completed", ctx.run_status(run.id))
+    sent = ctx.sandbox("GET", "email/messages?to=carol@company.com")["results"]
+    ctx.expect(s, "Seville confirmation never sent", 0, sum(1 for m in sent if m["subject"] == subject))
+    trail = requests.get(link, timeout=10).text if link else ""
+    ctx.expect(s, "her trail says she stopped it", True, "You stopped this step while it was waiting" in trail)
+    ctx.hold("email.send", None)
 
 
 def crm(ctx: Context) -> None:

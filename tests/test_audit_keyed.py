@@ -155,7 +155,8 @@ def row_of(model, world):
 # Written out here, not taken from ledger/audit.py: leaving a field out of a fingerprint must fail its test.
 FIELDS = [
     *[(Action, f) for f in ("args", "intent", "before", "after", "target_type", "target_id", "verification",
-                            "compensation_plan", "result", "error_class", "error_message", "status", "args_hash")],
+                            "compensation_plan", "result", "error_class", "error_message", "status", "args_hash",
+                            "stopped_by")],
     *[(Run, f) for f in ("goal", "on_behalf_of", "intent", "status", "plan", "pivot_committed")],
     *[(Tool, f.name) for f in Tool._meta.concrete_fields
       if f.name not in ("id", "tenant", "created_at", "updated_at", "is_current")],

@@ -130,8 +130,9 @@ def test_metrics_page_renders_with_data(tools, window):
     response = client_for(tools.victor).get("/console/metrics/", {"window": window})
     html = response.content.decode()
     assert response.status_code == 200
-    assert html.count('<figure class="chart">') == 6
-    assert html.count("<svg") == 5 and "<rect" in html  # no approvals yet: that chart says so instead
+    assert html.count('<figure class="chart">') == 7
+    # No approvals and no holds yet: those two charts say so instead.
+    assert html.count("<svg") == 5 and "<rect" in html
     assert "cdn" not in html.lower()
     # 4 runs, all of which compensated something.
     assert re.search(r'id="m-frequency">100%', html)

@@ -259,6 +259,48 @@ def key_mismatch(world, commit):
     return [first, other, run_answer(run)]
 
 
+def _held(action_id: int) -> None:
+    """Wait until the held step's window has ended."""
+    until = Action.objects.get(pk=action_id).next_attempt_at
+    time.sleep(max(0.0, (until - timezone.now()).total_seconds()) + 0.05)
+
+
+def held_released(world, commit):
+    """A held step (issue 29) runs when its window ends: released by the sweep, executed by the engine."""
+    run = open_run(world, goal="held, then run")
+    user = step(run, "hr.create_user", USER)
+    flight = step(run, "travel.book_flight", FLIGHT)  # held
+    _held(flight["action"])
+    with commit():
+        sweep()
+    done = run_complete(run=run, actor="agent:booker")
+    return [user, flight, answer_of_action(flight["action"]), run_answer(done)]
+
+
+def held_stopped(world, commit):
+    """A held step stopped before its window ends: never run, the earlier steps compensated newest-first."""
+    from ledger import holds
+
+    run = open_run(world, goal="held, then stopped")
+    user = step(run, "hr.create_user", USER)
+    hotel = step(run, "travel.reserve_hotel", HOTEL)
+    flight = step(run, "travel.book_flight", FLIGHT)  # held
+    with commit():
+        holds.action_stop(action_id=flight["action"], actor="user:oscar", by="operator", reason="wrong date")
+    return [user, hotel, flight, answer_of_action(flight["action"]), run_answer(run)]
+
+
+def answer_of_action(action_id: int) -> dict:
+    action = Action.objects.get(pk=action_id)
+    return {"action": action.pk, "status": action.status, "attempts": action.attempts, "result": action.result,
+            "stopped_by": action.stopped_by}
+
+
+def _held_flight(world):
+    tool_upsert(tenant=world.acme, name="travel.book_flight",
+                spec=dict(in_process_policy()["tools"]["travel.book_flight"], hold="1s"), actor="test")
+
+
 def _no_gate(world):
     tenant_defaults_set(tenant=world.acme, values={"approval_threshold": "critical"}, actor="user:ada")
 
@@ -286,6 +328,8 @@ SCENARIOS = {
     "idle": (idle_unwind, None, UNDO), "ordering": (ordering_refusals, _no_gate, OPEN),
     "replay_key": (replay_by_key, None, OPEN), "replay_content": (replay_by_content, None, OPEN),
     "key_mismatch": (key_mismatch, None, OPEN),
+    "held_released": (held_released, _held_flight, OPEN | {"unwind_complete"}),
+    "held_stopped": (held_stopped, _held_flight, UNDO),
 }
 
 

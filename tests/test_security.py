@@ -99,7 +99,7 @@ def page_routes():
 
 def fill(route: str, world) -> str:
     values = {"pk": world.item.pk if route.startswith("console/recovery/") else world.approval.pk,
-              "operation": "resume", "token": "x"}
+              "operation": "resume", "token": "x", "action_id": 1}
     if route.startswith("console/runs/"):
         values["pk"] = world.item.run_id
     if "<int:link_id>" in route:

@@ -43,7 +43,7 @@ log = logging.getLogger("unwind_client")
 
 RETRY_STATUSES = {502, 503, 504}
 MAX_LONG_POLL = 30.0
-PENDING = {"planned", "approved", "running", "retry_scheduled"}
+PENDING = {"planned", "approved", "running", "retry_scheduled", "held"}
 REFUSED_BY_PERSON = {"rejected", "expired"}
 FINISHED = {"completed", "compensated", "closed"}
 
@@ -209,7 +209,7 @@ class Unwind:
                 raise InFlight("in_flight", f"action {action['id']} is still {settled['status']}", 202,
                                {"action_id": action["id"]}, settle=later)
             return self.settle(settled, timeout=timeout, execute=execute, sent=sent)
-        if status in REFUSED_BY_PERSON:
+        if status in REFUSED_BY_PERSON or (status == "skipped" and action.get("stopped_by")):
             raise Rejected(action)
         error = action.get("error") or {}
         if status == "failed" and error.get("error_class") == "refused":

@@ -64,7 +64,8 @@ class ApprovalPending(ActionError):
 
 
 class Rejected(ActionError):
-    """A person rejected the action (or the approval expired); `reason` is theirs."""
+    """A person rejected the action (or the approval expired, or someone stopped it while it was held: its
+    `stopped_by` says who); `reason` is theirs (or says who stopped it)."""
 
     def __init__(self, action: dict):
         self.reason = action.get("decision_reason") or ""

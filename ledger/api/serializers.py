@@ -4,7 +4,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger import selectors
+from ledger import holds, selectors
 from ledger.api import links
 from ledger.api.base import OutSerializer, absolute, path_to
 from ledger.models import ActionKind, ActionStatus, Executor, Risk, RunStatus, SagaRole
@@ -34,6 +34,13 @@ class ActionLinksOut(serializers.Serializer):
     wait = serializers.URLField(help_text="Long-poll until the outcome is known.")
     run = serializers.URLField()
     report = serializers.URLField(required=False, help_text="Where the agent reports a client-executed outcome.")
+    cancel = serializers.URLField(required=False, help_text="For a held step: cancel the run (POST) to stop it.")
+
+
+class HoldOut(serializers.Serializer):
+    executes_at = serializers.DateTimeField(help_text="When the step runs unless someone stops it first.")
+    customer_can_stop = serializers.BooleanField(help_text="Whether the person the run acts for may stop it too.")
+    how_to_stop = serializers.CharField()
 
 
 class ActionOut(OutSerializer):
@@ -70,7 +77,12 @@ class ActionOut(OutSerializer):
     after = serializers.JSONField(allow_null=True)
     intent = serializers.JSONField()
     compensation_plan = serializers.JSONField()
-    decision_reason = serializers.CharField(help_text="Why a person rejected it (or why it expired).")
+    decision_reason = serializers.CharField(help_text="Why a person rejected it (or why it expired), or who stopped "
+                                                      "it while it was held.")
+    stopped_by = serializers.CharField(help_text="Who stopped it while it was held: agent, operator, approver or "
+                                                 "customer; empty otherwise.")
+    hold = serializers.SerializerMethodField(help_text="For a held step (status held): when it runs and how to stop "
+                                                       "it; null otherwise.")
     approval = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
@@ -89,6 +101,14 @@ class ActionOut(OutSerializer):
         if not (action.error_class or action.error_message):
             return None
         return {"error_class": action.error_class, "message": action.error_message}
+
+    @extend_schema_field(HoldOut(allow_null=True))
+    def get_hold(self, action):
+        if action.status != ActionStatus.HELD:
+            return None
+        return {"executes_at": action.next_attempt_at, "customer_can_stop": holds.customer_can_stop(action.tool),
+                "how_to_stop": "POST links.cancel before executes_at to cancel the run: the step is then never "
+                               "executed (and the run's earlier steps are undone unless its pivot has committed)."}
 
     @extend_schema_field(ApprovalLinkOut(allow_null=True))
     def get_approval(self, action):
@@ -109,6 +129,8 @@ class ActionOut(OutSerializer):
         }
         if action.tool.executor == Executor.CLIENT:
             found["report"] = absolute(request, path_to("api:action-report", action.pk))
+        if action.status == ActionStatus.HELD:
+            found["cancel"] = absolute(request, path_to("api:run-cancel", action.run_id))
         return found
 
 

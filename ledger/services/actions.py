@@ -8,7 +8,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, fastpath, received, schemas, sql, tracing
+from ledger import events, fastpath, holds, received, schemas, sql, tracing
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -24,10 +24,10 @@ from ledger.services.dispatch import enqueue, new_owner
 from ledger.services import execution
 from ledger.transitions import action_transition, run_transition
 
-IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
 # A forward step a new proposal with the same content matches: it took effect, or may still (guarantee 1 across
 # keys). A failed, rejected, expired, skipped or compensated step did nothing that stands, so it may be tried again.
-CONTENT_IN_FLIGHT = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+CONTENT_IN_FLIGHT = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
 CONTENT_MATCHES = (A.SUCCEEDED, *CONTENT_IN_FLIGHT)
 MAX_KEY_LENGTH = 255
 
@@ -316,7 +316,8 @@ def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_te
                          before, actor, inline, queued, content_key) -> Proposal | None:
     """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse) in one call
     (ledger/fastpath.py). None: nothing was recorded, and `_record` decides the case."""
-    if approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold):
+    if approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold) \
+            or holds.window(tool):
         return None
     owner = new_owner(held=inline)
     action = _new_action(run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text,
@@ -428,15 +429,21 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             _check_open_approvals(run)
         owner = "" if required else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
-        action = sql.insert(_new_action(
+        action = _new_action(
             run=run, tool=tool, seq=run.next_seq - 1, defaults_version=defaults_version, args=args,
             args_text=args_text, args_hash=args_hash, content_key=content_key, repeat_of=repeat_of,
             target_id=target_id, key=key, source=source, required=required, owner=owner, inline=inline,
-            queued=queued, before=before, intent=intent))
+            queued=queued, before=before, intent=intent)
+        held = not required and holds.hold_new(action, tool)
+        if held:
+            owner = ""
+        action = sql.insert(action)
         action.tool = tool
         repeat = {"repeat_of": repeat_of} if repeat_of is not None else {}
         audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source, **repeat)
-        if required:
+        if held:
+            holds.announce(action, run, log=audit, actor=actor)
+        elif required:
             if run.status == R.RUNNING:
                 run_transition(run, R.AWAITING_APPROVAL, log=audit, actor=actor)
             execution.checkpoint_save(run, "awaiting_approval", log=audit)
@@ -508,6 +515,8 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
             execution.enqueue_unwind_after(run)
             return action
         if run.cancel_requested_at or run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
+            return action
+        if holds.hold_approved(action, run, log=audit, actor=actor):
             return action
         client = action.tool.executor == Executor.CLIENT
         action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,

@@ -32,6 +32,7 @@ from ledger.models import (
     OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
 from ledger.policy import approvals_needed
+from ledger.services import unknowns
 from ledger.services.dispatch import HELD, enqueue, new_owner
 from ledger.transitions import action_transition, moved, run_transition
 
@@ -39,7 +40,7 @@ log = logging.getLogger("unwind.engine")
 
 SYSTEM = "system:engine"
 INLINE_RETRY_LIMIT = 2.0  # seconds: longer backoffs are scheduled, not slept through
-PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED)
+PENDING = (A.PLANNED, A.APPROVED, A.AWAITING_APPROVAL, A.RETRY_SCHEDULED, A.HELD)
 REFUSED = "refused"  # the error_class of a step the tool turned down and the agent was answered about
 
 
@@ -978,8 +979,10 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
         if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and an_attempt_may_have_acted(pending):
             continue  # it may have acted: its retry finds out (reading back, never calling again) first
         was_waiting = pending.status == A.AWAITING_APPROVAL
+        # A held step skipped by its agent's cancel was stopped by the agent (ledger/holds.py).
+        stopped = {"stopped_by": "agent"} if pending.status == A.HELD and actor.startswith("agent:") else {}
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
-                          lease_expires_at=None, next_attempt_at=None)
+                          lease_expires_at=None, next_attempt_at=None, **stopped)
         if was_waiting:
             events.emit("approval_withdrawn", action=pending, reason=why)
 
@@ -1283,10 +1286,13 @@ def settle(run: Run, *, log: AuditLog) -> None:
     failed = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.COMPENSATION_FAILED]
     standing = [a for a in actions if a.kind == ActionKind.FORWARD and a.status == A.SUCCEEDED
                 and a.tool.action_class != ActionClass.READ_ONLY and not compensable(a)]
-    lost = [a for a in actions if a.status == A.LOST]
+    lost = [a for a in actions if a.status == A.LOST and not unknowns.left_to_person(a)]
     if not failed and not standing and not lost:
-        run_transition(run, R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None)
-        checkpoint_save(run, "compensated", log=log)
+        left = [a for a in actions if unknowns.left_to_person(a)]
+        # A step a person took over (their one decision on the run, ledger/services/unknowns.py) ends it closed.
+        run_transition(run, R.CLOSED if left else R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None,
+                       note={"left_to_person": [a.pk for a in left]} if left else None)
+        checkpoint_save(run, "closed" if left else "compensated", log=log)
         events.emit("run_finished", run=run)
         return
     comps = {a.compensates_id: a for a in actions if a.kind == ActionKind.COMPENSATION}  # newest wins: ordered by seq

@@ -17,7 +17,7 @@ from ledger.models import (
     Tool,
 )
 from ledger.policy import check_plan
-from ledger.services import execution
+from ledger.services import execution, unknowns
 from ledger.services.actions import check_key
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.transitions import action_transition, run_transition
@@ -162,7 +162,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
 
 IDLE_ACTOR = "system:idle"
 # What keeps a run from being idle whatever the clock says: a step in flight, or one waiting for a person.
-BUSY = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED)
+BUSY = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
 
 
 def span(seconds: int) -> str:
@@ -265,15 +265,18 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     return run
 
 
-def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = False) -> Run:
+def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = False, unknown: str = "") -> Run:
     """Unwind a run that needs attention, newest-first; failed compensations are tried again.
 
-    `force` lets a snapshot restore overwrite a target that drifted: a person looked and decided.
+    `force` lets a snapshot restore overwrite a target that drifted: a person looked and decided. `unknown` is the
+    person's word on its steps whose outcome is unknown (ledger/services/unknowns.py), so the run settles at once.
     """
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be compensated")
+        if unknown:
+            unknowns.decide_unknown(run, unknown, actor=actor, log=audit)
         for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
             if force:
                 Action.objects.filter(pk=forward.pk).update(compensation_plan=dict(forward.compensation_plan, force=True))

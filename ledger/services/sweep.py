@@ -10,7 +10,7 @@ import logging
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from ledger import events, tracing
+from ledger import events, holds, tracing
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 from ledger.services.actions import action_claim_due, action_reclaim
 from ledger.services.dispatch import enqueue
@@ -23,7 +23,7 @@ BATCH = 200
 @tracing.task("unwind.sweep")
 def sweep() -> dict:
     now = timezone.now()
-    counts = {"reclaimed": 0, "retried": 0, "unwinds": 0, "idle": 0}
+    counts = {"reclaimed": 0, "retried": 0, "released": 0, "unwinds": 0, "idle": 0}
     expired = Action.objects.filter(status=A.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]
     for action_id in list(expired):
         owner = action_reclaim(action_id)
@@ -36,6 +36,7 @@ def sweep() -> dict:
         if owner:
             counts["retried"] += 1
             enqueue("ledger.tasks.execute_action", action_id, owner)
+    counts["released"] = holds.release_due(now)
     stalled = Run.objects.filter(status=R.UNWINDING).filter(
         Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)).values_list("pk", flat=True)[:BATCH]
     waiting = (A.RUNNING, A.RETRY_SCHEDULED, A.AWAITING_APPROVAL, A.APPROVED)
@@ -57,11 +58,11 @@ def sweep() -> dict:
 
 def next_due(after):
     """When the sweep next has something to do that a sweep started at `after` could not have seen: the earliest
-    lease that runs out, or retry that falls due, later than that (None when there is none). The sweep clock
-    wakes then, not a whole interval later, so a lost step is picked up just after its lease ends. (Idle deadlines,
-    a minute or more away, are met by the interval.)"""
+    lease that runs out, retry that falls due, or hold that ends, later than that (None when there is none). The
+    sweep clock wakes then, not a whole interval later, so a lost step is picked up just after its lease ends. (Idle
+    deadlines, a minute or more away, are met by the interval.)"""
     lease = Action.objects.filter(status=A.RUNNING, lease_expires_at__gt=after).aggregate(
         at=Min("lease_expires_at"))["at"]
     retry = Action.objects.filter(status=A.RETRY_SCHEDULED, next_attempt_at__gt=after).aggregate(
         at=Min("next_attempt_at"))["at"]
-    return min((at for at in (lease, retry) if at is not None), default=None)
+    return min((at for at in (lease, retry, holds.next_release(after)) if at is not None), default=None)

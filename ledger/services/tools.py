@@ -16,7 +16,8 @@ from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, 
 from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
 from ledger.selectors import policy_of_version
 
-DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive")
+DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
+                  "customer_requests_seconds")
 
 
 def policy_digest(fields: dict) -> str:

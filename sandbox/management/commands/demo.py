@@ -11,6 +11,7 @@ outbox page, never to the terminal.
 """
 import errno
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -29,12 +30,12 @@ from django.db import connections
 
 import yaml
 
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide
 from ledger.management.commands.worker import stop_group
 from ledger.models import Agent, Run, Tenant
 from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tools_load
+from ledger.services.tools import tool_upsert, tools_load
 
 TENANT = "demo"
 PEOPLE = [  # username, role, password (demo only: printed on the terminal), what to try with it
@@ -177,8 +178,22 @@ class Command(BaseCommand):
             approval_decide(request=request, user=approver, approve=approve, reason=reason)
 
         operator = next((username, password) for username, role, password, _ in PEOPLE if role == "operator")
+        policy = yaml.safe_load((Path(settings.BASE_DIR) / "sandbox" / "policy.yaml").read_text())
+
+        def hold(tool: str, value) -> None:
+            """The tenant's admin writes a new version of the tool's policy, with the hold or without one."""
+            spec = {**policy["tools"][tool], **({"hold": value} if value else {})}
+            tool_upsert(tenant=Tenant.objects.get(slug=TENANT), name=tool, spec=spec, actor="system:demo")
+
+        def notice_link(run_id: int) -> str:
+            """The trail link in the newest held-step notice about the run, on this server."""
+            note = (Notification.objects.filter(kind="hold_notice", subject__endswith=f"(reference {run_id})")
+                    .order_by("-id").first())
+            found = re.search(r"/console/trail/[A-Za-z0-9_-]{43}/", note.body_text) if note else None
+            return base_url + found.group(0) if found else ""
+
         ctx = demo.Context(base_url=base_url, client=Unwind(base_url, key), approve=decide, tenant=TENANT,
-                           operator=operator)
+                           operator=operator, hold=hold, notice_link=notice_link)
         for scenario in demo.SCENARIOS:
             self.say(f"scenario: {scenario.__doc__.strip().splitlines()[0]}")
             try:

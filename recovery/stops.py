@@ -1,0 +1,99 @@
+"""Who may stop a held step (ledger/holds.py), and the stop itself for each of them.
+
+The engine records a stop and goes on by the saga law; this module decides whether the person asking may: an
+operator of the run's tenant, an approver who approved that very step, or the holder of a live share link to the
+run's correction trail when the step's policy lets the customer stop it (`hold: {customer_can_stop: true}`). The
+agent stops a held step by cancelling its run (ledger/services/runs.py).
+"""
+from __future__ import annotations
+
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision
+from approvals.services import actor_of, role_of
+from ledger import holds
+from ledger.errors import NotFound, PermissionDenied
+from ledger.models import ROLE_ORDER, Action, ActionKind, ActionStatus, Role, Run
+from recovery.models import TrailShareLink
+from recovery.trail import SHARE_TOKEN, _token_hash
+
+
+def stopper_role(user, action: Action) -> str | None:
+    """How `user` may stop `action` ("operator" or "approver"), or None when they may not."""
+    role = role_of(user, action.tenant_id)
+    if role is not None and ROLE_ORDER[role] >= ROLE_ORDER[Role.OPERATOR]:
+        return "operator"
+    approved = ApprovalDecision.objects.filter(request__action=action, user=user, decision="approve").exists()
+    return "approver" if approved else None
+
+
+def stop_as_person(*, action: Action, user, reason: str = "") -> Action:
+    """An operator, or an approver who approved the step, stops it. PermissionDenied for anyone else."""
+    by = stopper_role(user, action)
+    if by is None:
+        raise PermissionDenied("stopping a held step needs the operator role, or to have approved it")
+    return holds.action_stop(action_id=action.pk, actor=actor_of(user), by=by, reason=reason)
+
+
+def _live_link(token: str) -> TrailShareLink | None:
+    if not isinstance(token, str) or not SHARE_TOKEN.match(token):
+        return None
+    return (TrailShareLink.objects.select_related("run__tenant")
+            .filter(token_hash=_token_hash(token), revoked_at__isnull=True, expires_at__gt=timezone.now()).first())
+
+
+def customer_stoppable(run: Run) -> list[Action]:
+    """The run's held steps the person it acts for may stop, soonest first, each with `customer_words`: what it
+    would do, in the trail's words."""
+    from recovery.trail import _proposed, _sentence
+
+    held = [action for action in Action.objects.filter(run=run, kind=ActionKind.FORWARD, status=ActionStatus.HELD)
+            .select_related("tool").order_by("next_attempt_at", "seq") if holds.customer_can_stop(action.tool)]
+    for action in held:
+        action.customer_words = _sentence(f"we are about to {_proposed(action)}")
+    return held
+
+
+def stop_as_customer(*, token: str, action_id: int) -> Action:
+    """The holder of a live share link stops a held step of that run whose policy allows it. NotFound for a link
+    that is unknown, expired or revoked, and for a step not of its run (one answer: nothing to guess from);
+    PermissionDenied for a step of its run the customer may not stop."""
+    link = _live_link(token)
+    if link is None:
+        raise NotFound("this link does not open a correction trail")
+    action = Action.objects.select_related("tool").filter(pk=action_id, run_id=link.run_id,
+                                                          kind=ActionKind.FORWARD).first()
+    if action is None:
+        raise NotFound("this link does not open a correction trail")
+    if not holds.customer_can_stop(action.tool):
+        raise PermissionDenied("this step cannot be stopped from the trail")
+    who = f"customer:{link.sent_to or 'share link'} (link {link.pk})"
+    return holds.action_stop(action_id=action.pk, actor=who[:160], by="customer")
+
+
+HOLD_NOTICE_ACTOR = "system:hold"
+
+
+def on_action_held(*, action: Action, run: Run) -> None:
+    """A step the customer may stop is held in a run acting for an email address: send them the trail's link and
+    the deadline (an outbox row in the engine's transaction, with the new link and its audit event)."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import validate_email
+
+    from approvals.services import notify
+    from recovery.trail import _proposed, _sentence, new_share_link, trail_share_url
+
+    if not holds.customer_can_stop(action.tool):
+        return
+    recipient = (run.on_behalf_of or "").strip()
+    try:
+        validate_email(recipient)
+    except ValidationError:
+        return
+    token = new_share_link(run=run, actor=HOLD_NOTICE_ACTOR, sent_to=recipient)
+    company = run.tenant.name
+    notify(tenant_id=run.tenant_id, kind="hold_notice", recipients=[recipient],
+           subject=f"{company} is about to act on your request (reference {run.pk})",
+           template="recovery/email/hold_notice",
+           context={"run": run, "company": company, "url": trail_share_url(token),
+                    "executes_at": action.next_attempt_at, "words": _sentence(f"we are about to {_proposed(action)}")})
