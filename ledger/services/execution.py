@@ -31,6 +31,7 @@ from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
     OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
+from ledger.leases import lease_at_write, queued_seconds
 from ledger.policy import approvals_needed
 from ledger.services.dispatch import HELD, enqueue, new_owner
 from ledger.transitions import action_transition, moved, run_transition
@@ -44,12 +45,14 @@ REFUSED = "refused"  # the error_class of a step the tool turned down and the ag
 
 
 def lease_until(seconds: float | None = None):
+    """A lease as the caller decides it, on the process clock: only for a one-call function, which moves it to start
+    after its locks (from `p_at`). Every other claim takes its lease at the write (`leases.lease_at_write`)."""
     return timezone.now() + timedelta(seconds=seconds or settings.UNWIND_LEASE_SECONDS)
 
 
 def queued_lease(tool: Tool):
     """The lease of an action claimed here but run by a worker task: the tool's timeout plus time in the queue."""
-    return lease_until(tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS)
+    return lease_until(queued_seconds(tool))
 
 
 def backoff_delay(tool: Tool, attempt: int) -> float:
@@ -690,12 +693,13 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
         pending=log.pending, now=now)
     if recorded is None:
         return False
+    step, defaults_version, run_lease, undo_lease = recorded
     if lease is not None:
-        run.lease_expires_at = lease
+        run.lease_expires_at = run_lease
     if next_undo is None and chain is not None:
         chain.settled = run  # as the call left it: compensated, its lease cleared
     if next_undo is not None:
-        next_undo.seq, next_undo.defaults_version = recorded
+        next_undo.seq, next_undo.defaults_version, next_undo.lease_expires_at = step, defaults_version, undo_lease
         run.next_seq = next_undo.seq + 1
         next_undo._state.adding, next_undo._state.db = False, run._state.db
         next_undo.tool, next_undo.compensates = tool, next_forward
@@ -755,7 +759,8 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
         if error.transient and action.attempts < action.max_attempts:
             if retry_inline:
                 action_transition(action, A.RUNNING, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
-                                  attempts=action.attempts + 1, lease_expires_at=lease_until(action.tool.timeout_seconds + delay),
+                                  attempts=action.attempts + 1,
+                                  lease_expires_at=lease_at_write(action.tool.timeout_seconds + delay, row=action),
                                   error_class=error.error_class, error_message=error.message[:2000])
                 start_attempt(action, owner, log=audit)
             else:
@@ -1091,7 +1096,7 @@ def claim_unwind(run_id: int, *, tenant_id: int, owner: str, chain: NextUndo | N
     with ledger_transaction(tenant_id) as audit:
         claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now())
-        ).update(lease_expires_at=lease_until())
+        ).update(lease_expires_at=lease_at_write(model=Run, pk=run_id))
         if claimed != 1:
             return False, None
         return True, claim_next_compensation(run_id, owner=owner, log=audit)
@@ -1144,7 +1149,8 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
             action_transition(compensation, A.RUNNING, log=log, actor=SYSTEM, attempts=compensation.attempts + 1,
                               max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
                               else compensation.max_attempts,
-                              lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
+                              lease_owner=owner,
+                              lease_expires_at=lease_at_write(compensation.tool.timeout_seconds, row=compensation))
             start_attempt(compensation, owner, log=log)
             return compensation
         return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
@@ -1195,9 +1201,11 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
     claim_now = not required and tool.executor != Executor.CLIENT
     # A forward step still `succeeded` has never had a compensation planned: no need to count them.
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
-    compensation = sql.insert(new_compensation(
-        run, forward, forward_tool, tool, args=args, seq=run.next_seq - 1, defaults_version=defaults_version,
-        required=required, owner=owner, earlier=earlier))
+    compensation = new_compensation(run, forward, forward_tool, tool, args=args, seq=run.next_seq - 1,
+                                    defaults_version=defaults_version, required=required, owner=owner, earlier=earlier)
+    if compensation.lease_expires_at is not None:  # the run is locked: its lease starts at the insert
+        compensation.lease_expires_at = lease_at_write(tool.timeout_seconds)
+    sql.insert(compensation)
     log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
                strategy=plan.get("strategy"))
     if forward.status == A.SUCCEEDED:
