@@ -534,8 +534,9 @@ def read_back_detail(action: Action, verification: dict) -> str:
     """What a person reads of a step found done by reading it back whose record is not a result Unwind can use."""
     plan = action.compensation_plan
     evidence = canonical_text(verification["read_back"]["evidence"])
-    undo = (f" Its undo, {plan.get('tool')}, takes {canonical_text(plan.get('args', {}))}: fill those in from the "
-            f"record and undo it by hand, or compensate once the record gives them." if compensable(action) else "")
+    undo = (f" Its undo, {plan.get('tool')}, takes {canonical_text(plan.get('args', {}))}: complete those "
+             f"arguments from the record on this item's page, then undo the step with them or keep them and resume."
+             if compensable(action) else "")
     return (f"{action.tool.name} (step {action.seq}) did act: reading it back ({verification['read_back']['by']}) found "
             f"{evidence[:1500]}. But {verification['detail']}.{undo} Resume to accept it as done and go on, "
             f"or close the run.")
@@ -662,7 +663,7 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
                 or undo_approvals(step, state.threshold) or not state.ids:
             return False
         try:
-            args = mapping.resolve(step.compensation_plan.get("args", {}), context_for(step))
+            args = undo_args(step)
         except mapping.MappingError:
             return False  # the Python path records why
         next_undo = new_compensation(run, step, step_tool, tool, args=args, seq=0, defaults_version=0, required=0,
@@ -1180,6 +1181,15 @@ def compensation_tool(run: Run, plan: dict) -> Tool | None:
 _TENANT_SLUG = "(SELECT slug FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)"
 
 
+def undo_args(forward: Action):
+    """The arguments of `forward`'s undo: those a person completed for it (ledger/services/undo_plans.py), else its
+    plan's mapping resolved just in time from the step (MappingError when it cannot be)."""
+    plan = forward.compensation_plan
+    if isinstance(plan.get("completed_args"), dict):
+        return plan["completed_args"]
+    return mapping.resolve(plan.get("args", {}), context_for(forward))
+
+
 def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: str, log: AuditLog) -> Action | None:
     """Create the compensation action for `forward` (a call of the tool named `forward_tool`), with its args
     resolved just in time."""
@@ -1188,7 +1198,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
     try:
         if tool is None:
             raise mapping.MappingError(f"compensation tool {plan.get('tool')!r} is not registered")
-        args = mapping.resolve(plan.get("args", {}), context_for(forward))
+        args = undo_args(forward)
     except mapping.MappingError as error:
         if forward.status == A.SUCCEEDED:
             action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM)
