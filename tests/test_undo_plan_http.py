@@ -152,7 +152,10 @@ def test_missing_csrf_is_refused(incomplete):
     (None, "args.subject: None is not of type"),
     ({"to": "mallory@globex.example", "subject": SUBJECT, "body": "x"}, "args.to comes from the step"),
     ("x" * 20001, "at most 20000 characters"),
-], ids=["malformed", "not_an_object", "body_changed", "schema", "target_changed", "oversized"])
+    ({"to": "dana@example.com", "subject": SUBJECT, "body": "x", "bcc": "mallory@globex.example"},
+     "args.bcc is not one of the undo's arguments"),
+    (json.dumps({**completed_args(None), "subject": "A\u0000B"}), "NUL character"),
+], ids=["malformed", "not_an_object", "body_changed", "schema", "target_changed", "oversized", "extra_argument", "nul"])
 def test_bad_arguments_are_refused_with_a_clear_message_and_nothing_changes(incomplete, args, says):
     if args is None:  # the gap left empty: the undo tool's schema wants a string
         args = {**completed_args(incomplete), "subject": None}

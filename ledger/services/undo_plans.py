@@ -67,6 +67,9 @@ def undo_plan_check(step: Action, args) -> dict:
         raise StateConflict(f"the undo's tool {step.compensation_plan.get('tool')!r} is not registered")
     if not isinstance(args, dict):
         raise ValidationFailed(f"the undo's arguments must be a JSON object, not {type(args).__name__}", field="args")
+    if isinstance(draft.template, dict) and (extra := [name for name in args if name not in draft.template]):
+        raise ValidationFailed(f"args.{extra[0]} is not one of the undo's arguments ({', '.join(draft.template)}): the "
+                               f"plan is completed, not extended", field=f"args.{extra[0]}")
     for name, value in draft.fixed.items():
         if name not in args or not execution.same_value(args[name], value):
             template = canonical_text(draft.template[name])
