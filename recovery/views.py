@@ -109,7 +109,8 @@ def _undo_plan(access, item: RecoveryItem, form: UndoPlanForm | None = None) -> 
         "evidence": json.dumps(step.verification["read_back"].get("evidence"), indent=2, ensure_ascii=False),
         "by": step.verification["read_back"].get("by"),
         "template": json.dumps(step.compensation_plan.get("args", {}), indent=2, ensure_ascii=False),
-        "completed": step.compensation_plan.get("completed_args"),
+        "completed": json.dumps(step.compensation_plan["completed_args"], indent=2, ensure_ascii=False)
+        if "completed_args" in step.compensation_plan else "",
         "completed_by": step.compensation_plan.get("completed_by", ""),
         "schema": json.dumps(draft.tool.args_schema, indent=2) if draft is not None and draft.tool else "",
     }

@@ -89,6 +89,8 @@ def test_the_operator_completes_the_undo_and_the_tool_receives_their_arguments(i
     assert answer.status_code == 302, answer.text
     shown = oscar.get(incomplete.base + answer.headers["Location"], timeout=30).text
     assert "Undo completed and recorded as yours" in shown and "Compensated" in shown
+    completed = re.search(r'id="undo-completed-args">(.*?)</pre>', shown, re.S).group(1)
+    assert json.loads(completed.replace("&quot;", '"')) == completed_args(incomplete)
 
     run = incomplete.run.__class__.objects.get(pk=incomplete.run.pk)
     assert run.status == "compensated"
