@@ -55,6 +55,7 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 
 from django.conf import settings
@@ -375,7 +376,9 @@ def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: mod
     be recorded) or, with `settle`, the run compensated (in memory) with its `checkpoint`, with the `pending`
     events, in one call; provided the run is still unwinding under this unwinder's lease (or, taking it, under
     none) and its actions still have the statuses in `steps` ([id, status] in order). Returns (step,
-    defaults_version) of the next compensation ((None, None) without one), or None: nothing was written."""
+    defaults_version) of the next compensation ((None, None) without one) and the leases the call wrote (the run's
+    and the next compensation's, None for those it did not take), which run from when it held its locks; or None:
+    nothing was written."""
     outcome = _call(
         "unwind_compensated", "%s::bigint, %s::bigint, %s::jsonb, %s::timestamptz, %s::bigint, %s::jsonb, %s::jsonb, "
         "%s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, "
@@ -394,7 +397,8 @@ def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: mod
          *_chain(run.tenant_id, pending, now)])
     if outcome[0] != "ok":
         return None
-    return outcome[1], outcome[2]
+    leases = {name: None if at is None else datetime.fromisoformat(at) for name, at in (outcome[4] or {}).items()}
+    return outcome[1], outcome[2], leases.get("run_lease"), leases.get("undo_lease")
 
 
 def failed(*, run: Run, steps: list, action: Action, attempt: models.Model, checkpoint: models.Model,

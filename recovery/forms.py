@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from django import forms
 
+from ledger import received
 from ledger.models import Risk, RunStatus
 from ledger.services.unknowns import CHOICES as UNKNOWN_CHOICES
 from recovery.metrics import DEFAULT_WINDOW, WINDOWS
 from recovery.models import ItemStatus, Reason
 from recovery.selectors import AGE_BUCKETS, QUEUE_SORTS, Access
+from recovery.services import UNDO_PLAN_THEN
 
 OPERATIONS = {"resume": "Resume", "compensate": "Compensate", "close": "Close"}
 # Items about a step whose outcome is unknown: resuming it is the person's word that the tool did not act.
@@ -143,3 +145,29 @@ class MetricsForm(TenantChoiceMixin, forms.Form):
         self.is_valid()
         data = {name: self.cleaned_data.get(name) for name in self.fields if name not in self.errors}
         return {"window": data.get("window") or DEFAULT_WINDOW, "tenant": data.get("tenant")}
+
+
+class UndoPlanForm(forms.Form):
+    """The undo a person completes on a `read_back_incomplete` item: its arguments as one JSON object."""
+
+    args = forms.CharField(max_length=20000, strip=False, label="The undo's arguments (JSON)",
+                           widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
+                           error_messages={"required": "Give the undo's arguments as a JSON object."})
+    then = forms.ChoiceField(choices=list(UNDO_PLAN_THEN.items()), widget=forms.RadioSelect, initial="compensate",
+                             error_messages={"required": "Choose what happens next: undo the step now, or resume."})
+    reason = forms.CharField(required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 2}),
+                             help_text="Recorded in the audit chain with your name and the arguments.")
+
+    def clean_args(self):
+        text = self.cleaned_data["args"]
+        try:
+            value = received.loads(text)
+        except (ValueError, RecursionError) as error:
+            raise forms.ValidationError(f"The undo's arguments are not valid JSON: {error}.") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(f"The undo's arguments must be a JSON object ({{\"name\": value, ...}}), "
+                                        f"not {type(value).__name__}.")
+        return value
+
+    def clean_reason(self) -> str:
+        return (self.cleaned_data.get("reason") or "").strip()

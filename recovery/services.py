@@ -6,9 +6,10 @@ from django.utils import timezone
 
 from approvals.services import notify, require_role
 from ledger.audit import recording
-from ledger.errors import StateConflict
+from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import RISK_ORDER, Action, ActionKind, ActionStatus, Membership, Risk, Role, Run
-from ledger.services.runs import run_close, run_compensate, run_resume
+from ledger.services.runs import resume_refusal, run_close, run_compensate, run_resume
+from ledger.services.undo_plans import undo_plan_complete
 from recovery.models import ItemStatus, RecoveryItem
 
 SUGGESTIONS = {
@@ -25,7 +26,8 @@ SUGGESTIONS = {
     "settle_failed": "Unwind failed while recording the step's outcome (the item says where). Check the target: if the "
                      "step acted, compensate to undo it or resume to go on; if it did not, send it again; or close it.",
     "read_back_incomplete": "The step did act (reading it back found it), but its record lacks what its result or undo "
-                            "needs. Resume to accept it and go on, or undo it by hand with the record shown and close it.",
+                            "needs. Complete its undo from the record shown, then undo it or keep the undo and resume; "
+                            "or resume to accept it as it is, or close it.",
     "cancelled_after_pivot": "The run was cancelled after its pivot: compensate to undo what can be undone, or close it.",
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
     "customer_request": "The person the run acted for asks for a correction (their words are below): compensate to "
@@ -116,3 +118,29 @@ def _after(item: RecoveryItem, reason: str) -> RecoveryItem:
                 audit.record("recovery.noted", actor=item.resolved_by or "system:engine", item=item.pk, rows=[item])
     item.refresh_from_db()
     return item
+
+
+# What a person may do with the undo they complete on a `read_back_incomplete` item.
+UNDO_PLAN_THEN = {
+    "compensate": "Undo the step now with these arguments (compensate the run)",
+    "resume": "Keep them as the step's undo and resume the run",
+}
+
+
+def recovery_complete_undo(*, item: RecoveryItem, user, args, then: str, reason: str = "") -> RecoveryItem:
+    """A `read_back_incomplete` item: record the undo arguments `user` completed for its step (their decision, in
+    the audit chain), then compensate the run with them or resume it (`then`)."""
+    item = _open_item(item, user)
+    if item.reason != "read_back_incomplete" or item.action is None:
+        raise StateConflict("only a step found done whose record lacks what its undo needs has an undo to complete")
+    if then not in UNDO_PLAN_THEN:
+        raise ValidationFailed(f"then must be one of {', '.join(UNDO_PLAN_THEN)}", field="then")
+    if then == "resume" and (refusal := resume_refusal(item.run)):
+        raise StateConflict(refusal)
+    actor = f"user:{user.get_username()}"
+    undo_plan_complete(step=item.action, args=args, actor=actor, reason=reason)
+    if then == "compensate":
+        run_compensate(run=item.run, actor=actor, reason=reason)
+    else:
+        run_resume(run=item.run, actor=actor, reason=reason)
+    return _after(item, reason)

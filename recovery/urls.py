@@ -8,6 +8,7 @@ urlpatterns = [
     path("recovery/", views.queue, name="queue"),
     path("recovery/bulk/", views.bulk, name="bulk"),
     path("recovery/<int:pk>/", views.item_detail, name="item"),
+    path("recovery/<int:pk>/undo-plan/", views.item_undo_plan, name="undo_plan"),
     path("recovery/<int:pk>/<slug:operation>/", views.item_resolve, name="resolve"),
     path("runs/", views.runs, name="runs"),
     path("runs/<int:pk>/", views.run_detail, name="run"),

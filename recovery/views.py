@@ -5,6 +5,8 @@ services' rule (they check the role), the pages only hide what a person cannot u
 """
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -16,11 +18,14 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger import holds, selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
-from ledger.models import Role, Run, RunStatus
+from ledger.models import ActionStatus, Role, Run, RunStatus
 from ledger.services.runs import resume_refusal
+from ledger.services.undo_plans import undo_draft
 from ledger.services.unknowns import unknown_steps
 from recovery import requests as customer_requests, selectors, services, stops
-from recovery.forms import OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm
+from recovery.forms import (
+    OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm, UndoPlanForm,
+)
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.trail import (
@@ -90,11 +95,36 @@ def queue(request):
     return render(request, template, context)
 
 
-def _item_context(access, item: RecoveryItem) -> dict:
+def _undo_plan(access, item: RecoveryItem, form: UndoPlanForm | None = None) -> dict | None:
+    """A step found done whose record its undo cannot be put together from: what reading it back found, and the
+    undo to complete (a form prefilled with what could be resolved, for an operator while the item is open)."""
+    step = item.action
+    if item.reason != "read_back_incomplete" or step is None or "read_back" not in (step.verification or {}):
+        return None
+    draft = undo_draft(step) if step.status == ActionStatus.SUCCEEDED else None
+    completable = draft is not None and draft.tool is not None and item.status == ItemStatus.OPEN \
+        and access.can_operate(item.tenant_id)
+    if completable and form is None:
+        form = UndoPlanForm(initial={"args": json.dumps(draft.prefilled, indent=2, ensure_ascii=False),
+                                     "then": "compensate"})
+    return {
+        "step": step, "draft": draft, "form": form if completable else None,
+        "evidence": json.dumps(step.verification["read_back"].get("evidence"), indent=2, ensure_ascii=False),
+        "by": step.verification["read_back"].get("by"),
+        "template": json.dumps(step.compensation_plan.get("args", {}), indent=2, ensure_ascii=False),
+        "completed": json.dumps(step.compensation_plan["completed_args"], indent=2, ensure_ascii=False)
+        if "completed_args" in step.compensation_plan else "",
+        "completed_by": step.compensation_plan.get("completed_by", ""),
+        "schema": json.dumps(draft.tool.args_schema, indent=2) if draft is not None and draft.tool else "",
+    }
+
+
+def _item_context(access, item: RecoveryItem, *, undo_form: UndoPlanForm | None = None) -> dict:
     run = item.run
     cannot_resume = resume_refusal(run) if item.status == ItemStatus.OPEN else ""
     return {
         "customer_requests": customer_requests.requests_for(run), "can_reply": access.can_operate(item.tenant_id),
+        "undo_plan": _undo_plan(access, item, undo_form),
         "item": item, "run": run,
         "failure": (failure := selectors.item_failure(item)),
         "drift": selectors.drift_comparison(failure),
@@ -175,6 +205,38 @@ def item_resolve(request, pk: int, operation: str):
         form.add_error("reason", refusal.detail)
         return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
     messages.success(request, _outcome(item, operation))
+    return redirect("recovery:item", pk=item.pk)
+
+
+@login_required
+def item_undo_plan(request, pk: int):
+    """POST: the undo an operator completed for a `read_back_incomplete` item's step, then compensate or resume."""
+    access = selectors.access_for(request.user)
+    item = selectors.item_get(access=access, pk=pk)
+    if item is None:
+        raise Http404("No such recovery item")
+    if request.method != "POST":
+        return render(request, "recovery/refused.html", {"title": "Method not allowed",
+                                                         "detail": "Complete the undo on the item page."}, status=405)
+    if not access.can_operate(item.tenant_id):
+        return _forbidden(request, _role_refusal(access, item.tenant_id))
+    form = UndoPlanForm(request.POST)
+    if not form.is_valid():
+        return render(request, "recovery/item.html", _item_context(access, item, undo_form=form), status=400)
+    then = form.cleaned_data["then"]
+    try:
+        item = services.recovery_complete_undo(item=item, user=request.user, args=form.cleaned_data["args"], then=then,
+                                               reason=form.cleaned_data["reason"])
+    except PermissionDenied:
+        return _forbidden(request, _role_refusal(access, item.tenant_id))
+    except StateConflict as refusal:
+        item.refresh_from_db()
+        context = _item_context(access, item) | {"refusal": f"Refused: {refusal.detail}."}
+        return render(request, "recovery/item.html", context, status=409)
+    except ValidationFailed as refusal:
+        form.add_error("args", f"{refusal.detail}.")
+        return render(request, "recovery/item.html", _item_context(access, item, undo_form=form), status=400)
+    messages.success(request, "Undo completed and recorded as yours. " + _outcome(item, then))
     return redirect("recovery:item", pk=item.pk)
 
 

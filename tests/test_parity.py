@@ -206,6 +206,29 @@ def lost_read_back(world, commit):
     return [answer_of(proposal), run_answer(run)]
 
 
+def _incomplete_undo(world):
+    spec = in_process_policy()["tools"]["email.send"]
+    spec["compensation"]["args"]["subject"] = {"$concat": ["Correction: ", "$result.thread"]}
+    tool_upsert(tenant=world.acme, name="email.send", spec=spec, actor="test")
+
+
+def completed_undo(world, commit):
+    """Found done by its lookup, but the undo's subject names what the record lacks: a person completes the undo
+    and the run is compensated with it (issue 32)."""
+    from recovery.services import recovery_complete_undo
+
+    fault("email.send", "error_after_effect", status=500, times=1)
+    run = open_run(world, goal="completed undo")
+    sent = step(run, "email.send", MAIL)
+    args = {"to": MAIL["to"], "subject": "Correction: welcome",
+            "body": f"Please disregard our earlier message \"{MAIL['subject']}\": it was sent in error and has been "
+                    f"withdrawn."}
+    with commit():
+        recovery_complete_undo(item=RecoveryItem.objects.get(run=run), user=world.oscar, args=args, then="compensate",
+                               reason="the outbox shows it")
+    return [sent, run_answer(run)]
+
+
 def idle_unwind(world, commit):
     run = open_run(world, goal="walked away")
     user = step(run, "hr.create_user", USER)
@@ -330,6 +353,7 @@ SCENARIOS = {
     "key_mismatch": (key_mismatch, None, OPEN),
     "held_released": (held_released, _held_flight, OPEN | {"unwind_complete"}),
     "held_stopped": (held_stopped, _held_flight, UNDO),
+    "completed_undo": (completed_undo, _incomplete_undo, {"unwind_open_run", "unwind_propose", "unwind_compensated"}),
 }
 
 

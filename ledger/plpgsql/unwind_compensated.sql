@@ -43,8 +43,11 @@ BEGIN
     IF v_steps <> p_steps OR (p_next IS NOT NULL AND v_threshold IS DISTINCT FROM p_threshold) THEN
         RETURN jsonb_build_object('outcome', 'fallback');
     END IF;
+    -- Leases, as long as the caller made them, run from now on the database's clock: the locks are held, and no
+    -- wait for them has eaten into them.
     IF p_lease IS NOT NULL THEN
-        UPDATE ledger_run SET lease_expires_at = p_lease WHERE id = p_run;
+        v_lease := clock_timestamp() + (p_lease - p_at);
+        UPDATE ledger_run SET lease_expires_at = v_lease WHERE id = p_run;
     END IF;
     IF p_undo IS NOT NULL THEN
         WITH undone AS (
@@ -70,6 +73,7 @@ BEGIN
     END IF;
     IF p_next IS NOT NULL THEN
         v_row := jsonb_populate_record(NULL::ledger_action, p_next);
+        v_row.lease_expires_at := clock_timestamp() + (v_row.lease_expires_at - p_at);
         v_row.seq := v_step;
         v_row.defaults_version := v_dv;
         WITH claimed AS (
@@ -107,5 +111,7 @@ BEGIN
     UPDATE ledger_audithead
        SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
      WHERE tenant_id = p_tenant;
-    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv);
+    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'row', jsonb_build_object(
+        'run_lease', CASE WHEN p_lease IS NOT NULL THEN v_lease END,
+        'undo_lease', CASE WHEN p_next IS NOT NULL THEN v_row.lease_expires_at END));
 END $$;

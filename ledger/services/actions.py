@@ -19,6 +19,7 @@ from ledger.executors import ToolError, ToolOutcome
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
+from ledger.leases import lease_at_write, queued_seconds
 from ledger.policy import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.services import execution
@@ -521,7 +522,7 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
         client = action.tool.executor == Executor.CLIENT
         action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                           lease_owner="" if client else owner,
-                          lease_expires_at=execution.queued_lease(action.tool))
+                          lease_expires_at=lease_at_write(queued_seconds(action.tool), row=action))
         execution.start_attempt(action, owner, log=audit)
         if run.status == R.AWAITING_APPROVAL and not run.actions.filter(status=A.AWAITING_APPROVAL).exists():
             run_transition(run, R.RUNNING, log=audit, actor=actor)
@@ -591,7 +592,7 @@ def action_reclaim(action_id: int) -> str | None:
             action_transition(action, A.RUNNING, log=audit, actor="system:sweeper", where=_lease_still(action),
                               note={"reclaimed_from": action.lease_owner}, attempts=action.attempts + 1,
                               max_attempts=max(action.max_attempts, action.attempts + 1), lease_owner=owner,
-                              lease_expires_at=execution.queued_lease(action.tool))
+                              lease_expires_at=lease_at_write(queued_seconds(tool), row=action))
             execution.start_attempt(action, owner, log=audit)
     except StateConflict:
         return None
@@ -624,7 +625,7 @@ def action_claim_due(action_id: int) -> str | None:
             action_transition(action, A.RUNNING, log=audit, actor="system:sweeper",
                               where=Q(next_attempt_at__lte=timezone.now()), attempts=action.attempts + 1,
                               next_attempt_at=None, lease_owner=owner,
-                              lease_expires_at=execution.queued_lease(action.tool))
+                              lease_expires_at=lease_at_write(queued_seconds(action.tool), row=action))
             execution.start_attempt(action, owner, log=audit)
     except StateConflict:
         return None

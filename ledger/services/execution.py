@@ -31,6 +31,7 @@ from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
     OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
+from ledger.leases import lease_at_write, queued_seconds
 from ledger.policy import approvals_needed
 from ledger.services import unknowns
 from ledger.services.dispatch import HELD, enqueue, new_owner
@@ -45,12 +46,14 @@ REFUSED = "refused"  # the error_class of a step the tool turned down and the ag
 
 
 def lease_until(seconds: float | None = None):
+    """A lease as the caller decides it, on the process clock: only for a one-call function, which moves it to start
+    after its locks (from `p_at`). Every other claim takes its lease at the write (`leases.lease_at_write`)."""
     return timezone.now() + timedelta(seconds=seconds or settings.UNWIND_LEASE_SECONDS)
 
 
 def queued_lease(tool: Tool):
     """The lease of an action claimed here but run by a worker task: the tool's timeout plus time in the queue."""
-    return lease_until(tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS)
+    return lease_until(queued_seconds(tool))
 
 
 def backoff_delay(tool: Tool, attempt: int) -> float:
@@ -532,8 +535,9 @@ def read_back_detail(action: Action, verification: dict) -> str:
     """What a person reads of a step found done by reading it back whose record is not a result Unwind can use."""
     plan = action.compensation_plan
     evidence = canonical_text(verification["read_back"]["evidence"])
-    undo = (f" Its undo, {plan.get('tool')}, takes {canonical_text(plan.get('args', {}))}: fill those in from the "
-            f"record and undo it by hand, or compensate once the record gives them." if compensable(action) else "")
+    undo = (f" Its undo, {plan.get('tool')}, takes {canonical_text(plan.get('args', {}))}: complete those "
+             f"arguments from the record on this item's page, then undo the step with them or keep them and resume."
+             if compensable(action) else "")
     return (f"{action.tool.name} (step {action.seq}) did act: reading it back ({verification['read_back']['by']}) found "
             f"{evidence[:1500]}. But {verification['detail']}.{undo} Resume to accept it as done and go on, "
             f"or close the run.")
@@ -660,7 +664,7 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
                 or undo_approvals(step, state.threshold) or not state.ids:
             return False
         try:
-            args = mapping.resolve(step.compensation_plan.get("args", {}), context_for(step))
+            args = undo_args(step)
         except mapping.MappingError:
             return False  # the Python path records why
         next_undo = new_compensation(run, step, step_tool, tool, args=args, seq=0, defaults_version=0, required=0,
@@ -691,12 +695,13 @@ def _next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owne
         pending=log.pending, now=now)
     if recorded is None:
         return False
+    step, defaults_version, run_lease, undo_lease = recorded
     if lease is not None:
-        run.lease_expires_at = lease
+        run.lease_expires_at = run_lease
     if next_undo is None and chain is not None:
         chain.settled = run  # as the call left it: compensated, its lease cleared
     if next_undo is not None:
-        next_undo.seq, next_undo.defaults_version = recorded
+        next_undo.seq, next_undo.defaults_version, next_undo.lease_expires_at = step, defaults_version, undo_lease
         run.next_seq = next_undo.seq + 1
         next_undo._state.adding, next_undo._state.db = False, run._state.db
         next_undo.tool, next_undo.compensates = tool, next_forward
@@ -756,7 +761,8 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
         if error.transient and action.attempts < action.max_attempts:
             if retry_inline:
                 action_transition(action, A.RUNNING, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
-                                  attempts=action.attempts + 1, lease_expires_at=lease_until(action.tool.timeout_seconds + delay),
+                                  attempts=action.attempts + 1,
+                                  lease_expires_at=lease_at_write(action.tool.timeout_seconds + delay, row=action),
                                   error_class=error.error_class, error_message=error.message[:2000])
                 start_attempt(action, owner, log=audit)
             else:
@@ -1094,7 +1100,7 @@ def claim_unwind(run_id: int, *, tenant_id: int, owner: str, chain: NextUndo | N
     with ledger_transaction(tenant_id) as audit:
         claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now())
-        ).update(lease_expires_at=lease_until())
+        ).update(lease_expires_at=lease_at_write(model=Run, pk=run_id))
         if claimed != 1:
             return False, None
         return True, claim_next_compensation(run_id, owner=owner, log=audit)
@@ -1147,7 +1153,8 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
             action_transition(compensation, A.RUNNING, log=log, actor=SYSTEM, attempts=compensation.attempts + 1,
                               max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
                               else compensation.max_attempts,
-                              lease_owner=owner, lease_expires_at=lease_until(compensation.tool.timeout_seconds))
+                              lease_owner=owner,
+                              lease_expires_at=lease_at_write(compensation.tool.timeout_seconds, row=compensation))
             start_attempt(compensation, owner, log=log)
             return compensation
         return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
@@ -1177,6 +1184,15 @@ def compensation_tool(run: Run, plan: dict) -> Tool | None:
 _TENANT_SLUG = "(SELECT slug FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)"
 
 
+def undo_args(forward: Action):
+    """The arguments of `forward`'s undo: those a person completed for it (ledger/services/undo_plans.py), else its
+    plan's mapping resolved just in time from the step (MappingError when it cannot be)."""
+    plan = forward.compensation_plan
+    if isinstance(plan.get("completed_args"), dict):
+        return plan["completed_args"]
+    return mapping.resolve(plan.get("args", {}), context_for(forward))
+
+
 def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: str, log: AuditLog) -> Action | None:
     """Create the compensation action for `forward` (a call of the tool named `forward_tool`), with its args
     resolved just in time."""
@@ -1185,7 +1201,7 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
     try:
         if tool is None:
             raise mapping.MappingError(f"compensation tool {plan.get('tool')!r} is not registered")
-        args = mapping.resolve(plan.get("args", {}), context_for(forward))
+        args = undo_args(forward)
     except mapping.MappingError as error:
         if forward.status == A.SUCCEEDED:
             action_transition(forward, A.COMPENSATING, log=log, actor=SYSTEM)
@@ -1198,9 +1214,11 @@ def plan_compensation(run: Run, forward: Action, forward_tool: str, *, owner: st
     claim_now = not required and tool.executor != Executor.CLIENT
     # A forward step still `succeeded` has never had a compensation planned: no need to count them.
     earlier = 0 if forward.status == A.SUCCEEDED else forward.compensations.count()
-    compensation = sql.insert(new_compensation(
-        run, forward, forward_tool, tool, args=args, seq=run.next_seq - 1, defaults_version=defaults_version,
-        required=required, owner=owner, earlier=earlier))
+    compensation = new_compensation(run, forward, forward_tool, tool, args=args, seq=run.next_seq - 1,
+                                    defaults_version=defaults_version, required=required, owner=owner, earlier=earlier)
+    if compensation.lease_expires_at is not None:  # the run is locked: its lease starts at the insert
+        compensation.lease_expires_at = lease_at_write(tool.timeout_seconds)
+    sql.insert(compensation)
     log.record("compensation.proposed", actor=SYSTEM, action=compensation, compensates=forward.pk,
                strategy=plan.get("strategy"))
     if forward.status == A.SUCCEEDED:

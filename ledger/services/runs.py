@@ -12,6 +12,7 @@ from ledger import events, fastpath, sql
 from ledger.audit import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
+from ledger.leases import lease_at_write, queued_seconds
 from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
     Tool,
@@ -252,7 +253,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
             unknown = action.status == A.LOST
             action_transition(action, A.RUNNING, log=audit, actor=actor, attempts=action.attempts + 1,
                               max_attempts=action.attempts + action.tool.max_attempts, lease_owner=owner,
-                              lease_expires_at=execution.queued_lease(action.tool),
+                              lease_expires_at=lease_at_write(queued_seconds(action.tool), row=action),
                               error_class="", error_message="",
                               note={"decision": "the tool did not act: send it again"} if unknown else None)
             execution.start_attempt(action, owner, log=audit, resend_by=actor if unknown else "")
