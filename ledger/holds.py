@@ -27,36 +27,10 @@ from ledger.models import Action, ActionStatus as A, Run, RunStatus as R, Tool
 from ledger.services.dispatch import enqueue, new_owner
 from ledger.transitions import action_transition, run_transition
 
-MAX_SECONDS = 3600.0  # a hold is a moment to change one's mind, not a queue: at most an hour
-MIN_SECONDS = 1.0
-HOLD_KEYS = {"for", "customer_can_stop"}
 RELEASER = "system:hold"
 BATCH = 200
 # Who stopped a held step (`Action.stopped_by`), as pages name them.
 STOPPERS = ("agent", "operator", "approver", "customer")
-
-
-def parse(value, where: str) -> dict:
-    """A policy's `hold` as stored on the tool: {} (none, the default), or {"seconds", "customer_can_stop"}."""
-    from ledger.policy import _duration, _fail  # the policy module imports this one
-
-    if value is None:
-        return {}
-    if isinstance(value, dict):
-        unknown = set(value) - HOLD_KEYS
-        if unknown:
-            _fail(f"{where}.{sorted(unknown)[0]}", f"is not a hold setting (known: {', '.join(sorted(HOLD_KEYS))})")
-        if "for" not in value:
-            _fail(f"{where}.for", "a hold needs its length, like 30s")
-        can_stop = value.get("customer_can_stop", False)
-        if not isinstance(can_stop, bool):
-            _fail(f"{where}.customer_can_stop", f"must be true or false, not {can_stop!r}")
-        length = value["for"]
-        where = f"{where}.for"
-    else:
-        length, can_stop = value, False
-    seconds = _duration(length, where, minimum=MIN_SECONDS, maximum=MAX_SECONDS)
-    return {"seconds": seconds, "customer_can_stop": can_stop}
 
 
 def window(tool: Tool) -> float | None:

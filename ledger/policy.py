@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import describe, egress, holds, mapping, registry, schemas
+from ledger import describe, egress, mapping, registry, schemas
 from ledger.display import parse_display
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
@@ -195,6 +195,33 @@ def _mcp_executor(executor: Any, spec: dict, where: str) -> str:
 TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}$")
 
 
+# A step's hold (ledger/holds.py): a moment in which it can still be stopped, never a queue.
+HOLD_MAX_SECONDS = 3600.0  # a hold is a moment to change one's mind, not a queue: at most an hour
+HOLD_MIN_SECONDS = 1.0
+HOLD_KEYS = {"for", "customer_can_stop"}
+
+
+def _hold(value, where: str) -> dict:
+    """A policy's `hold` as stored on the tool: {} (none, the default), or {"seconds", "customer_can_stop"}."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        unknown = set(value) - HOLD_KEYS
+        if unknown:
+            _fail(f"{where}.{sorted(unknown)[0]}", f"is not a hold setting (known: {', '.join(sorted(HOLD_KEYS))})")
+        if "for" not in value:
+            _fail(f"{where}.for", "a hold needs its length, like 30s")
+        can_stop = value.get("customer_can_stop", False)
+        if not isinstance(can_stop, bool):
+            _fail(f"{where}.customer_can_stop", f"must be true or false, not {can_stop!r}")
+        length = value["for"]
+        where = f"{where}.for"
+    else:
+        length, can_stop = value, False
+    seconds = _duration(length, where, minimum=HOLD_MIN_SECONDS, maximum=HOLD_MAX_SECONDS)
+    return {"seconds": seconds, "customer_can_stop": can_stop}
+
+
 def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     """Validate one tool's policy and return the Tool field values."""
     if not isinstance(name, str) or not TOOL_NAME.match(name):
@@ -297,7 +324,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
                                           minimum=BACKOFF_SECONDS[0], maximum=BACKOFF_SECONDS[1])
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
-    fields["hold"] = holds.parse(spec.get("hold"), f"{where}.hold")
+    fields["hold"] = _hold(spec.get("hold"), f"{where}.hold")
     return fields
 
 
