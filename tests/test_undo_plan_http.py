@@ -13,7 +13,7 @@ import re
 import pytest
 import requests
 
-from ledger.audit import verify_chain
+from ledger.audit_verify import verify_chain
 from ledger.models import Action, AuditEvent
 from ledger.services.tools import tool_upsert
 from recovery.models import RecoveryItem
