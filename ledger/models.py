@@ -204,6 +204,11 @@ class Tool(models.Model):
         help_text="A refusal (4xx but 408/425/429) answers the agent and keeps the run open, or unwinds it.")
     display = models.JSONField(default=dict, blank=True,
                                help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
+    rules = models.JSONField(default=list, blank=True,
+                             help_text='CEL conditions on the arguments: [{"when", "risk" | "deny" | "approvals_required", '
+                                       '"reason"}] (ledger/rules.py).')
+    limits = models.JSONField(default=list, blank=True,
+                              help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/limits.py).')
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -398,6 +403,8 @@ class Action(models.Model):
     # in a worker, and its compensation join the agent's trace; null when tracing was off.
     trace_context = models.JSONField(null=True, blank=True)
     decision_reason = models.TextField(blank=True)
+    # What its tool's rules and limits decided and why (ledger/decision.py): null for a tool without them.
+    policy_decision = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
