@@ -71,6 +71,10 @@ class ActionOut(OutSerializer):
     intent = serializers.JSONField()
     compensation_plan = serializers.JSONField()
     decision_reason = serializers.CharField(help_text="Why a person rejected it (or why it expired).")
+    policy_decision = serializers.JSONField(
+        allow_null=True, help_text="What the tool's rules and limits decided (null for a tool without them): "
+                                   "tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits "
+                                   "[{per, count | sum and max, window, used, asks}], denied.")
     approval = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
