@@ -44,17 +44,19 @@ def applies(tool: Tool) -> bool:
     return bool(tool.rules or tool.limits)
 
 
-def context_of(*, run: Run, args: dict) -> dict:
+def context_of(*, run: Run, args: dict, agent_name: str | None = None) -> dict:
     """What an expression sees: the call's arguments, the run's goal, on-behalf-of and step count, the agent."""
-    agent = run.agent.name if run.agent_id else ""
+    agent = agent_name if agent_name is not None else run.agent.name if run.agent_id else ""
     return {"args": args, "run": {"goal": run.goal, "on_behalf_of": run.on_behalf_of, "steps": run.next_seq - 2},
             "agent": {"name": agent}}
 
 
-def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bool = True) -> Decision:
+def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bool = True,
+           agent_name: str | None = None) -> Decision:
     """The decision for a proposal of `tool` with canonical `args` in `run` (locked, its step number taken), under
-    the tenant's approval `threshold`. `count_limits` False (policy_try): limits are left out, and said to be."""
-    outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args))
+    the tenant's approval `threshold`. `count_limits` False (policy_try, which reads no ledger): limits are left
+    out; `agent_name` stands for the run's agent there."""
+    outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args, agent_name=agent_name))
     risk = tool.risk
     extra = 0
     denied = ""
