@@ -99,6 +99,28 @@ def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bo
     return Decision(risk=risk, required=0 if denied else required, denied=denied, record=record)
 
 
+def policy_words(tool: Tool) -> list[dict]:
+    """A version's rules and limits as the console lists them: [{"when", "does"}]."""
+    words = []
+    for rule in tool.rules or []:
+        if "deny" in rule:
+            does = f"refuse: {rule['deny']}"
+        else:
+            parts = [f"risk {rule['risk']}" for _ in [1] if "risk" in rule]
+            if "approvals_required" in rule:
+                count = rule["approvals_required"]
+                parts.append(f"{count} approval{'s' if count != 1 else ''}")
+            does = " and ".join(parts) + (f": {rule['reason']}" if rule.get("reason") else "")
+        words.append({"when": rule["when"], "does": does})
+    for limit in tool.limits or []:
+        if "count" in limit:
+            what = f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''}"
+        else:
+            what = f"{limit['sum']} adds up to at most {limit['max']}"
+        words.append({"when": "", "does": f"limit: {what} {tool_limits.scope_words(limit)}"})
+    return words
+
+
 def _reads(entry: dict, display: dict, args: dict) -> list[str]:
     """"amount is 750.00 USD": each value a rule read, as the tool's display hint writes it."""
     words = []

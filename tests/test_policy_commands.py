@@ -69,3 +69,17 @@ def test_policy_try_prints_the_decision_and_writes_nothing(world, tmp_path):
     assert every_row() == before
     with pytest.raises(CommandError, match="--args: args.amount"):
         run("policy_try", path, tool="payments.refund", call_args='{"amount": "lots"}')
+
+
+def test_the_console_policy_page_shows_a_versions_rules_and_limits(world, client):
+    from django.urls import reverse
+
+    tools_load(tenant=world.acme, document=POLICY, actor="test")
+    client.force_login(world.victor)  # a viewer reads the policy
+    page = client.get(reverse("recovery:policy"), {"tenant": "acme", "tool": "payments.refund"})
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "Rules and limits of this version" in text
+    assert "when <code>args.amount &gt; 500</code>: risk high: refunds above 500 need a person" in text, text
+    assert "when <code>args.currency != &#x27;USD&#x27;</code>: refuse: only USD refunds are allowed" in text
+    assert "limit: args.amount adds up to at most 1000 per run" in text
