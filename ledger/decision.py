@@ -44,9 +44,10 @@ def applies(tool: Tool) -> bool:
     return bool(tool.rules or tool.limits)
 
 
-def context_of(*, run: Run, args: dict, agent_name: str | None = None) -> dict:
-    """What an expression sees: the call's arguments, the run's goal, on-behalf-of and step count, the agent."""
-    agent = agent_name if agent_name is not None else run.agent.name if run.agent_id else ""
+def context_of(*, run: Run, args: dict, agent_name: str | None = None, reads_agent: bool = True) -> dict:
+    """What an expression sees: the call's arguments, the run's goal, on-behalf-of and step count, the agent (its
+    name read only when a rule reads it)."""
+    agent = agent_name if agent_name is not None else run.agent.name if run.agent_id and reads_agent else ""
     return {"args": args, "run": {"goal": run.goal, "on_behalf_of": run.on_behalf_of, "steps": run.next_seq - 2},
             "agent": {"name": agent}}
 
@@ -56,7 +57,10 @@ def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bo
     """The decision for a proposal of `tool` with canonical `args` in `run` (locked, its step number taken), under
     the tenant's approval `threshold`. `count_limits` False (policy_try, which reads no ledger): limits are left
     out; `agent_name` stands for the run's agent there."""
-    outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args, agent_name=agent_name))
+    reads_agent = any(path.startswith("agent.") for rule in tool.rules
+                      for path in tool_rules.compiled(rule["when"])[1].reads)
+    outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args, agent_name=agent_name,
+                                                          reads_agent=reads_agent))
     risk = tool.risk
     extra = 0
     denied = ""

@@ -24,11 +24,12 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models.fields.json import KT
+from django.db import connection
 from django.utils import timezone
 
+from ledger import sql
 from ledger.errors import ValidationFailed
-from ledger.models import Action, ActionKind, ActionStatus as A, Run
+from ledger.models import ActionKind, ActionStatus as A, Run
 
 MAX_LIMITS = 8
 LIMIT_KEYS = {"per", "sum", "count", "max", "window"}
@@ -140,21 +141,51 @@ def _duration_words(seconds: int) -> str:
     return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
+def _counted(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:
+    """How many of the tool's steps in the limit's scope and window acted or may still act (`count`), or what their
+    values at the limit's path add up to (`sum`: values that are numbers of at least 0; anything else counts 0).
+
+    One statement: the tool's versions by name (the index on tool_id), the scope, the window. PostgreSQL adds the
+    values up as numeric; SQLite's JSON reads them as Python numbers, added up here as Decimals (the same sum)."""
+    where = [f"a.tool_id IN (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = %s AND t.name = %s)",
+             "a.kind = %s", f"a.status IN ({', '.join(['%s'] * len(COUNTED))})"]
+    params: list = [run.tenant_id, tool_name, ActionKind.FORWARD, *COUNTED]
+    if limit["per"] == "run":
+        where.append("a.run_id = %s")
+        params.append(run.pk)
+    elif limit["per"] == "agent":
+        where.append("a.run_id IN (SELECT r.id FROM ledger_run r WHERE r.tenant_id = %s AND "
+                     + ("r.agent_id = %s)" if run.agent_id else "r.agent_id IS NULL)"))
+        params.extend([run.tenant_id, run.agent_id] if run.agent_id else [run.tenant_id])
+    if limit.get("window"):
+        where.append("a.created_at >= %s")
+        params.append(now - timedelta(seconds=limit["window"]))
+    condition = " AND ".join(where)
+    if "count" in limit:
+        return Decimal(sql.fetch_one(f"SELECT count(*) FROM ledger_action a WHERE {condition}", params)[0])
+    parts = limit["sum"].split(".")[1:]
+    if connection.vendor == "postgresql":
+        path = "{" + ",".join(parts) + "}"
+        total = sql.fetch_one(
+            "SELECT coalesce(sum(CASE WHEN jsonb_typeof(a.args #> %s::text[]) = 'number'"
+            f" THEN greatest((a.args #>> %s::text[])::numeric, 0) END), 0) FROM ledger_action a WHERE {condition}",
+            [path, path, *params])[0]
+        return Decimal(total)
+    path = "$." + ".".join(parts)
+    values = sql.fetch_all(
+        f"SELECT json_extract(a.args, %s) FROM ledger_action a WHERE {condition}"
+        " AND json_type(a.args, %s) IN ('integer', 'real')", [path, *params, path])
+    return sum((number for (value,) in values for number in [Decimal(str(value))] if number >= 0), Decimal(0))
+
+
 def count(limits: list[dict], *, tool_name: str, run: Run, args: dict) -> list[Counted]:
     """Each limit as it stands for this call, read from the ledger (inside the caller's locked transaction)."""
     results = []
     now = timezone.now()
     for limit in limits:
-        steps = Action.objects.filter(tenant_id=run.tenant_id, kind=ActionKind.FORWARD, tool__name=tool_name,
-                                      status__in=COUNTED)
-        if limit["per"] == "run":
-            steps = steps.filter(run_id=run.pk)
-        elif limit["per"] == "agent":
-            steps = steps.filter(run__agent_id=run.agent_id) if run.agent_id else steps.filter(run__agent__isnull=True)
-        if limit.get("window"):
-            steps = steps.filter(created_at__gte=now - timedelta(seconds=limit["window"]))
+        used = _counted(limit, tool_name=tool_name, run=run, now=now)
         if "count" in limit:
-            used, asks = Decimal(steps.count()), Decimal(1)
+            asks = Decimal(1)
             counted = Counted(limit, used, asks)
             if used + 1 > limit["count"]:
                 counted.refusal = (f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''} of "
@@ -162,8 +193,6 @@ def count(limits: list[dict], *, tool_name: str, run: Run, args: dict) -> list[C
             results.append(counted)
             continue
         path = limit["sum"]
-        used = sum((number for value in steps.values_list(KT(path.replace(".", "__")), flat=True)
-                    for number in [_number_or_none(value)] if number is not None), Decimal(0))
         asks = amount_of(path, args)
         counted = Counted(limit, used, asks)
         name = path.split(".", 1)[1]
@@ -176,13 +205,3 @@ def count(limits: list[dict], *, tool_name: str, run: Run, args: dict) -> list[C
         results.append(counted)
     return results
 
-
-def _number_or_none(text) -> Decimal | None:
-    """A recorded step's value at the path (KT reads it as text), or None when it is not a number of at least 0."""
-    if text is None or isinstance(text, bool):
-        return None
-    try:
-        number = Decimal(str(text))
-    except ArithmeticError:
-        return None
-    return number if number.is_finite() and number >= 0 else None
