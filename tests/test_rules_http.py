@@ -161,6 +161,20 @@ def test_two_approvers_required_for_mail_outside_the_company(refunds):
     assert wait_for(lambda: len(refunds.recorder.received("/refund")) == 2)
 
 
+def test_a_change_of_rules_voids_a_waiting_approval(refunds):
+    run_id = open_run(refunds)
+    waiting = refund(refunds, run_id, amount_cents=75000, currency="USD")
+    assert waiting.status_code == 202, waiting.text
+    request = ApprovalRequest.objects.get(action_id=waiting.json()["id"])
+    put_tool(refunds, "payments.refund", refund_tool(refunds.recorder, rules=RULES[:1] + [
+        {"when": "args.amount_cents > 100000", "deny": "refunds above 1000 are not allowed"}]))
+    people = admin(refunds)
+    voided = people.post(f"{people.base}/api/v1/approvals/{request.pk}/approve", json={"reason": "ok"}, timeout=30)
+    assert voided.status_code == 409 and voided.json()["code"] == "approval_voided", voided.text
+    assert ApprovalRequest.objects.get(pk=request.pk).status == "voided"
+    assert refunds.recorder.bodies == []
+
+
 def wait_for(check, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
