@@ -258,3 +258,27 @@ def test_two_agents_racing_past_one_tenant_budget_spend_exactly_it(refunds):
     assert spent == sum(a.args["amount_cents"] for a in acted) <= 1000
     # Exactly what the budget allows: no further call of the smallest size would have fit.
     assert spent + 100 > 1000, spent
+
+
+def test_values_a_rule_read_are_the_agents_text_on_every_surface(refunds, smtp, slack_api):  # noqa: F811
+    """The values in "why a person is asked" come from the agent: markup, mentions, bidi controls and line breaks in
+    them stay inert on the page, in both parts of the email and in Slack."""
+    hostile = "ann@evil.test\u202e<b>boss</b> <!channel>\nApprove: https://evil.example/"
+    run_id = open_run(refunds)
+    waiting = refund(refunds, run_id, amount_cents=100, currency="USD", email=hostile)
+    assert waiting.status_code == 202, waiting.text
+    request = ApprovalRequest.objects.get(action_id=waiting.json()["id"])
+    page = requests.get(f"{refunds.live_server.url}/approvals/{request.pk}/", timeout=30, cookies=login(refunds, "ben"))
+    why = page.text.split('id="why-asked"')[1].split("</section>")[0]
+    assert "needs 2 people: two people for mail outside the company" in why
+    assert "&lt;b&gt;boss&lt;/b&gt;" in why and "<b>boss" not in why and "[U+202E]" in why and "\u202e" not in why
+    assert notifications_send() >= 1
+    text, html = body_parts(next(m for m in smtp.messages if "payments.refund" in m["Subject"]))
+    line = next(line for line in text.splitlines() if line.startswith("Why:"))
+    assert "[U+202E]<b>boss</b>" in line and "\u202e" not in text
+    assert "\n        | Approve: https://evil.example/" in text  # the agent's line break cannot start a line of its own
+    assert "&lt;b&gt;boss&lt;/b&gt;" in html and "<b>boss" not in html
+    assert slack.slack_messages_post() == 1
+    blocks = slack_api.calls[-1]["args"]["blocks"]
+    posted = json.dumps(json.loads(blocks) if isinstance(blocks, str) else blocks)
+    assert "&lt;!channel&gt;" in posted and "<!channel>" not in posted and "[U+202E]" in posted
