@@ -105,3 +105,17 @@ def test_a_rule_that_cannot_be_evaluated_refuses(tools):
 def test_a_shape_reads_the_argument_paths():
     _, shape = rules.compiled("args.a.b > 1 && run.goal == 'x' && args.ids.exists(i, i == agent.name)")
     assert shape.reads == {"args.a.b", "run.goal", "args.ids", "agent.name"}
+
+
+def test_an_edit_of_why_a_person_was_asked_breaks_the_chain(tools):
+    from django.db import connection
+
+    from ledger.audit import verify_chain
+
+    upsert(tools, REFUND)
+    large = act(open_run(tools), "payments.refund", {"amount": 750, "currency": "USD"})
+    assert verify_chain(tools.acme.pk).ok
+    with connection.cursor() as cursor:  # an insider's edit: the approver would read another reason
+        cursor.execute("UPDATE ledger_action SET policy_decision = %s WHERE id = %s",
+                       ['{"fired": [], "required": 1}', large.pk])
+    assert not verify_chain(tools.acme.pk).ok
