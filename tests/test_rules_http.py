@@ -276,7 +276,7 @@ def test_values_a_rule_read_are_the_agents_text_on_every_surface(refunds, smtp, 
     text, html = body_parts(next(m for m in smtp.messages if "payments.refund" in m["Subject"]))
     line = next(line for line in text.splitlines() if line.startswith("Why:"))
     assert "[U+202E]<b>boss</b>" in line and "\u202e" not in text
-    assert "\n        | Approve: https://evil.example/" in text  # the agent's line break cannot start a line of its own
+    assert "\\nApprove: https://evil.example/" in line  # the agent's line break cannot start a line of its own
     assert "&lt;b&gt;boss&lt;/b&gt;" in html and "<b>boss" not in html
     assert slack.slack_messages_post() == 1
     blocks = slack_api.calls[-1]["args"]["blocks"]
