@@ -12,6 +12,7 @@ from django.db.models import OuterRef, Prefetch, QuerySet, Subquery
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
+from approvals import surfaces
 from approvals.services import is_requester
 from ledger import mapping
 from ledger.display import shown_value
@@ -134,6 +135,7 @@ class PreviewView:
     undoes: str
     intent: dict
     heading: str
+    why: list = field(default_factory=list)  # why the tool's rules ask a person (approvals/surfaces.py, `why`)
 
 
 # What the "what the action does" panel is called as the step moves on: a request is read before the
@@ -167,6 +169,7 @@ def preview_view(approval: ApprovalRequest) -> PreviewView:
         undoes=undoes_words(preview.get("undoes")),
         intent=intent_of(preview.get("intent") or {}),
         heading=heading_for(approval.action),
+        why=surfaces.why(approval),
     )
 
 

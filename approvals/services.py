@@ -68,6 +68,8 @@ def build_preview(action: Action) -> dict:
         "intent": action.intent,
         "run_goal": action.run.goal,
         "on_behalf_of": action.run.on_behalf_of,
+        # What the tool's rules and limits decided, the values they read, the policy version (ledger/decision.py).
+        "policy": action.policy_decision,
     }
 
 

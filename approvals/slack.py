@@ -96,6 +96,10 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
            "*The agent's reasoning*\n(none given)"]
     goals = [f"*{label} (as the agent wrote it)*\n{_prose(texts[key])}"
              for key, label in (("goal", "Step goal"), ("run_goal", "Run goal")) if texts[key]]
+    # Why the tool's rules ask a person: the policy's words, then the values it read (the agent's, in a code span).
+    reasons = ["*Why a person is asked*\n" + "\n".join(
+        f"• {agent_text.slack(line['policy'])}" + (f" — {_code(line['values'])}" if line["values"] else "")
+        for line in shown.why)] if shown.why else []
     blocks = [
         {"type": "section", "text": {
             "type": "mrkdwn", "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
@@ -105,6 +109,7 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
             {"type": "mrkdwn", "text": "*On behalf of (the agent says)*\n"
                                        + (_code(texts["on_behalf_of"]) if texts["on_behalf_of"] else "(nobody named)")},
         ]},
+        *({"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in reasons),
         {"type": "section", "text": {"type": "mrkdwn", "text": f"*Arguments, as the agent sent them*\n{args}"}},
         *({"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in why + goals),
     ]

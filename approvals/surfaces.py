@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from approvals.models import ApprovalRequest
+from ledger import decision
 from ledger.display import shown_value
 
 
@@ -52,6 +53,7 @@ class Shown:
     left_out: int = 0
     cut: int = 0
     cut_texts: list[str] = field(default_factory=list)
+    why: list[dict] = field(default_factory=list)  # [{policy, values}]: why a person is asked (`why`)
 
     @property
     def complete(self) -> bool:
@@ -107,6 +109,14 @@ def _cut(text: str, limit: int, render: Callable[[str], str]) -> str:
     return text[:size] + "…"
 
 
+def why(request: ApprovalRequest) -> list[dict]:
+    """Why the tool's rules ask a person, in words: [{"policy": Unwind's and the policy's words ("needs a person:
+    refunds above 500 need a person"), "values": what the rule read, the agent's ("amount is $750.00")}]."""
+    preview = request.preview or {}
+    display = (request.tool.display if request.tool_id else request.action.tool.display) or {}
+    return decision.sentences(preview.get("policy"), display=display, args=preview.get("args") or {})
+
+
 def shown(request: ApprovalRequest, limits: Limits) -> Shown:
     """What a surface with these limits shows of the request: arguments by name until the next would not fit
     (the rest left out, counted), values past `value_chars` cut short (counted), the agent's texts likewise."""
@@ -132,6 +142,12 @@ def shown(request: ApprovalRequest, limits: Limits) -> Shown:
             result.cut_texts.append(key.replace("_", " "))
             text = _cut(text, limits.prose_chars, limits.prose)
         result.texts[key] = text
+    for line in why(request):
+        values = line["values"]
+        if len(values) > limits.value_chars:
+            result.cut_texts.append("values the policy read")
+            values = values[:limits.value_chars] + "…"
+        result.why.append({"policy": line["policy"], "values": values})
     return result
 
 

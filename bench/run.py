@@ -5,7 +5,8 @@ Settings (environment): BENCH_QUICK=1 (a 1-2 minute smoke), BENCH_PG (server, de
 postgres://postgres@127.0.0.1:5432), BENCH_DB (default unwind_bench, dropped and created afresh),
 BENCH_N (sagas per case), BENCH_UNWIND_N, BENCH_API_N, BENCH_API_SECONDS, BENCH_CRASH_TRIALS,
 BENCH_SIZES (actions, comma-separated), BENCH_PAGE_REQUESTS, BENCH_OUT (where the files go, default bench/).
-Part 6 (MCP against REST, bench/mcp.py) uses BENCH_API_N and BENCH_API_SECONDS too.
+Part 6 (MCP against REST, bench/mcp.py) uses BENCH_API_N and BENCH_API_SECONDS too; part 7 (rules and limits,
+bench/rules.py) BENCH_RULES_N.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ CRASH_TRIALS = setting("BENCH_CRASH_TRIALS", 5, 2)
 SIZES = setting("BENCH_SIZES", [1_000, 100_000, 1_000_000], [1_000, 10_000])
 PAGE_REQUESTS = setting("BENCH_PAGE_REQUESTS", 30, 8)
 SIZE_SAGAS = 60 if not QUICK else 8
+RULES_N = setting("BENCH_RULES_N", 300, 40)
 
 
 def prepare() -> dict:
@@ -93,6 +95,10 @@ def main() -> None:
     results["engine"]["replay"] = replay.measure(40 if QUICK else 150)
     results["engine_breakdown"] = engine.breakdown(20 if QUICK else 60)
     results["transactions_per_saga"] = engine.transactions_per_saga(20 if QUICK else 100)
+    from bench import rules
+
+    log(f"rules: a proposal with five rules and two limits against one with none, {RULES_N} of each")
+    results["rules"] = rules.measure(RULES_N)
     engine.profile(OUT / "profile_saga.txt", 20)
     connection.close()
 
@@ -227,6 +233,11 @@ def table(r: dict) -> str:
 
         add("")
         lines.extend(mcp.lines(r["mcp"]))
+    if "rules" in r:
+        from bench import rules
+
+        add("")
+        lines.extend(rules.lines(r["rules"]))
     return "\n".join(lines)
 
 

@@ -45,7 +45,7 @@ _local = threading.local()
 ACTION_FIELDS = (
     "run_id", "tool_id", "kind", "compensates_id", "status", "args", "args_hash", "target_type", "target_id",
     "idempotency_key", "result", "error_class", "error_message", "before", "after", "verification", "intent",
-    "compensation_plan", "args_text", "content_key", "repeat_of_id", "stopped_by",
+    "compensation_plan", "args_text", "content_key", "repeat_of_id", "stopped_by", "policy_decision",
 )
 RUN_FIELDS = ("tenant_id", "agent_id", "on_behalf_of", "goal", "intent", "plan", "status", "pivot_committed")
 # A tool's whole policy: everything that decides how its calls are checked, run, verified and undone. Fields a
@@ -54,7 +54,7 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
-    "on_refusal", "describe", "display", "hold",
+    "on_refusal", "describe", "display", "hold", "rules", "limits",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
                           "local_part_case_sensitive", "customer_requests_seconds")
@@ -62,11 +62,12 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
 # `args_text` is what the tool receives and `content_key` what later calls are matched on: editing either must show
-# like editing `args`.
+# like editing `args`. `policy_decision` is why a person was asked (or the call refused): the approver reads it.
 ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
                "local_part_case_sensitive": False,
                "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": "",
-               "customer_requests_seconds": 0}
+               "customer_requests_seconds": 0,
+               "rules": [], "limits": [], "policy_decision": None}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks

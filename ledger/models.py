@@ -213,6 +213,11 @@ class Tool(models.Model):
                                       '"customer_can_stop": false}; empty: none.')
     display = models.JSONField(default=dict, blank=True,
                                help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
+    rules = models.JSONField(default=list, blank=True,
+                             help_text='CEL conditions on the arguments: [{"when", "risk" | "deny" | "approvals_required", '
+                                       '"reason"}] (ledger/rules.py).')
+    limits = models.JSONField(default=list, blank=True,
+                              help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/limits.py).')
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -413,6 +418,8 @@ class Action(models.Model):
     stopped_by = models.CharField(
         max_length=16, blank=True, default="", db_default="",
         help_text="Who stopped it while it was held (ledger/holds.py): agent, operator, approver or customer.")
+    # What its tool's rules and limits decided and why (ledger/decision.py): null for a tool without them.
+    policy_decision = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

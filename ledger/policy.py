@@ -13,6 +13,8 @@ from typing import Any
 
 from ledger import describe, egress, mapping, registry, schemas
 from ledger.display import parse_display
+from ledger.limits import parse_limits
+from ledger.rules import parse_rules
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     CUSTOMER_REQUESTS_SECONDS, RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy,
@@ -26,7 +28,7 @@ TARGET_FROM_AGENT = "agent"
 TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
-    "compensation", "timeout", "retry", "on_refusal", "describe", "display", "hold",
+    "compensation", "timeout", "retry", "on_refusal", "describe", "display", "hold", "rules", "limits",
 }
 COMPENSATION_KEYS = {"strategy", "tool", "args", "risk", "approval", "approvals_required"}
 ALIASES = {"delete": CompensationStrategy.TWIN, "twin": CompensationStrategy.TWIN, "cancel": CompensationStrategy.TWIN,
@@ -325,6 +327,9 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
     fields["hold"] = _hold(spec.get("hold"), f"{where}.hold")
+    # Conditions on the arguments and budgets (ledger/rules.py, ledger/limits.py): compiled and bounded here.
+    fields["rules"] = parse_rules(spec.get("rules"), where=f"{where}.rules")
+    fields["limits"] = parse_limits(spec.get("limits"), where=f"{where}.limits")
     return fields
 
 

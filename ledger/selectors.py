@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
-from ledger import sql
+from ledger import decision, sql
 from ledger.errors import NotFound
 from ledger.models import (
     ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
@@ -159,6 +159,7 @@ class PolicyVersion:
     changes: list[FieldChange] = field(default_factory=list)
     first: bool = False
     tool_id: int | None = None
+    rules: list = field(default_factory=list)  # the version's rules and limits in words (ledger/decision.py)
 
 
 def policy_of_version(tool: Tool) -> dict:
@@ -195,7 +196,7 @@ def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
         previous = earlier.get((tool.name, tool.version - 1))
         shown.append(PolicyVersion(
             subject=tool.name, version=tool.version, actor=tool.actor, created_at=tool.created_at,
-            is_current=tool.is_current, first=tool.version == 1, tool_id=tool.pk,
+            is_current=tool.is_current, first=tool.version == 1, tool_id=tool.pk, rules=decision.policy_words(tool),
             changes=policy_changes(policy_of_version(previous) if previous is not None else None,
                                    policy_of_version(tool))))
     return shown

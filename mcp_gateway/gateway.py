@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from ledger import selectors, sql
+from ledger import decision, selectors, sql
 from ledger.audit import ledger_transaction
 from ledger.api import inline, links
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
@@ -232,6 +232,12 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
             "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None}
     if action.status == A.SUCCEEDED:
         return Answer({**base, "result": action.result})
+    if action.status == A.FAILED and action.error_class == REFUSED and (action.policy_decision or {}).get("denied"):
+        return Answer({"code": "policy_denied", "message": f"Unwind's policy for {action.tool.name} refused the call, "
+                                                           f"so nothing was done ({action.error_message}). The run "
+                                                           "stays open: call again with other arguments, or "
+                                                           "unwind_rollback.",
+                       "reason": action.error_message, **base}, is_error=True)
     if action.status == A.FAILED and action.error_class == REFUSED:
         return Answer({"code": "tool_refused", "message": f"{action.tool.name} refused the call, so nothing was done "
                                                           f"({action.error_message}). The run stays open: call again "
@@ -263,9 +269,12 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
         how = (f"call unwind_status with action_id {action.pk} (and wait, up to {MAX_STATUS_WAIT:g} s), or call this "
                "tool again with the same arguments: both answer with the outcome once it is known, and the step is "
                "done at most once")
-        message = (f"{action.tool.name} is waiting for a person's approval: {approval['url']}; {how}."
+        why = decision.summary(action.policy_decision, display=action.tool.display, args=action.args)
+        because = f" ({why})" if why and approval else ""
+        message = (f"{action.tool.name} is waiting for a person's approval{because}: {approval['url']}; {how}."
                    if approval else f"{action.tool.name} is still {action.status.replace('_', ' ')}; {how}.")
-        return Answer({**base, "pending": True, "approval": approval, "message": message}, waiting=action.pk)
+        return Answer({**base, "pending": True, "approval": approval, "message": message,
+                       **({"why": why} if because else {})}, waiting=action.pk)
     return Answer({"code": "not_done", "message": f"{action.tool.name} is {action.status.replace('_', ' ')} and was not "
                                                   "done as asked.", **base}, is_error=True)
 

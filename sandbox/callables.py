@@ -44,8 +44,9 @@ def _world(key: str, tenant: str | None) -> Tenant:
     return found
 
 
-def _tool_callable(name: ToolName) -> Callable[..., dict]:
-    key = f"sandbox.{name}"
+def _tool_callable(name: ToolName, *, policy_name: str = "") -> Callable[..., dict]:
+    """The sandbox tool `name`, registered as sandbox.<its name in the policy> (`policy_name`, else `name`)."""
+    key = f"sandbox.{policy_name or name}"
 
     def call(args: dict, *, idempotency_key: str, target: str | None = None, tenant: str | None = None) -> dict:
         response = call_tool(name, args, tenant=_world(key, tenant), idempotency_key=idempotency_key)
@@ -58,7 +59,7 @@ def _tool_callable(name: ToolName) -> Callable[..., dict]:
             body=response.body,
         )
 
-    call.__name__ = call.__qualname__ = name.replace(".", "_")
+    call.__name__ = call.__qualname__ = (policy_name or name).replace(".", "_")
     call.__doc__ = f"Call the sandbox tool {name} in-process."
     return registry.tool(key)(call)
 
@@ -70,6 +71,8 @@ licenses_revoke = _tool_callable(ToolName.LICENSES_REVOKE)
 email_send = _tool_callable(ToolName.EMAIL_SEND)
 payments_charge = _tool_callable(ToolName.PAYMENTS_CHARGE)
 payments_refund = _tool_callable(ToolName.PAYMENTS_REFUND)
+# payments.capture (sandbox/policy.yaml) is the card charge under a policy of its own, whose rules read the amount.
+payments_capture = _tool_callable(ToolName.PAYMENTS_CHARGE, policy_name="payments.capture")
 travel_book_flight = _tool_callable(ToolName.TRAVEL_BOOK_FLIGHT)
 travel_cancel_flight = _tool_callable(ToolName.TRAVEL_CANCEL_FLIGHT)
 travel_reserve_hotel = _tool_callable(ToolName.TRAVEL_RESERVE_HOTEL)

@@ -250,6 +250,29 @@ def email_correction(ctx: Context) -> None:
     ctx.expect(s, "T-311 priority restored", "low", ctx.sandbox("GET", "crm/tickets/T-311")["priority"])
 
 
+def charge_rules(ctx: Context) -> None:
+    """Issue 28: a rule reads the amount: a small charge runs at once, a large one asks a person, and says why."""
+    s = "6 rules"
+    run = ctx.client.run(goal="Add a seat to Carol's flight", on_behalf_of="carol@company.com")
+    seat = run.act("payments.capture", {"customer": "cus_carol", "amount_cents": 2500, "currency": "EUR"})
+    ctx.expect(s, "small charge runs without a person", "captured", seat.get("status"))
+    run.complete()
+    run = ctx.client.run(goal="Upgrade Carol to business class", on_behalf_of="carol@company.com")
+    ctx.runs[s] = run.id
+    try:
+        run.act("payments.capture", {"customer": "cus_carol", "amount_cents": 48000, "currency": "EUR"})
+        ctx.expect(s, "large charge", "waits for approval", "ran without approval")
+    except ApprovalPending as pending:
+        ctx.expect(s, "large charge", "waits for approval", "waits for approval")
+        step = next(a for a in ctx.client.get_run(run.id).data["actions"] if a["id"] == pending.action_id)
+        fired = [rule["reason"] for rule in (step["policy_decision"] or {}).get("fired", [])]
+        ctx.expect(s, "why a person is asked", ["charges above 100.00 need a person"], fired)
+        ctx.approve(pending.action_id, True, "")
+        ctx.expect(s, "large charge captured after approval", "captured", pending.wait(timeout=20).get("status"))
+    run.complete()
+    ctx.expect(s, "run ends", "completed", ctx.run_status(run.id))
+
+
 def waiting_in_the_inbox(ctx: Context) -> int:
     """A charge left for a person to approve or reject in the inbox."""
     run = ctx.client.run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
@@ -264,4 +287,4 @@ def waiting_in_the_inbox(ctx: Context) -> int:
     return 0
 
 
-SCENARIOS = [onboarding, travel, crm, email_correction]
+SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules]

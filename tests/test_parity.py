@@ -324,6 +324,29 @@ def _held_flight(world):
                 spec=dict(in_process_policy()["tools"]["travel.book_flight"], hold="1s"), actor="test")
 
 
+def ruled(world, commit):
+    """Issue 28: a tool with rules and a limit (decided by the Python path on both: the one-call proposal hands such
+    tools over) beside a plain step (the one call on the fast path): allowed, refused by a rule, asked of two people
+    by a rule, refused by the limit, and a replay of the allowed one."""
+    run = open_run(world, goal="rules")
+    user = step(run, "hr.create_user", USER)
+    inside = step(run, "email.send", {**MAIL, "to": "ann@company.com"})
+    spam = step(run, "email.send", {**MAIL, "subject": "spam"})
+    outside = step(run, "email.send", MAIL)
+    over = step(run, "email.send", {**MAIL, "to": "bob@company.com"})
+    again = step(run, "email.send", {**MAIL, "to": "ann@company.com"})
+    assert spam["code"] == over["code"] == "policy_denied" and outside["status"] == "awaiting_approval"
+    return [user, inside, spam, outside, over, again, run_answer(run)]
+
+
+def _rules(world):
+    spec = dict(in_process_policy()["tools"]["email.send"], rules=[
+        {"when": "args.subject == 'spam'", "deny": "no spam"},
+        {"when": "!args.to.endsWith('@company.com')", "approvals_required": 2, "reason": "mail outside the company"}],
+        limits=[{"per": "run", "count": 2}])
+    tool_upsert(tenant=world.acme, name="email.send", spec=spec, actor="test")
+
+
 def _no_gate(world):
     tenant_defaults_set(tenant=world.acme, values={"approval_threshold": "critical"}, actor="user:ada")
 
@@ -354,6 +377,7 @@ SCENARIOS = {
     "held_released": (held_released, _held_flight, OPEN | {"unwind_complete"}),
     "held_stopped": (held_stopped, _held_flight, UNDO),
     "completed_undo": (completed_undo, _incomplete_undo, {"unwind_open_run", "unwind_propose", "unwind_compensated"}),
+    "rules": (ruled, _rules, OPEN),
 }
 
 
@@ -447,7 +471,9 @@ class Normaliser:
     KEY = re.compile(r"\buw-[0-9a-f]{16,}\b")
     OWN_KEY = re.compile(r"\bk-(fastpath|python)-")
     WORKER = re.compile(r":[0-9a-f]{8}(?=#|$)")
-    NAMED = re.compile(r"\b(run) (\d+)\b")  # "run 12 was cancelled" (a "step 3" is its seq, compared as is)
+    NAMED = re.compile(r"\b(run|action) (\d+)\b")  # "run 12 was cancelled" (a "step 3" is its seq, compared as is)
+    NAMED_KINDS = {"run": "R", "action": "A"}
+    REFUSED_KEY = re.compile(r"^refused-[0-9a-f]{12}:")  # a policy refusal keeps no key (ledger/decision.py `bind`)
     LISTS = {"actions": "A", "checkpoints": "C", "approval": "Q", "steps": "A", "compensations": "A"}  # API bodies
     URL = re.compile(r"/(runs|actions|approvals)/(\d+)\b")  # the API's and the pages' links
     PAGES = {"runs": "R", "actions": "A", "approvals": "Q"}
@@ -486,7 +512,8 @@ class Normaliser:
             if key == "worker":
                 value = self.WORKER.sub(":TOKEN", value)
             value = self.URL.sub(lambda m: f"/{m[1]}/{self.name(self.PAGES[m[1]], int(m[2]))}", value)
-            value = self.NAMED.sub(lambda m: f"{m[1]} {self.name('R', int(m[2]))}", value)
+            value = self.NAMED.sub(lambda m: f"{m[1]} {self.name(self.NAMED_KINDS[m[1]], int(m[2]))}", value)
+            value = self.REFUSED_KEY.sub("refused-TOKEN:", value)
             return self.RECORD.sub(r"\1_ID", value)
         return value
 

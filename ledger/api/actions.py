@@ -142,6 +142,8 @@ class ActionProposeView(ApiView):
                 409: "in_flight (action_id; matched_by: content when an earlier step with the same content is in "
                      "flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), "
                      "run_cancelled, run_not_active, state_conflict",
+                403: "policy_denied (action_id, reason, decision): a rule or limit of the tool's policy refused the "
+                     "call; the refused step is recorded, nothing was done, and the run stays open",
                 422: "idempotency_mismatch (action_id), target_mismatch (sent, derived, target_from: a target the "
                      "policy does not let the agent choose), target_not_found (an agent-named target the tool's read "
                      "does not find), tool_refused (reason, tool, action_id, run_id, run_status, "

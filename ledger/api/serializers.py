@@ -83,6 +83,10 @@ class ActionOut(OutSerializer):
                                                  "customer; empty otherwise.")
     hold = serializers.SerializerMethodField(help_text="For a held step (status held): when it runs and how to stop "
                                                        "it; null otherwise.")
+    policy_decision = serializers.JSONField(
+        allow_null=True, help_text="What the tool's rules and limits decided (null for a tool without them): "
+                                   "tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits "
+                                   "[{per, count | sum and max, window, used, asks}], denied.")
     approval = serializers.SerializerMethodField()
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()

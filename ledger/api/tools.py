@@ -62,6 +62,8 @@ def policy_of(tool: Tool) -> dict:
         "retry": {"max_attempts": tool.max_attempts, "backoff": tool.backoff_seconds},
         "on_refusal": tool.on_refusal,
         "display": tool.display,
+        "rules": tool.rules,
+        "limits": tool.limits,
     }
 
 
@@ -136,6 +138,11 @@ class ToolPolicy(serializers.Serializer):
         help_text="A refusal (a 4xx but 408/425/429): answer the agent and keep the run open (default), or unwind.")
     display = serializers.JSONField(required=False, help_text='How pages show argument values, e.g. '
                                     '{"amount_cents": {"money": {"currency": "EUR", "minor_units": 2}}} (docs/api.md).')
+    rules = serializers.JSONField(required=False, help_text='CEL conditions on the arguments: [{"when": "args.amount '
+                                  '> 500", "risk": "high" | "deny": "…" | "approvals_required": 2, "reason": "…"}] '
+                                  '(docs/policy.md).')
+    limits = serializers.JSONField(required=False, help_text='Budgets and rates: [{"per": "run", "sum": "args.amount", '
+                                   '"max": 1000}, {"per": "agent", "count": 20, "window": "1h"}] (docs/policy.md).')
 
 
 class ToolOut(serializers.Serializer):

@@ -8,7 +8,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import events, fastpath, holds, received, schemas, sql, tracing
+from ledger import decision, events, fastpath, holds, received, schemas, sql, tracing
 from ledger.audit import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
@@ -206,7 +206,7 @@ def action_propose(
         # PostgreSQL: the tool as this process kept it, checked by the one call that records the proposal; anything
         # but that plain case is decided again from the tool as it stands now.
         kept = fastpath.kept_tool(run.tenant_id, tool_name)
-        if kept is not None:
+        if kept is not None and not decision.applies(kept[0]):  # rules and limits: decided by `_record`
             try:
                 proposed = _propose(**request, fast=True, read=kept, plain_only=True)
             except UnwindError:
@@ -244,7 +244,7 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     names_target = tool.target_from == TARGET_FROM_AGENT
     reads_before = bool(target_id and tool.snapshot.get("read") and (
         tool.action_class != ActionClass.READ_ONLY or names_target))
-    if plain_only and reads_before:
+    if plain_only and (reads_before or decision.applies(tool)):
         return None
     # A replay is answered before the target is read. The one-call proposal checks the key itself.
     checked = not fast or reads_before
@@ -270,7 +270,7 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
         before = execution.snapshot_fields(tool, state)
     content_key = content_key_of(tool=tool, target_id=target_id, args=clean)
     try:
-        if fast and repeat_of is None:
+        if fast and repeat_of is None and not decision.applies(tool):
             proposed = _propose_in_one_call(
                 run=run, tool=tool, action_id=new_id, threshold=threshold, twin=twin, args=clean, args_text=args_text,
                 args_hash=args_hash, target_id=target_id, key=key, source=source, intent=intent or {}, before=before,
@@ -424,25 +424,30 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}{why}; it accepts no new actions",
                                run_status=run.status)
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
-        required = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
-                                    threshold=threshold)
+        # The tool's rules and limits (ledger/decision.py), counted under the locks just taken.
+        decided = decision.decide(tool=tool, run=run, args=args, threshold=threshold) if decision.applies(tool) else None
+        required = decided.required if decided else approvals_needed(
+            rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold)
         if required:
             _check_open_approvals(run)
-        owner = "" if required else new_owner(held=inline)
+        denied = bool(decided and decided.denied)
+        owner = "" if required or denied else new_owner(held=inline)
         client = tool.executor == Executor.CLIENT
-        action = _new_action(
+        action = decision.bind(_new_action(
             run=run, tool=tool, seq=run.next_seq - 1, defaults_version=defaults_version, args=args,
             args_text=args_text, args_hash=args_hash, content_key=content_key, repeat_of=repeat_of,
             target_id=target_id, key=key, source=source, required=required, owner=owner, inline=inline,
-            queued=queued, before=before, intent=intent)
-        held = not required and holds.hold_new(action, tool)
+            queued=queued, before=before, intent=intent), decided)
+        held = not required and not denied and holds.hold_new(action, tool)
         if held:
             owner = ""
         action = sql.insert(action)
         action.tool = tool
         repeat = {"repeat_of": repeat_of} if repeat_of is not None else {}
         audit.record("forward.proposed", actor=actor, action=action, tool=tool.name, key_source=source, **repeat)
-        if held:
+        if denied:
+            decision.record_refusal(action, decided, log=audit, actor=actor, run=run)
+        elif held:
             holds.announce(action, run, log=audit, actor=actor)
         elif required:
             if run.status == R.RUNNING:
@@ -451,6 +456,8 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             events.emit("approval_required", action=action, requested_by=actor)
         else:
             execution.start_attempt(action, owner, log=audit)
+    if denied:
+        raise decision.refusal(action, decided)
     return Proposal(action=action, replayed=False, owner="" if client else owner)
 
 

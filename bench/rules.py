@@ -1,0 +1,124 @@
+"""Issue 28: what five rules and two limits cost a proposal (target: under 0.3 ms more at p50).
+
+Three tools alike but for their policy, each proposed through `action_propose` (the service the API calls) with
+new arguments every time, by turns so that the three see the same machine:
+- `bench.plain`: no rules, no limits, on the default path (on PostgreSQL the one-call proposal);
+- `bench.plain` again with UNWIND_FAST_PATH off: the Python path, which tools with rules or limits take;
+- `bench.ruled`: five rules (none fires: the call runs without a person, as most calls do) and two limits (a
+  count per run and a sum per tenant within 24 hours, both far from full), decided on the Python path;
+- `bench.rules_only`: the same five rules without the limits.
+
+"ruled − python" is what the rules and limits cost on the path they take; "ruled − plain" adds the hand-over from
+the one-call proposal. Alone: `python -m bench.rules` (BENCH_RULES_N proposals per case, default 300); in
+`make bench` it is part 7.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from bench.common import log, summary
+
+SCHEMA = {"type": "object", "required": ["amount", "currency", "email"], "properties": {
+    "amount": {"type": "integer"}, "currency": {"type": "string"}, "email": {"type": "string"},
+    "n": {"type": "integer"}}}
+PLAIN = {"executor": {"kind": "python", "path": "bench.noop.noop"}, "risk": "low", "saga_role": "retriable",
+         "args_schema": SCHEMA, "compensation": "none"}
+RULED = {**PLAIN, "rules": [
+    {"when": "args.amount > 1000000", "risk": "high", "reason": "large amounts need a person"},
+    {"when": "args.currency != 'EUR'", "deny": "EUR only"},
+    {"when": "!args.email.endsWith('@example.com')", "approvals_required": 2, "reason": "outside the company"},
+    {"when": "run.steps > 100000", "deny": "a run takes at most 100000 steps"},
+    {"when": "agent.name == 'blocked' || args.n < 0", "deny": "not this agent"}],
+    "limits": [{"per": "run", "count": 1000000}, {"per": "tenant", "sum": "args.amount", "max": 10**12, "window": "24h"}]}
+RULES_ONLY = {**RULED, "limits": []}
+PER_RUN = 50
+
+
+def measure(n: int) -> dict:
+    from django.conf import settings
+
+    from bench.engine import tenant_with_tools
+    from ledger.services.actions import action_propose
+    from ledger.services.runs import run_open
+    from ledger.services.tools import tool_upsert
+
+    # A tenant of its own each time: the limits count only this measurement's steps (at most n of each tool).
+    tenant, agent, _ = tenant_with_tools(slug=f"bench-rules-{int(time.time())}")
+    tool_upsert(tenant=tenant, name="bench.plain", spec=PLAIN, actor="bench")
+    tool_upsert(tenant=tenant, name="bench.ruled", spec=RULED, actor="bench")
+    tool_upsert(tenant=tenant, name="bench.rules_only", spec=RULES_ONLY, actor="bench")
+    cases = {"plain": ("bench.plain", settings.UNWIND_FAST_PATH), "python": ("bench.plain", False),
+             "rules_only": ("bench.rules_only", settings.UNWIND_FAST_PATH),
+             "ruled": ("bench.ruled", settings.UNWIND_FAST_PATH)}
+    runs = {case: None for case in cases}
+    times: dict[str, list[float]] = {case: [] for case in cases}
+    fast = settings.UNWIND_FAST_PATH
+    counter = 0
+    for i in range(n + 20):  # the first 20 of each warm up (connections, compiled expressions, kept tools)
+        for case, (tool, path) in cases.items():
+            if i % PER_RUN == 0:
+                runs[case] = run_open(tenant=tenant, agent=agent, goal="bench rules", actor="agent:bench")
+            counter += 1
+            args = {"amount": 100 + counter, "currency": "EUR", "email": f"u{counter}@example.com", "n": counter}
+            settings.UNWIND_FAST_PATH = path
+            started = time.perf_counter()
+            proposal = action_propose(run=runs[case], tool_name=tool, args=args, actor="agent:bench")
+            elapsed = time.perf_counter() - started
+            settings.UNWIND_FAST_PATH = fast
+            assert proposal.action.status == "running", proposal.action.status
+            if i >= 20:
+                times[case].append(elapsed)
+    result = {case: summary(values) for case, values in times.items()}
+    result["decide_rules_alone"] = decide_alone(n * 10)
+    result["rules"], result["limits"] = len(RULED["rules"]), len(RULED["limits"])
+    result["extra_over_python_p50_ms"] = round(result["ruled"]["p50"] - result["python"]["p50"], 3)
+    result["extra_over_plain_p50_ms"] = round(result["ruled"]["p50"] - result["plain"]["p50"], 3)
+    result["rules_only_over_python_p50_ms"] = round(result["rules_only"]["p50"] - result["python"]["p50"], 3)
+    result["counted_per_limit"] = n + 20  # the tenant limit's window holds every ruled proposal of this measurement
+    return result
+
+
+def decide_alone(n: int) -> dict:
+    """The five rules' decision in the process alone (no database: limits left out), as `_record` makes it."""
+    from ledger import decision
+    from ledger.models import Run, Tool
+    from ledger.policy import parse_tool
+
+    tool = Tool(name="bench.ruled", version=1, **parse_tool("bench.ruled", RULED, where="tools.bench.ruled"))
+    run = Run(goal="bench rules", on_behalf_of="", next_seq=3)
+    times = []
+    for i in range(n):
+        args = {"amount": 100 + i, "currency": "EUR", "email": f"u{i}@example.com", "n": i}
+        started = time.perf_counter()
+        decision.decide(tool=tool, run=run, args=args, threshold="high", count_limits=False, agent_name="bench")
+        times.append(time.perf_counter() - started)
+    return summary(times)
+
+
+def lines(r: dict) -> list[str]:
+    over = r["extra_over_python_p50_ms"]
+    return [
+        f"7. rules: a proposal with {r['rules']} rules and {r['limits']} limits, p50 (p99): "
+        f"{r['ruled']['p50']:.2f} ({r['ruled']['p99']:.2f}) ms; the same tool without them "
+        f"{r['python']['p50']:.2f} ({r['python']['p99']:.2f}) ms on the Python path they take, "
+        f"{r['plain']['p50']:.2f} ({r['plain']['p99']:.2f}) ms on the default path",
+        f"   rules and limits cost {over:.2f} ms (target < 0.3 ms → {'met' if over < 0.3 else 'NOT met'}); with the "
+        f"hand-over from the one-call proposal {r['extra_over_plain_p50_ms']:.2f} ms; the five rules alone "
+        f"{r['rules_only_over_python_p50_ms']:.2f} ms (p50 {r['rules_only']['p50']:.2f} ms); each limit is one "
+        f"statement that reads the steps it counts (up to {r['counted_per_limit']} here)",
+        f"   the five rules' decision in the process alone (CEL, no database): p50 "
+        f"{r['decide_rules_alone']['p50'] * 1000:.0f} µs, p99 {r['decide_rules_alone']['p99'] * 1000:.0f} µs",
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import django_setup
+
+    django_setup(UNWIND_TASKS_SYNC="0")
+    count = int(os.environ.get("BENCH_RULES_N", "300"))
+    log(f"rules: {count} proposals of each kind, by turns")
+    measured = measure(count)
+    print("\n".join(lines(measured)))
+    print(measured, file=sys.stderr)

@@ -1,0 +1,207 @@
+"""Limits on a tool: budgets and rates, counted from the ledger under the tenant's lock.
+
+    limits:
+      - {per: run, sum: "args.amount", max: 1000}                  # a budget per run
+      - {per: agent, count: 20, window: 1h}                        # a rate per agent
+      - {per: tenant, sum: "args.amount", max: 20000, window: 24h}
+
+A limit counts the tool's forward steps (by name, every version) in its scope (`per`: the run, the run's agent, the
+tenant), within `window` when it has one (else for all time), that acted or may still act: waiting for approval,
+approved, running, scheduled to retry, succeeded, with an unknown outcome, compensating, or whose undo failed. A
+step that was refused, rejected, expired, skipped, failed or compensated did nothing that stands, so it gives its
+share back. `count: N` lets at most N such steps be; `sum: "args.<path>", max: M` lets their values at that path add
+up to at most M (the new call's value included), each a number of at least 0: a call whose value is missing, not a
+number or below 0 is refused.
+
+Counted inside the proposal's transaction, after the tenant's chain lock (`ledger_transaction`, which every writer
+of the tenant takes first): two proposals racing past a budget are counted one after the other, and only one wins.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from ledger import sql
+from ledger.errors import ValidationFailed
+from ledger.models import ActionKind, ActionStatus as A, Run
+
+MAX_LIMITS = 8
+LIMIT_KEYS = {"per", "sum", "count", "max", "window"}
+SCOPES = ("run", "agent", "tenant")
+WINDOW_SECONDS = (1, 366 * 86400)
+MAX_AMOUNT = 10**15
+PATH = re.compile(r"^args(\.[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*)+$")  # KT splits on "__": no part holds one
+# Steps that acted or may still act: they hold their share of a limit.
+COUNTED = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.LOST,
+           A.COMPENSATING, A.COMPENSATION_FAILED)
+
+
+def _fail(where: str, why: str):
+    raise ValidationFailed(f"{where}: {why}", field=where)
+
+
+def parse_limits(value: Any, *, where: str) -> list[dict]:
+    """A tool's `limits`, validated, as stored on its version: {per, count | sum + max, window (seconds)}."""
+    from ledger.policy import _duration, _number
+
+    if value in (None, []):
+        return []
+    if not isinstance(value, list):
+        _fail(where, f"must be a list of limits ({{per, count | sum and max, window}}), not {type(value).__name__}")
+    if len(value) > MAX_LIMITS:
+        _fail(where, f"has {len(value)} limits; a tool has at most {MAX_LIMITS}")
+    parsed = []
+    for index, spec in enumerate(value):
+        at = f"{where}[{index}]"
+        if not isinstance(spec, dict):
+            _fail(at, f"must be an object like {{per: run, sum: \"args.amount\", max: 1000}}, not {type(spec).__name__}")
+        unknown = set(spec) - LIMIT_KEYS
+        if unknown:
+            _fail(f"{at}.{sorted(unknown)[0]}", f"is not a limit setting (known: {', '.join(sorted(LIMIT_KEYS))})")
+        per = spec.get("per")
+        if per not in SCOPES:
+            _fail(f"{at}.per", f"must be one of {', '.join(SCOPES)}, not {per!r}")
+        limit: dict = {"per": per}
+        if ("sum" in spec) == ("count" in spec):
+            _fail(at, "counts calls (count: N) or adds up an argument (sum: \"args.amount\" with max): one of them")
+        if "count" in spec:
+            if "max" in spec:
+                _fail(f"{at}.max", "goes with sum; a count limit's number is count itself")
+            limit["count"] = _number(spec["count"], f"{at}.count", minimum=1, maximum=MAX_AMOUNT, integer=True)
+        else:
+            path = spec["sum"]
+            if not isinstance(path, str) or not PATH.match(path):
+                _fail(f"{at}.sum", f"must name a number among the arguments, like \"args.amount\", not {path!r}")
+            if "max" not in spec:
+                _fail(f"{at}.max", "a sum limit needs the most the values may add up to")
+            limit["sum"] = path
+            limit["max"] = _number(spec["max"], f"{at}.max", minimum=0, maximum=MAX_AMOUNT)
+            if float(limit["max"]).is_integer():
+                limit["max"] = int(limit["max"])
+        if "window" in spec:
+            limit["window"] = int(_duration(spec["window"], f"{at}.window", minimum=WINDOW_SECONDS[0],
+                                            maximum=WINDOW_SECONDS[1]))
+        parsed.append(limit)
+    return parsed
+
+
+@dataclass
+class Counted:
+    """One limit as it stands for a proposal: `used` before it, what it `asks`, and the `refusal` if over."""
+
+    limit: dict
+    used: Decimal
+    asks: Decimal | None
+    refusal: str = ""
+
+    def as_record(self) -> dict:
+        return {**self.limit, "used": _plain(self.used), "asks": None if self.asks is None else _plain(self.asks),
+                **({"refused": self.refusal} if self.refusal else {})}
+
+
+def _plain(number: Decimal):
+    return int(number) if number == number.to_integral_value() else float(number)
+
+
+def _value_at(path: str, args: dict):
+    value: Any = {"args": args}
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def amount_of(path: str, args: dict) -> Decimal | None:
+    """The call's value at `path` as a Decimal, or None when it is missing, not a number, or below 0."""
+    value = _value_at(path, args)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = Decimal(str(value))
+    return number if number >= 0 else None
+
+
+def scope_words(limit: dict) -> str:
+    per = {"run": "per run", "agent": "per agent", "tenant": "for the tenant"}[limit["per"]]
+    window = limit.get("window")
+    return f"{per} in {_duration_words(window)}" if window else per
+
+
+def _duration_words(seconds: int) -> str:
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}" if count != 1 else f"1 {unit}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def _counted(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:
+    """How many of the tool's steps in the limit's scope and window acted or may still act (`count`), or what their
+    values at the limit's path add up to (`sum`: values that are numbers of at least 0; anything else counts 0).
+
+    One statement: the tool's versions by name (the index on tool_id), the scope, the window. PostgreSQL adds the
+    values up as numeric; SQLite's JSON reads them as Python numbers, added up here as Decimals (the same sum)."""
+    where = [f"a.tool_id IN (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = %s AND t.name = %s)",
+             "a.kind = %s", f"a.status IN ({', '.join(['%s'] * len(COUNTED))})"]
+    params: list = [run.tenant_id, tool_name, ActionKind.FORWARD, *COUNTED]
+    if limit["per"] == "run":
+        where.append("a.run_id = %s")
+        params.append(run.pk)
+    elif limit["per"] == "agent":
+        where.append("a.run_id IN (SELECT r.id FROM ledger_run r WHERE r.tenant_id = %s AND "
+                     + ("r.agent_id = %s)" if run.agent_id else "r.agent_id IS NULL)"))
+        params.extend([run.tenant_id, run.agent_id] if run.agent_id else [run.tenant_id])
+    if limit.get("window"):
+        where.append("a.created_at >= %s")
+        params.append(now - timedelta(seconds=limit["window"]))
+    condition = " AND ".join(where)
+    if "count" in limit:
+        return Decimal(sql.fetch_one(f"SELECT count(*) FROM ledger_action a WHERE {condition}", params)[0])
+    parts = limit["sum"].split(".")[1:]
+    if connection.vendor == "postgresql":
+        path = "{" + ",".join(parts) + "}"
+        total = sql.fetch_one(
+            "SELECT coalesce(sum(CASE WHEN jsonb_typeof(a.args #> %s::text[]) = 'number'"
+            f" THEN greatest((a.args #>> %s::text[])::numeric, 0) END), 0) FROM ledger_action a WHERE {condition}",
+            [path, path, *params])[0]
+        return Decimal(total)
+    path = "$." + ".".join(parts)
+    values = sql.fetch_all(
+        f"SELECT json_extract(a.args, %s) FROM ledger_action a WHERE {condition}"
+        " AND json_type(a.args, %s) IN ('integer', 'real')", [path, *params, path])
+    return sum((number for (value,) in values for number in [Decimal(str(value))] if number >= 0), Decimal(0))
+
+
+def count(limits: list[dict], *, tool_name: str, run: Run, args: dict) -> list[Counted]:
+    """Each limit as it stands for this call, read from the ledger (inside the caller's locked transaction)."""
+    results = []
+    now = timezone.now()
+    for limit in limits:
+        used = _counted(limit, tool_name=tool_name, run=run, now=now)
+        if "count" in limit:
+            asks = Decimal(1)
+            counted = Counted(limit, used, asks)
+            if used + 1 > limit["count"]:
+                counted.refusal = (f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''} of "
+                                   f"{tool_name} {scope_words(limit)}, and {_plain(used)} already acted or may act")
+            results.append(counted)
+            continue
+        path = limit["sum"]
+        asks = amount_of(path, args)
+        counted = Counted(limit, used, asks)
+        name = path.split(".", 1)[1]
+        if asks is None:
+            counted.refusal = (f"the budget on {name} ({_plain(Decimal(str(limit['max'])))} {scope_words(limit)}) "
+                               f"needs {name} to be a number of at least 0, and this call's is not")
+        elif used + asks > Decimal(str(limit["max"])):
+            counted.refusal = (f"the budget on {name} is {limit['max']} {scope_words(limit)}: {_plain(used)} is "
+                               f"already spent or may be, and this call asks {_plain(asks)}")
+        results.append(counted)
+    return results
+
