@@ -17,11 +17,15 @@ import requests
 from django.db import connection
 
 from ledger.models import Action, Run
+from ledger.services.actions import action_propose
+from ledger.services.runs import run_cancel
 from ledger.services.tools import tool_upsert
 from tests.conftest import World
+from tests.helpers import act, open_run
 from tests.otlp_receiver import OtlpReceiver
 from tests.recorder import Recorder
 from tests.test_mcp_proxy import upstream  # noqa: F401 (the fixture: a live Unwind and a declared upstream server)
+from tests.test_settling import failpoint  # noqa: F401 (the fixture: arm one of the engine's failpoints)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = 2  # SpanKind SERVER in OTLP
@@ -321,3 +325,93 @@ def test_an_upstream_mcp_tool_gets_the_steps_trace_context_in_meta(upstream, mon
     sent = upstream.upstream.calls("book")[-1]
     assert sent["key"] == "k-7c"
     assert sent["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+
+
+# --- in process: the spans of each outcome, against what the ledger recorded -----------------------------------
+
+@pytest.fixture
+def collected(monkeypatch):
+    """Tracing on in this process, as `setup` configures it, its spans kept in memory as they end."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ledger import tracing
+
+    exporter = InMemorySpanExporter()
+    provider = tracing.make_provider()
+    provider.add_span_processor(tracing.quiet_sweeps(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    yield exporter
+    provider.shutdown()
+
+
+def step_spans(exporter) -> dict:
+    """{(action id, attempt): the execute_tool span} of what was collected."""
+    return {(s.attributes["unwind.action.id"], s.attributes["unwind.attempt"]): s for s in exporter.get_finished_spans()
+            if s.attributes.get("gen_ai.operation.name") == "execute_tool"}
+
+
+def test_each_attempts_outcome_is_the_status_the_ledger_recorded(tools, collected, failpoint):
+    """ok, retried inline, refused (failed), undone (two compensations), and unknown (lost): the span of each
+    step's last attempt says the status its action has in the database; a failed or lost one has status error."""
+    from opentelemetry.trace import StatusCode
+
+    from tests.helpers import fault
+
+    run = open_run(tools)
+    user = act(run, "hr.create_user", {"email": "trace@example.com", "name": "T"})
+    fault("licenses.provision", "status", status=503, times=1)
+    licence = act(run, "licenses.provision", {"user_id": user.result["id"]})
+    fault("travel.book_flight", "status", status=422, times=1)
+    flight = act(run, "travel.book_flight", {"passenger": "P", "flight": "LH1", "date": "2027-01-01"})
+    assert (user.status, licence.status, flight.status, licence.attempts) == ("succeeded", "succeeded", "failed", 2)
+    assert run_cancel(run=run, actor="agent:booker", reason="undo it").status == "compensated"
+    unknown_run = open_run(tools)
+    fault("email.send", "error_after_effect", status=500, times=1)
+    failpoint("settle_read_back")
+    email = act(unknown_run, "email.send", {"to": "a@x.io", "subject": "S", "body": "b"})
+    assert email.status == "lost"
+
+    spans = step_spans(collected)
+    actions = list(Action.objects.filter(run__in=[run, unknown_run]))
+    assert {a.kind for a in actions} == {"forward", "compensation"}
+    assert len([a for a in actions if a.kind == "compensation"]) == 2
+    for action in actions:
+        last = spans[(action.pk, action.attempts)]
+        recorded = "succeeded" if action.status == "compensated" else action.status  # then undone, later
+        assert last.attributes["unwind.outcome"] == recorded, (action.kind, action.status, last.attributes)
+        if action.status in ("failed", "lost"):
+            assert last.status.status_code == StatusCode.ERROR
+            assert last.attributes["error.type"] == action.error_class and action.error_class
+        else:
+            assert last.status.status_code == StatusCode.UNSET
+    first_try = spans[(licence.pk, 1)]
+    assert first_try.attributes["unwind.outcome"] == "retry" and first_try.status.status_code == StatusCode.ERROR
+    # Each compensation is linked to the span of the attempt it undoes (here none had a trace to join: roots).
+    for compensation in (a for a in actions if a.kind == "compensation"):
+        undone = Action.objects.get(pk=compensation.compensates_id)
+        assert spans[(compensation.pk, compensation.attempts)].attributes["unwind.compensates.action.id"] == undone.pk
+
+
+def test_a_sweep_that_found_nothing_sends_no_span(tools, collected, django_capture_on_commit_callbacks):
+    """An idle sweep's span is dropped before export; a sweep that claims a due retry is kept, with its counts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.services.sweep import sweep
+    from tests.helpers import fault
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert not any(sweep().values())
+    assert not [s for s in collected.get_finished_spans() if s.name == "unwind.sweep"]
+    run = open_run(tools)
+    fault("licenses.provision", "status", status=503, times=1)
+    proposal = action_propose(run=run, tool_name="licenses.provision", args={"user_id": "u-1"}, actor="agent:booker")
+    Action.objects.filter(pk=proposal.action.pk).update(status="retry_scheduled", lease_owner="",
+                                                        lease_expires_at=None,
+                                                        next_attempt_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep()["retried"] == 1
+    kept = [s for s in collected.get_finished_spans() if s.name == "unwind.sweep"]
+    assert len(kept) == 1 and kept[0].attributes["unwind.retried"] == 1
