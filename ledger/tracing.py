@@ -37,6 +37,8 @@ _tracer = None
 # The span id the next span started in this context must take (see `_Ids`), and the ids a log line names.
 _wanted_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("unwind_wanted_span_id", default=None)
 _log_ids: contextvars.ContextVar[dict] = contextvars.ContextVar("unwind_log_ids", default={})
+# The carrier `current_carrier` last made in this context, and the context it was made from.
+_stored: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("unwind_stored_carrier", default=None)
 
 # W3C bounds (traceparent is 55 characters; tracestate at most 32 members of 256; baggage 8192 bytes): anything
 # longer from an agent is not trace context and is ignored.
@@ -165,6 +167,8 @@ def carrier_of(source) -> dict:
 def request_carrier(request) -> dict:
     """`carrier_of` a Django request's headers, read from META (building `request.headers` parses every name)."""
     meta = request.META
+    if "HTTP_TRACEPARENT" not in meta and "HTTP_BAGGAGE" not in meta:
+        return {}
     return carrier_of({key: meta.get(name) for key, name in _META_NAMES})
 
 
@@ -198,12 +202,23 @@ def _extract(carrier: dict):
 
 
 def current_carrier() -> dict:
-    """The current span's context as W3C fields, to store with an action ({} when tracing is off)."""
+    """The current span's context as W3C fields, to store with an action ({} when tracing is off). The context it
+    came from is kept beside it, so that the step executed next in this request needs not parse it again."""
     if _tracer is None:
         return {}
+    o = _api()
     carrier: dict = {}
-    _api().propagate.inject(carrier)
+    o.propagate.inject(carrier)
+    _stored.set((carrier, o.context.get_current()))
     return carrier
+
+
+def _context_of(carrier: dict):
+    """The context a stored carrier names: the one it was made from in this request, else parsed."""
+    stored = _stored.get()
+    if stored is not None and stored[0] == carrier:
+        return stored[1]
+    return _extract(carrier)
 
 
 def inject(headers: dict) -> None:
@@ -329,7 +344,7 @@ class _Step:
                     undone_id = step_span_id(undone.trace_id, action.compensates_id, forward[1])
                     self.links = [o.Link(o.SpanContext(undone.trace_id, undone_id, is_remote=True,
                                                        trace_flags=o.sampled), {"unwind.link": "undoes"})]
-        self.parent = _extract(carrier) if carrier else None
+        self.parent = _context_of(carrier) if carrier else None
         self._start()
         return self
 
