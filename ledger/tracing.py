@@ -65,6 +65,9 @@ def enabled() -> bool:
 def setup() -> None:
     """Configure the SDK once per process, when the environment asks for traces."""
     global _tracer
+    from ledger import events
+    for event in EVENTS:  # always: each records nothing while tracing is off
+        events.subscribe(event, _event_recorder(event))
     if _tracer is not None or not wanted():
         return
     from opentelemetry import trace
@@ -85,10 +88,6 @@ def setup() -> None:
         provider.add_span_processor(quiet_sweeps(BatchSpanProcessor(exporter)))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("unwind")
-    from ledger import events
-    for event in ("approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
-                  "compensation_failed"):
-        events.subscribe(event, _event_recorder(event))
 
 
 def make_provider():
@@ -476,11 +475,21 @@ def allowed_args(args) -> dict:
     return shown
 
 
+EVENTS = ("approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
+          "compensation_failed")
+_recorders: dict = {}
+
+
 def _event_recorder(event: str):
-    """Engine events (approval waits, recovery items and drift, failed compensations) as events of the current span."""
+    """Engine events (approval waits, recovery items and drift, failed compensations) as events of the current span
+    (one recorder per event, so that subscribing again adds nothing)."""
+    if event in _recorders:
+        return _recorders[event]
+
     def record(**payload):
-        from opentelemetry import trace
-        current = trace.get_current_span()
+        if _tracer is None:
+            return
+        current = _api().trace.get_current_span()
         if not current.is_recording():
             return
         attributes = {}
@@ -495,6 +504,7 @@ def _event_recorder(event: str):
             if isinstance(payload.get(key), str):
                 attributes[f"unwind.{key}"] = payload[key]
         current.add_event(f"unwind.{event}", attributes)
+    _recorders[event] = record
     return record
 
 

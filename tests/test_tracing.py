@@ -262,11 +262,21 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
                 "name": "rec.create", "arguments": {"email": "secret-mcp@example.com"},
                 "_meta": {"traceparent": f"00-{meta_trace}-{meta_span}-01", "tracestate": "vendor=1"}}})
         assert called.status_code == 200 and not called.json()["result"].get("isError"), called.text
+        # A refused REST request (a tool the policy does not declare): its span says the problem, status error.
+        refused_trace = secrets.token_hex(16)
+        api = agent(traced, processes.url, f"00-{refused_trace}-{secrets.token_hex(8)}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "refused", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        refused = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                           json={"tool": "nobody.declared", "args": {"email": "secret-refused@example.com"}})
+        assert refused.status_code in (400, 404, 422), refused.text
+
         # The step's span ends first and the call's and the request's after it: each may come in a later batch.
         def all_there():
             names = {s["name"] for s in traced.receiver.in_trace(meta_trace)}
             request = [s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER]
-            return {"execute_tool rec.create", "tools/call rec.create"} <= names and bool(request)
+            return {"execute_tool rec.create", "tools/call rec.create"} <= names and bool(request) and len(
+                [s for s in traced.receiver.in_trace(refused_trace) if s["kind"] == SERVER]) == 2
         assert wait_until(all_there, 30), traced.receiver.spans
     finally:
         processes.stop()
@@ -278,7 +288,12 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
     assert call["links"] == [(header_trace, request["span_id"])]
     tool_got = traced.recorder.headers[-1]
     assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
-    assert b"secret-mcp" not in b"".join(traced.receiver.raw)
+    assert b"secret-mcp" not in b"".join(traced.receiver.raw) and b"secret-refused" not in b"".join(traced.receiver.raw)
+    problem = refused.json()["type"]
+    span = next(s for s in traced.receiver.in_trace(refused_trace)
+                if s["kind"] == SERVER and s["attributes"].get("http.response.status_code") == refused.status_code)
+    assert span["status"] == (2, problem) and span["attributes"]["error.type"] == problem  # 2: STATUS_CODE_ERROR
+    assert span["events"] == [("unwind.problem", {"unwind.problem.type": problem})]
 
 
 def test_json_log_lines_name_the_trace_span_run_and_action(monkeypatch):
@@ -395,6 +410,10 @@ def test_each_attempts_outcome_is_the_status_the_ledger_recorded(tools, collecte
             assert last.attributes["error.type"] == action.error_class and action.error_class
         else:
             assert last.status.status_code == StatusCode.UNSET
+    # The run waiting for a person (the lost step) is an event of that step's span, with the reason.
+    lost = spans[(email.pk, email.attempts)]
+    assert ("unwind.run_needs_attention", "settle_failed", email.pk) in [
+        (e.name, e.attributes.get("unwind.reason"), e.attributes.get("unwind.action.id")) for e in lost.events]
     first_try = spans[(licence.pk, 1)]
     assert first_try.attributes["unwind.outcome"] == "retry" and first_try.status.status_code == StatusCode.ERROR
     # Each compensation is linked to the span of the attempt it undoes (here none had a trace to join: roots).
@@ -425,3 +444,15 @@ def test_a_sweep_that_found_nothing_sends_no_span(tools, collected, django_captu
         assert sweep()["retried"] == 1
     kept = [s for s in collected.get_finished_spans() if s.name == "unwind.sweep"]
     assert len(kept) == 1 and kept[0].attributes["unwind.retried"] == 1
+
+
+def test_an_approval_wait_is_an_event_of_the_proposing_requests_span(tools, collected):
+    from ledger import tracing
+
+    run = open_run(tools)
+    with tracing.span("POST /api/v1/runs/{run_id}/actions") as request:
+        proposal = action_propose(run=run, tool_name="payments.charge", actor="agent:booker",
+                                  args={"customer": "c-1", "amount_cents": 5000, "currency": "EUR"})
+    assert proposal.action.status == "awaiting_approval"
+    assert [(e.name, e.attributes["unwind.action.id"]) for e in request.events] == [
+        ("unwind.approval_required", proposal.action.pk)]
