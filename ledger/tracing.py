@@ -299,6 +299,8 @@ def mcp_call(meta, tool_name):
     carrier = carrier_of(meta if isinstance(meta, dict) else {})
     request_span = _span_context(None)
     parent = _extract(carrier) if "traceparent" in carrier else None
+    if parent is not None and not _span_context(parent).is_valid:
+        parent = None  # not W3C trace context: the request's (its headers') context stands
     links = [_api().Link(request_span)] if parent is not None and request_span.is_valid else None
     name = tool_name if isinstance(tool_name, str) else ""
     span, token = _open(f"tools/call {name[:100]}", parent,

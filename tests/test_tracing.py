@@ -262,6 +262,24 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
                 "name": "rec.create", "arguments": {"email": "secret-mcp@example.com"},
                 "_meta": {"traceparent": f"00-{meta_trace}-{meta_span}-01", "tracestate": "vendor=1"}}})
         assert called.status_code == 200 and not called.json()["result"].get("isError"), called.text
+        # Trace context is the agent's data over MCP too: malformed or oversized, it is ignored (the headers' context
+        # stands); a `_meta` that is not an object is refused as invalid params, and no step is proposed.
+        not_an_object = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+            "jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                "name": "rec.create", "arguments": {"email": "junk@example.com"}, "_meta": "00-" + meta_trace}})
+        assert not_an_object.status_code == 200 and not_an_object.json()["error"]["code"] == -32602
+        assert not Action.objects.filter(args__email="junk@example.com").exists()
+        junk_metas = [{"traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x" * 5000,
+                       "baggage": "k=" + "v" * 7000}, {"traceparent": ["00", meta_trace]}]
+        for n, junk in enumerate(junk_metas):
+            answered = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+                "jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+                    "name": "rec.create", "arguments": {"email": f"junk{n}@example.com"}, "_meta": junk}})
+            assert answered.status_code == 200, answered.text
+            assert not (answered.json().get("result") or {"isError": True}).get("isError"), answered.text
+            step = Action.objects.get(args__email=f"junk{n}@example.com")
+            assert step.status == "succeeded" and step.trace_context["traceparent"].split("-")[1] == header_trace
+            assert "z" * 32 not in json.dumps(step.trace_context) and "x" * 100 not in json.dumps(step.trace_context)
         # A refused REST request (a tool the policy does not declare): its span says the problem, status error.
         refused_trace = secrets.token_hex(16)
         api = agent(traced, processes.url, f"00-{refused_trace}-{secrets.token_hex(8)}-01")
@@ -286,7 +304,7 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
     assert call["parent_span_id"] == meta_span and step["parent_span_id"] == call["span_id"]
     request = next(s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER)
     assert call["links"] == [(header_trace, request["span_id"])]
-    tool_got = traced.recorder.headers[-1]
+    tool_got = traced.recorder.headers[0]  # the first call, with the `_meta` context
     assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
     assert b"secret-mcp" not in b"".join(traced.receiver.raw) and b"secret-refused" not in b"".join(traced.receiver.raw)
     problem = refused.json()["type"]
