@@ -273,8 +273,10 @@ class TraceMiddleware:
             match = getattr(request, "resolver_match", None)
             if match is not None and match.route:
                 span.update_name(f"{request.method} /{match.route}")
-                span.set_attribute("http.route", "/" + match.route)
-            span.set_attribute("http.response.status_code", response.status_code)
+                span.set_attributes({"http.route": "/" + match.route,
+                                     "http.response.status_code": response.status_code})
+            else:
+                span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:
                 problem = getattr(response, "data", None)
                 code = problem.get("code") if isinstance(problem, dict) and isinstance(problem.get("code"), str) \
