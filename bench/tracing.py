@@ -232,6 +232,9 @@ def measure(n: int, processes: int) -> dict:
         per_step = [t / STEPS * 1000 for t in times[mode]]
         result[mode] = {"per_step_p50_ms": round(percentile(per_step, 50), 3),
                         "per_step_p90_ms": round(percentile(per_step, 90), 3)}
+    # Same-run ratios of the p50s: comparable across runs on a machine whose speed moves.
+    result["on_over_off_p50"] = round(result["on"]["per_step_p50_ms"] / result["off"]["per_step_p50_ms"], 4)
+    result["off_over_absent_p50"] = round(result["off"]["per_step_p50_ms"] / result["absent"]["per_step_p50_ms"], 4)
     on_off = round(result["on"]["per_step_p50_ms"] - result["off"]["per_step_p50_ms"], 3)
     off_absent = round(result["off"]["per_step_p50_ms"] - result["absent"]["per_step_p50_ms"], 3)
     result["on_minus_off_per_step_p50_ms"] = {"value": on_off, "interval95": interval(times, "on", "off"),
@@ -271,7 +274,9 @@ def lines(r: dict) -> list[str]:
         f"({r['processes']} processes, load {env['load_before']:.1f}→{env['load_after']:.1f}), per step p50 / p90: "
         f"absent {r['absent']['per_step_p50_ms']:.2f} / {r['absent']['per_step_p90_ms']:.2f} ms, "
         f"off {r['off']['per_step_p50_ms']:.2f} / {r['off']['per_step_p90_ms']:.2f} ms, "
-        f"on {r['on']['per_step_p50_ms']:.2f} / {r['on']['per_step_p90_ms']:.2f} ms",
+        f"on {r['on']['per_step_p50_ms']:.2f} / {r['on']['per_step_p90_ms']:.2f} ms; p50 ratios on/off "
+        f"{r['on']['per_step_p50_ms'] / r['off']['per_step_p50_ms']:.3f}, "
+        f"off/absent {r['off']['per_step_p50_ms'] / r['absent']['per_step_p50_ms']:.3f}",
         f"   on − off {on['value']:+.3f} ms (95 % {on['interval95'][0]:+.3f}..{on['interval95'][1]:+.3f}, per process "
         f"{', '.join(f'{v:+.3f}' for v in on['per_process'])}): target ≤ +{r['target_on_ms']} ms → "
         f"{r['on_verdict']}",
