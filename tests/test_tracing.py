@@ -379,10 +379,11 @@ def collected(monkeypatch):
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from ledger import tracing
+    from ledger.tracing_provider import make_provider, quiet_sweeps
 
     exporter = InMemorySpanExporter()
-    provider = tracing.make_provider()
-    provider.add_span_processor(tracing.quiet_sweeps(SimpleSpanProcessor(exporter)))
+    provider = make_provider()
+    provider.add_span_processor(quiet_sweeps(SimpleSpanProcessor(exporter)))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
     yield exporter
     provider.shutdown()
