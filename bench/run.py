@@ -6,7 +6,8 @@ postgres://postgres@127.0.0.1:5432), BENCH_DB (default unwind_bench, dropped and
 BENCH_N (sagas per case), BENCH_UNWIND_N, BENCH_API_N, BENCH_API_SECONDS, BENCH_CRASH_TRIALS,
 BENCH_SIZES (actions, comma-separated), BENCH_PAGE_REQUESTS, BENCH_OUT (where the files go, default bench/).
 Part 6 (MCP against REST, bench/mcp.py) uses BENCH_API_N and BENCH_API_SECONDS too; part 7 (rules and limits,
-bench/rules.py) BENCH_RULES_N.
+bench/rules.py) BENCH_RULES_N; part 8 (tracing off and on, bench/tracing.py) BENCH_TRACING_N sagas of each mode in
+each of BENCH_TRACING_PROCESSES processes.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ SIZES = setting("BENCH_SIZES", [1_000, 100_000, 1_000_000], [1_000, 10_000])
 PAGE_REQUESTS = setting("BENCH_PAGE_REQUESTS", 30, 8)
 SIZE_SAGAS = 60 if not QUICK else 8
 RULES_N = setting("BENCH_RULES_N", 300, 40)
+TRACING_N = setting("BENCH_TRACING_N", 400, 40)
+TRACING_PROCESSES = setting("BENCH_TRACING_PROCESSES", 3, 1)
 
 
 def prepare() -> dict:
@@ -83,7 +86,8 @@ def main() -> None:
                                    text=True, check=False).stdout.strip()
     results: dict = {"environment": env, "settings": {
         "sagas_per_case": N, "unwind_runs": UNWIND_N, "api_pairs": API_N, "api_seconds_per_level": API_SECONDS,
-        "crash_trials": CRASH_TRIALS, "sizes": SIZES, "page_requests": PAGE_REQUESTS}}
+        "crash_trials": CRASH_TRIALS, "sizes": SIZES, "page_requests": PAGE_REQUESTS,
+        "tracing_sagas_per_mode": TRACING_N, "tracing_processes": TRACING_PROCESSES}}
 
     from bench import crash, engine, scale
 
@@ -101,6 +105,11 @@ def main() -> None:
     results["rules"] = rules.measure(RULES_N)
     engine.profile(OUT / "profile_saga.txt", 20)
     connection.close()
+
+    from bench import tracing
+
+    log(f"tracing: {TRACING_N} ok sagas absent/off/on in turn, in each of {TRACING_PROCESSES} processes")
+    results["tracing"] = tracing.measure(TRACING_N, TRACING_PROCESSES)
 
     tenant, agent, _ = engine.tenant_with_tools()
     if api_available():
@@ -238,6 +247,11 @@ def table(r: dict) -> str:
 
         add("")
         lines.extend(rules.lines(r["rules"]))
+    if "tracing" in r:
+        from bench import tracing
+
+        add("")
+        lines.extend(tracing.lines(r["tracing"]))
     return "\n".join(lines)
 
 

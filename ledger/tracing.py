@@ -28,6 +28,8 @@ import logging
 import os
 import time
 
+from django.conf import settings
+
 log = logging.getLogger("unwind.tracing")
 
 # Set by `setup` when tracing is on; None means every hook does nothing.
@@ -35,11 +37,14 @@ _tracer = None
 # The span id the next span started in this context must take (see `_Ids`), and the ids a log line names.
 _wanted_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("unwind_wanted_span_id", default=None)
 _log_ids: contextvars.ContextVar[dict] = contextvars.ContextVar("unwind_log_ids", default={})
+# The carrier `current_carrier` last made in this context, and the context it was made from.
+_stored: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("unwind_stored_carrier", default=None)
 
 # W3C bounds (traceparent is 55 characters; tracestate at most 32 members of 256; baggage 8192 bytes): anything
 # longer from an agent is not trace context and is ignored.
 CARRIER_LIMITS = {"traceparent": 128, "tracestate": 1024, "baggage": 8192}
 TRACED_PATHS = ("/api/", "/mcp")
+SWEEP = "unwind.sweep"  # the sweep's span: its counts are its int attributes (`task`)
 
 
 def wanted(environ=None) -> bool:
@@ -60,28 +65,17 @@ def enabled() -> bool:
 def setup() -> None:
     """Configure the SDK once per process, when the environment asks for traces."""
     global _tracer
+    from ledger import events
+    for event in EVENTS:  # always: each records nothing while tracing is off
+        events.subscribe(event, _event_recorder(event))
     if _tracer is not None or not wanted():
         return
     from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-    class _Ids(RandomIdGenerator):
-        """Random ids, but for an `execute_tool` span, whose id `step_span_id` derives (so a compensation can link
-        to it without anything stored)."""
+    from ledger.tracing_provider import make_provider, quiet_sweeps
 
-        def generate_span_id(self) -> int:
-            wanted_id = _wanted_span_id.get()
-            if wanted_id is not None:
-                _wanted_span_id.set(None)
-                return wanted_id
-            return super().generate_span_id()
-
-    named = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    resource = Resource.create({} if named else {"service.name": "unwind"})
-    provider = TracerProvider(resource=resource, id_generator=_Ids())  # sampler: OTEL_TRACES_SAMPLER(_ARG)
+    provider = make_provider()
     names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
     for name in names or ["otlp"]:
         if name == "console":
@@ -92,13 +86,10 @@ def setup() -> None:
         else:
             log.warning("OTEL_TRACES_EXPORTER=%s is not one Unwind ships (otlp, console): not exported", name)
             continue
-        provider.add_span_processor(BatchSpanProcessor(exporter))  # queue and delays: OTEL_BSP_*
+        # A bounded queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048) emptied by the processor's own thread: a step only appends.
+        provider.add_span_processor(quiet_sweeps(BatchSpanProcessor(exporter)))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("unwind")
-    from ledger import events
-    for event in ("approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
-                  "compensation_failed"):
-        events.subscribe(event, _event_recorder(event))
 
 
 # --- context in and out ---------------------------------------------------------------------------------------
@@ -115,34 +106,97 @@ def carrier_of(source) -> dict:
     return found
 
 
+def request_carrier(request) -> dict:
+    """`carrier_of` a Django request's headers, read from META (building `request.headers` parses every name)."""
+    meta = request.META
+    if "HTTP_TRACEPARENT" not in meta and "HTTP_BAGGAGE" not in meta:
+        return {}
+    return carrier_of({key: meta.get(name) for key, name in _META_NAMES})
+
+
+_META_NAMES = tuple((key, "HTTP_" + key.upper()) for key in CARRIER_LIMITS)
+
+
+class _Api:
+    """The OpenTelemetry API names the hot paths use, imported once, when tracing is first used (off, never)."""
+
+    def __init__(self):
+        from opentelemetry import context, propagate, trace
+        from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+        self.context, self.propagate, self.trace = context, propagate, trace
+        self.Link, self.SpanContext, self.SpanKind, self.TraceFlags = Link, SpanContext, SpanKind, TraceFlags
+        self.Status, self.StatusCode = Status, StatusCode
+        self.sampled = TraceFlags(TraceFlags.SAMPLED)
+
+
+_O: _Api | None = None
+
+
+def _api() -> _Api:
+    global _O
+    if _O is None:
+        _O = _Api()
+    return _O
+
+
 def _extract(carrier: dict):
-    from opentelemetry import propagate
-    return propagate.extract(carrier)
+    return _api().propagate.extract(carrier)
 
 
 def current_carrier() -> dict:
-    """The current span's context as W3C fields, to store with an action ({} when tracing is off)."""
+    """The current span's context as W3C fields, to store with an action ({} when tracing is off). The context it
+    came from is kept beside it, so that the step executed next in this request needs not parse it again."""
     if _tracer is None:
         return {}
-    from opentelemetry import propagate
+    o = _api()
     carrier: dict = {}
-    propagate.inject(carrier)
+    o.propagate.inject(carrier)
+    _stored.set((carrier, o.context.get_current()))
     return carrier
+
+
+def _context_of(carrier: dict):
+    """The context a stored carrier names: the one it was made from in this request, else parsed."""
+    stored = _stored.get()
+    if stored is not None and stored[0] == carrier:
+        return stored[1]
+    return _extract(carrier)
 
 
 def inject(headers: dict) -> None:
     """Add `traceparent` (and `tracestate`, `baggage`) of the current span to an outgoing call's headers."""
     if _tracer is not None:
-        from opentelemetry import propagate
-        propagate.inject(headers)
+        _api().propagate.inject(headers)
 
 
 # --- spans ----------------------------------------------------------------------------------------------------
 
 def _fail(span, kind: str, description: str = "") -> None:
-    from opentelemetry.trace import Status, StatusCode
+    o = _api()
     span.set_attribute("error.type", kind)
-    span.set_status(Status(StatusCode.ERROR, description or kind))
+    span.set_status(o.Status(o.StatusCode.ERROR, description or kind))
+
+
+def _open(name: str, parent=None, attributes=None, links=None, kind=None):
+    """Start a span, child of `parent` (a context; None: the current one), and make it current: (span, token).
+    What `start_as_current_span` does, without its generator and decorator layers, on every step's path."""
+    o = _api()
+    span = _tracer.start_span(name, context=parent, kind=kind or o.SpanKind.INTERNAL, attributes=attributes,
+                              links=links, record_exception=False, set_status_on_exception=False)
+    return span, o.context.attach(o.trace.set_span_in_context(span))
+
+
+def _close(span, token) -> None:
+    _api().context.detach(token)
+    span.end()
+
+
+def _span_context(parent):
+    return _api().trace.get_current_span(parent).get_span_context()
+
+
+def _arg_fields():
+    return getattr(settings, "UNWIND_TRACE_ARG_FIELDS", ())
 
 
 class TraceMiddleware:
@@ -154,24 +208,30 @@ class TraceMiddleware:
     def __call__(self, request):
         if _tracer is None or not request.path.startswith(TRACED_PATHS):
             return self.get_response(request)
-        from opentelemetry.trace import SpanKind
-        parent = _extract(carrier_of(request.headers))
-        with _tracer.start_as_current_span(f"{request.method} {request.path}", context=parent, kind=SpanKind.SERVER,
-                                           record_exception=False, set_status_on_exception=False) as span:
-            span.set_attribute("http.request.method", request.method)
+        carrier = request_carrier(request)
+        span, token = _open(f"{request.method} {request.path}", _extract(carrier) if carrier else None,
+                            {"http.request.method": request.method}, kind=_api().SpanKind.SERVER)
+        try:
             response = self.get_response(request)
             match = getattr(request, "resolver_match", None)
             if match is not None and match.route:
                 span.update_name(f"{request.method} /{match.route}")
-                span.set_attribute("http.route", "/" + match.route)
-            span.set_attribute("http.response.status_code", response.status_code)
-            problem = getattr(response, "data", None)
+                span.set_attributes({"http.route": "/" + match.route,
+                                     "http.response.status_code": response.status_code})
+            else:
+                span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:
+                problem = getattr(response, "data", None)
                 code = problem.get("code") if isinstance(problem, dict) and isinstance(problem.get("code"), str) \
                     else f"http_{response.status_code}"
                 span.add_event("unwind.problem", {"unwind.problem.type": f"urn:unwind:problem:{code}"})
                 _fail(span, f"urn:unwind:problem:{code}")
             return response
+        except BaseException as error:
+            _fail(span, type(error).__name__)
+            raise
+        finally:
+            _close(span, token)
 
 
 @contextlib.contextmanager
@@ -181,18 +241,22 @@ def mcp_call(meta, tool_name):
     if _tracer is None:
         yield
         return
-    from opentelemetry import trace
-    from opentelemetry.trace import Link
     carrier = carrier_of(meta if isinstance(meta, dict) else {})
-    request_span = trace.get_current_span().get_span_context()
+    request_span = _span_context(None)
     parent = _extract(carrier) if "traceparent" in carrier else None
-    links = [Link(request_span)] if parent is not None and request_span.is_valid else None
+    if parent is not None and not _span_context(parent).is_valid:
+        parent = None  # not W3C trace context: the request's (its headers') context stands
+    links = [_api().Link(request_span)] if parent is not None and request_span.is_valid else None
     name = tool_name if isinstance(tool_name, str) else ""
-    with _tracer.start_as_current_span(f"tools/call {name[:100]}", context=parent, links=links,
-                                       record_exception=False, set_status_on_exception=False) as span:
-        span.set_attribute("mcp.method.name", "tools/call")
-        span.set_attribute("gen_ai.tool.name", name[:200])
+    span, token = _open(f"tools/call {name[:100]}", parent,
+                        {"mcp.method.name": "tools/call", "gen_ai.tool.name": name[:200]}, links)
+    try:
         yield
+    except BaseException as error:
+        _fail(span, type(error).__name__)
+        raise
+    finally:
+        _close(span, token)
 
 
 def step_span_id(trace_id: int, action_id: int, attempt: int) -> int:
@@ -201,46 +265,38 @@ def step_span_id(trace_id: int, action_id: int, attempt: int) -> int:
 
 
 class _Step:
-    """The `execute_tool` span of one attempt of a step; `again` ends it and starts the next attempt's."""
+    """The `execute_tool` span of one attempt of a step; `again` ends it and starts the next attempt's, `ended` gives
+    it the step as the attempt left it (its recorded status is the span's `unwind.outcome`)."""
+
+    __slots__ = ("action", "span", "parent", "links", "_token", "_ids", "_ended")
 
     def __init__(self, action):
         self.action = action
         self.span = None
         self.parent = None
         self.links = None
+        self._ended = None
 
     def __enter__(self):
-        from opentelemetry import trace
-        from opentelemetry.trace import Link, SpanContext, TraceFlags
         action = self.action
-        carrier = action.trace_context or {}
+        carrier = action.trace_context or None
         if action.kind != "forward" and action.compensates_id:
-            from ledger.models import Action
-            forward = Action.objects.filter(pk=action.compensates_id).values_list("trace_context", "attempts").first()
+            forward = _forward_of(action)
             if forward is not None:
                 carrier = forward[0] or carrier
-                undone = trace.get_current_span(_extract(carrier)).get_span_context() if carrier else None
+                undone = _span_context(_extract(carrier)) if carrier else None
                 if undone is not None and undone.is_valid:
-                    self.links = [Link(SpanContext(undone.trace_id, step_span_id(undone.trace_id, action.compensates_id,
-                                                                                 forward[1]),
-                                                   is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)),
-                                       {"unwind.link": "undoes"})]
-        self.parent = _extract(carrier) if carrier else None
+                    o = _api()
+                    undone_id = step_span_id(undone.trace_id, action.compensates_id, forward[1])
+                    self.links = [o.Link(o.SpanContext(undone.trace_id, undone_id, is_remote=True,
+                                                       trace_flags=o.sampled), {"unwind.link": "undoes"})]
+        self.parent = _context_of(carrier) if carrier else None
         self._start()
         return self
 
     def _start(self):
-        from opentelemetry import trace
         action = self.action
-        trace_id = trace.get_current_span(self.parent).get_span_context().trace_id if self.parent is not None else 0
-        if trace_id:
-            _wanted_span_id.set(step_span_id(trace_id, action.pk, action.attempts))
         tool = action.tool.name
-        self._cm = _tracer.start_as_current_span(f"execute_tool {tool}", context=self.parent, links=self.links,
-                                                 record_exception=False, set_status_on_exception=False)
-        self.span = self._cm.__enter__()
-        _wanted_span_id.set(None)
-        self._ids = _log_ids.set({"run_id": action.run_id, "action_id": action.pk})
         attributes = {
             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
             "gen_ai.tool.call.id": str(action.idempotency_key), "gen_ai.tool.type": "function",
@@ -250,29 +306,50 @@ class _Step:
         }
         if action.compensates_id:
             attributes["unwind.compensates.action.id"] = action.compensates_id
-        attributes.update(allowed_args(action.args))
-        self.span.set_attributes(attributes)
+        if _arg_fields():
+            attributes.update(allowed_args(action.args))
+        if self.parent is not None:
+            trace_id = _span_context(self.parent).trace_id
+            if trace_id:
+                _wanted_span_id.set(step_span_id(trace_id, action.pk, action.attempts))
+        self.span, self._token = _open(f"execute_tool {tool}", self.parent, attributes, self.links)
+        _wanted_span_id.set(None)
+        self._ids = _log_ids.set({"run_id": action.run_id, "action_id": action.pk})
 
     def _end(self, outcome: str, error_class: str = ""):
-        self.span.set_attribute("unwind.outcome", outcome)
+        span = self.span
+        span.set_attribute("unwind.outcome", outcome)
         if error_class:
-            _fail(self.span, error_class)
+            _fail(span, error_class)
         _log_ids.reset(self._ids)
-        self._cm.__exit__(None, None, None)
+        _close(span, self._token)
 
     def again(self):
         """An inline retry: this attempt failed transiently; the next one gets its own span."""
         self._end("retry", self.action.error_class or "transient")
         self._start()
 
+    def ended(self, action):
+        """The step as this attempt leaves it, as `execute` returns it (possibly read again): returns it."""
+        self._ended = action
+        return action
+
     def __exit__(self, kind, value, traceback):
-        action = self.action
         if kind is not None:
             self._end("error", kind.__name__)
-        else:
-            failed = action.status in ("failed", "compensation_failed", "needs_attention")
-            self._end(action.status, (action.error_class or "failed") if failed else "")
+            return False
+        action = self._ended if self._ended is not None else self.action
+        failed = action.status in ("failed", "lost", "compensation_failed")
+        self._end(action.status, (action.error_class or action.status) if failed else "")
         return False
+
+
+def _forward_of(compensation):
+    """(trace context, attempts) of the step a compensation undoes: the unwinder's claim has it loaded."""
+    from ledger.models import Action
+    if Action.compensates.is_cached(compensation) and compensation.compensates is not None:
+        return compensation.compensates.trace_context, compensation.compensates.attempts
+    return Action.objects.filter(pk=compensation.compensates_id).values_list("trace_context", "attempts").first()
 
 
 class _Off:
@@ -285,13 +362,16 @@ class _Off:
     def again(self):
         pass
 
+    def ended(self, action):
+        return action
+
 
 _OFF = _Off()
 
 
 def step(action):
     """`with tracing.step(action) as attempt:` around executing a claimed step; `attempt.again()` before an inline
-    retry."""
+    retry, `return attempt.ended(action)` with the step as it ends."""
     return _OFF if _tracer is None else _Step(action)
 
 
@@ -301,13 +381,14 @@ def span(name: str, **attributes):
     if _tracer is None:
         yield None
         return
-    with _tracer.start_as_current_span(name, record_exception=False, set_status_on_exception=False) as current:
-        current.set_attributes({k: v for k, v in attributes.items() if v is not None})
-        try:
-            yield current
-        except Exception as error:
-            _fail(current, type(error).__name__)
-            raise
+    current, token = _open(name, None, {k: v for k, v in attributes.items() if v is not None})
+    try:
+        yield current
+    except Exception as error:
+        _fail(current, type(error).__name__)
+        raise
+    finally:
+        _close(current, token)
 
 
 def task(name: str, id_attribute: str | None = None):
@@ -330,8 +411,7 @@ def task(name: str, id_attribute: str | None = None):
 
 
 def allowed_args(args) -> dict:
-    from django.conf import settings
-    fields = getattr(settings, "UNWIND_TRACE_ARG_FIELDS", ())
+    fields = _arg_fields()
     if not fields or not isinstance(args, dict):
         return {}
     shown = {}
@@ -342,11 +422,21 @@ def allowed_args(args) -> dict:
     return shown
 
 
+EVENTS = ("approval_required", "approval_withdrawn", "run_needs_attention", "run_attention_cleared",
+          "compensation_failed")
+_recorders: dict = {}
+
+
 def _event_recorder(event: str):
-    """Engine events (approval waits, recovery items and drift, failed compensations) as events of the current span."""
+    """Engine events (approval waits, recovery items and drift, failed compensations) as events of the current span
+    (one recorder per event, so that subscribing again adds nothing)."""
+    if event in _recorders:
+        return _recorders[event]
+
     def record(**payload):
-        from opentelemetry import trace
-        current = trace.get_current_span()
+        if _tracer is None:
+            return
+        current = _api().trace.get_current_span()
         if not current.is_recording():
             return
         attributes = {}
@@ -361,6 +451,7 @@ def _event_recorder(event: str):
             if isinstance(payload.get(key), str):
                 attributes[f"unwind.{key}"] = payload[key]
         current.add_event(f"unwind.{event}", attributes)
+    _recorders[event] = record
     return record
 
 

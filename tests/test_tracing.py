@@ -17,11 +17,15 @@ import requests
 from django.db import connection
 
 from ledger.models import Action, Run
+from ledger.services.actions import action_propose
+from ledger.services.runs import run_cancel
 from ledger.services.tools import tool_upsert
 from tests.conftest import World
+from tests.helpers import act, open_run
 from tests.otlp_receiver import OtlpReceiver
 from tests.recorder import Recorder
 from tests.test_mcp_proxy import upstream  # noqa: F401 (the fixture: a live Unwind and a declared upstream server)
+from tests.test_settling import failpoint  # noqa: F401 (the fixture: arm one of the engine's failpoints)
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = 2  # SpanKind SERVER in OTLP
@@ -76,14 +80,17 @@ class Processes:
         assert wait_until(up, 60), self.stop()
 
     def stop(self) -> str:
-        errors = ""
+        """Stop them; the end of their stderr (all of it in `self.stderr`)."""
+        errors, self.stderr = "", ""
         for process in self.started:
             process.send_signal(signal.SIGTERM)
             try:
-                errors += process.communicate(timeout=30)[1].decode()[-2000:]
+                written = process.communicate(timeout=30)[1].decode()
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.communicate()
+                written = process.communicate()[1].decode()
+            errors += written[-2000:]
+            self.stderr += written
         return errors
 
 
@@ -204,8 +211,12 @@ def test_a_run_joins_the_agents_trace_from_the_request_to_the_tool_and_its_undo(
 @live[0]
 @live[1]
 def test_a_dead_collector_costs_no_step(traced):
+    """No collector: steps answer as fast as ever, the spans past a (here tiny) bounded queue are dropped, and that
+    costs a log line, not one per span."""
     dead = f"http://127.0.0.1:{free_port()}"
-    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "UNWIND_TOOL_ORIGINS": traced.origins}, worker=False)
+    processes = Processes({"OTEL_EXPORTER_OTLP_ENDPOINT": dead, "UNWIND_TOOL_ORIGINS": traced.origins,
+                           "OTEL_BSP_MAX_QUEUE_SIZE": "4", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "4"}, worker=False)
+    errors = ""
     try:
         api = agent(traced, processes.url, f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01")
         run = api.post(processes.url + "/api/v1/runs", json={"goal": "no collector", "on_behalf_of": "c@example.com"},
@@ -230,6 +241,9 @@ def test_a_dead_collector_costs_no_step(traced):
     finally:
         processes.stop()
     assert max(took) < 2.0, took
+    # 7 requests made 13 spans; the exporter is stuck retrying its first batch of 4, the queue holds 4 more: the
+    # rest are dropped, and the SDK says so in one line per 20 s (its DuplicateFilter), not one per span.
+    assert 1 <= processes.stderr.count("Queue full, dropping Span") <= 2, processes.stderr[-3000:]
 
 
 @live[0]
@@ -248,11 +262,39 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
                 "name": "rec.create", "arguments": {"email": "secret-mcp@example.com"},
                 "_meta": {"traceparent": f"00-{meta_trace}-{meta_span}-01", "tracestate": "vendor=1"}}})
         assert called.status_code == 200 and not called.json()["result"].get("isError"), called.text
+        # Trace context is the agent's data over MCP too: malformed or oversized, it is ignored (the headers' context
+        # stands); a `_meta` that is not an object is refused as invalid params, and no step is proposed.
+        not_an_object = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+            "jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+                "name": "rec.create", "arguments": {"email": "junk@example.com"}, "_meta": "00-" + meta_trace}})
+        assert not_an_object.status_code == 200 and not_an_object.json()["error"]["code"] == -32602
+        assert not Action.objects.filter(args__email="junk@example.com").exists()
+        junk_metas = [{"traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x" * 5000,
+                       "baggage": "k=" + "v" * 7000}, {"traceparent": ["00", meta_trace]}]
+        for n, junk in enumerate(junk_metas):
+            answered = requests.post(processes.url + "/mcp", headers=headers, timeout=30, json={
+                "jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+                    "name": "rec.create", "arguments": {"email": f"junk{n}@example.com"}, "_meta": junk}})
+            assert answered.status_code == 200, answered.text
+            assert not (answered.json().get("result") or {"isError": True}).get("isError"), answered.text
+            step = Action.objects.get(args__email=f"junk{n}@example.com")
+            assert step.status == "succeeded" and step.trace_context["traceparent"].split("-")[1] == header_trace
+            assert "z" * 32 not in json.dumps(step.trace_context) and "x" * 100 not in json.dumps(step.trace_context)
+        # A refused REST request (a tool the policy does not declare): its span says the problem, status error.
+        refused_trace = secrets.token_hex(16)
+        api = agent(traced, processes.url, f"00-{refused_trace}-{secrets.token_hex(8)}-01")
+        run = api.post(processes.url + "/api/v1/runs", json={"goal": "refused", "on_behalf_of": "c@example.com"},
+                       timeout=30).json()
+        refused = api.post(f"{processes.url}/api/v1/runs/{run['id']}/actions", timeout=30,
+                           json={"tool": "nobody.declared", "args": {"email": "secret-refused@example.com"}})
+        assert refused.status_code in (400, 404, 422), refused.text
+
         # The step's span ends first and the call's and the request's after it: each may come in a later batch.
         def all_there():
             names = {s["name"] for s in traced.receiver.in_trace(meta_trace)}
             request = [s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER]
-            return {"execute_tool rec.create", "tools/call rec.create"} <= names and bool(request)
+            return {"execute_tool rec.create", "tools/call rec.create"} <= names and bool(request) and len(
+                [s for s in traced.receiver.in_trace(refused_trace) if s["kind"] == SERVER]) == 2
         assert wait_until(all_there, 30), traced.receiver.spans
     finally:
         processes.stop()
@@ -262,9 +304,14 @@ def test_an_mcp_tools_call_joins_the_trace_its_meta_names_over_the_headers(trace
     assert call["parent_span_id"] == meta_span and step["parent_span_id"] == call["span_id"]
     request = next(s for s in traced.receiver.in_trace(header_trace) if s["kind"] == SERVER)
     assert call["links"] == [(header_trace, request["span_id"])]
-    tool_got = traced.recorder.headers[-1]
+    tool_got = traced.recorder.headers[0]  # the first call, with the `_meta` context
     assert (tool_got.get("traceparent") or tool_got.get("Traceparent")).split("-")[1] == meta_trace
-    assert b"secret-mcp" not in b"".join(traced.receiver.raw)
+    assert b"secret-mcp" not in b"".join(traced.receiver.raw) and b"secret-refused" not in b"".join(traced.receiver.raw)
+    problem = refused.json()["type"]
+    span = next(s for s in traced.receiver.in_trace(refused_trace)
+                if s["kind"] == SERVER and s["attributes"].get("http.response.status_code") == refused.status_code)
+    assert span["status"] == (2, problem) and span["attributes"]["error.type"] == problem  # 2: STATUS_CODE_ERROR
+    assert span["events"] == [("unwind.problem", {"unwind.problem.type": problem})]
 
 
 def test_json_log_lines_name_the_trace_span_run_and_action(monkeypatch):
@@ -321,3 +368,110 @@ def test_an_upstream_mcp_tool_gets_the_steps_trace_context_in_meta(upstream, mon
     sent = upstream.upstream.calls("book")[-1]
     assert sent["key"] == "k-7c"
     assert sent["traceparent"].startswith(f"00-{context.trace_id:032x}-{context.span_id:016x}-")
+
+
+# --- in process: the spans of each outcome, against what the ledger recorded -----------------------------------
+
+@pytest.fixture
+def collected(monkeypatch):
+    """Tracing on in this process, as `setup` configures it, its spans kept in memory as they end."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from ledger import tracing
+    from ledger.tracing_provider import make_provider, quiet_sweeps
+
+    exporter = InMemorySpanExporter()
+    provider = make_provider()
+    provider.add_span_processor(quiet_sweeps(SimpleSpanProcessor(exporter)))
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    yield exporter
+    provider.shutdown()
+
+
+def step_spans(exporter) -> dict:
+    """{(action id, attempt): the execute_tool span} of what was collected."""
+    return {(s.attributes["unwind.action.id"], s.attributes["unwind.attempt"]): s for s in exporter.get_finished_spans()
+            if s.attributes.get("gen_ai.operation.name") == "execute_tool"}
+
+
+def test_each_attempts_outcome_is_the_status_the_ledger_recorded(tools, collected, failpoint):
+    """ok, retried inline, refused (failed), undone (two compensations), and unknown (lost): the span of each
+    step's last attempt says the status its action has in the database; a failed or lost one has status error."""
+    from opentelemetry.trace import StatusCode
+
+    from tests.helpers import fault
+
+    run = open_run(tools)
+    user = act(run, "hr.create_user", {"email": "trace@example.com", "name": "T"})
+    fault("licenses.provision", "status", status=503, times=1)
+    licence = act(run, "licenses.provision", {"user_id": user.result["id"]})
+    fault("travel.book_flight", "status", status=422, times=1)
+    flight = act(run, "travel.book_flight", {"passenger": "P", "flight": "LH1", "date": "2027-01-01"})
+    assert (user.status, licence.status, flight.status, licence.attempts) == ("succeeded", "succeeded", "failed", 2)
+    assert run_cancel(run=run, actor="agent:booker", reason="undo it").status == "compensated"
+    unknown_run = open_run(tools)
+    fault("email.send", "error_after_effect", status=500, times=1)
+    failpoint("settle_read_back")
+    email = act(unknown_run, "email.send", {"to": "a@x.io", "subject": "S", "body": "b"})
+    assert email.status == "lost"
+
+    spans = step_spans(collected)
+    actions = list(Action.objects.filter(run__in=[run, unknown_run]))
+    assert {a.kind for a in actions} == {"forward", "compensation"}
+    assert len([a for a in actions if a.kind == "compensation"]) == 2
+    for action in actions:
+        last = spans[(action.pk, action.attempts)]
+        recorded = "succeeded" if action.status == "compensated" else action.status  # then undone, later
+        assert last.attributes["unwind.outcome"] == recorded, (action.kind, action.status, last.attributes)
+        if action.status in ("failed", "lost"):
+            assert last.status.status_code == StatusCode.ERROR
+            assert last.attributes["error.type"] == action.error_class and action.error_class
+        else:
+            assert last.status.status_code == StatusCode.UNSET
+    # The run waiting for a person (the lost step) is an event of that step's span, with the reason.
+    lost = spans[(email.pk, email.attempts)]
+    assert ("unwind.run_needs_attention", "settle_failed", email.pk) in [
+        (e.name, e.attributes.get("unwind.reason"), e.attributes.get("unwind.action.id")) for e in lost.events]
+    first_try = spans[(licence.pk, 1)]
+    assert first_try.attributes["unwind.outcome"] == "retry" and first_try.status.status_code == StatusCode.ERROR
+    # Each compensation is linked to the span of the attempt it undoes (here none had a trace to join: roots).
+    for compensation in (a for a in actions if a.kind == "compensation"):
+        undone = Action.objects.get(pk=compensation.compensates_id)
+        assert spans[(compensation.pk, compensation.attempts)].attributes["unwind.compensates.action.id"] == undone.pk
+
+
+def test_a_sweep_that_found_nothing_sends_no_span(tools, collected, django_capture_on_commit_callbacks):
+    """An idle sweep's span is dropped before export; a sweep that claims a due retry is kept, with its counts."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.services.sweep import sweep
+    from tests.helpers import fault
+
+    with django_capture_on_commit_callbacks(execute=True):
+        assert not any(sweep().values())
+    assert not [s for s in collected.get_finished_spans() if s.name == "unwind.sweep"]
+    run = open_run(tools)
+    fault("licenses.provision", "status", status=503, times=1)
+    proposal = action_propose(run=run, tool_name="licenses.provision", args={"user_id": "u-1"}, actor="agent:booker")
+    Action.objects.filter(pk=proposal.action.pk).update(status="retry_scheduled", lease_owner="",
+                                                        lease_expires_at=None,
+                                                        next_attempt_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep()["retried"] == 1
+    kept = [s for s in collected.get_finished_spans() if s.name == "unwind.sweep"]
+    assert len(kept) == 1 and kept[0].attributes["unwind.retried"] == 1
+
+
+def test_an_approval_wait_is_an_event_of_the_proposing_requests_span(tools, collected):
+    from ledger import tracing
+
+    run = open_run(tools)
+    with tracing.span("POST /api/v1/runs/{run_id}/actions") as request:
+        proposal = action_propose(run=run, tool_name="payments.charge", actor="agent:booker",
+                                  args={"customer": "c-1", "amount_cents": 5000, "currency": "EUR"})
+    assert proposal.action.status == "awaiting_approval"
+    assert [(e.name, e.attributes["unwind.action.id"]) for e in request.events] == [
+        ("unwind.approval_required", proposal.action.pk)]

@@ -320,8 +320,8 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
     action = claimed if sole_owner and claimed is not None and claimed.pk == action_id \
         else Action.objects.select_related("tool").get(pk=action_id)
     with tracing.step(action) as attempt:
-        return _execute(action, owner=owner, budget=budget, started=started, on_compensated=on_compensated,
-                        attempt=attempt)
+        return attempt.ended(_execute(action, owner=owner, budget=budget, started=started,
+                                      on_compensated=on_compensated, attempt=attempt))
 
 
 def _execute(action: Action, *, owner: str, budget: float | None, started: float,

@@ -20,7 +20,7 @@ log = logging.getLogger("unwind.sweep")
 BATCH = 200
 
 
-@tracing.task("unwind.sweep")
+@tracing.task(tracing.SWEEP)
 def sweep() -> dict:
     now = timezone.now()
     counts = {"reclaimed": 0, "retried": 0, "released": 0, "unwinds": 0, "idle": 0}
