@@ -75,7 +75,7 @@ def setup() -> None:
 
     from ledger.tracing_provider import make_provider, quiet_sweeps
 
-    provider = make_provider()
+    provider = make_provider(_wanted_span_id)
     names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
     for name in names or ["otlp"]:
         if name == "console":
@@ -87,7 +87,7 @@ def setup() -> None:
             log.warning("OTEL_TRACES_EXPORTER=%s is not one Unwind ships (otlp, console): not exported", name)
             continue
         # A bounded queue (OTEL_BSP_MAX_QUEUE_SIZE, 2048) emptied by the processor's own thread: a step only appends.
-        provider.add_span_processor(quiet_sweeps(BatchSpanProcessor(exporter)))
+        provider.add_span_processor(quiet_sweeps(BatchSpanProcessor(exporter), SWEEP))
     trace.set_tracer_provider(provider)
     _tracer = trace.get_tracer("unwind")
 

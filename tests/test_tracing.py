@@ -382,8 +382,8 @@ def collected(monkeypatch):
     from ledger.tracing_provider import make_provider, quiet_sweeps
 
     exporter = InMemorySpanExporter()
-    provider = make_provider()
-    provider.add_span_processor(quiet_sweeps(SimpleSpanProcessor(exporter)))
+    provider = make_provider(tracing._wanted_span_id)
+    provider.add_span_processor(quiet_sweeps(SimpleSpanProcessor(exporter), tracing.SWEEP))
     monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
     yield exporter
     provider.shutdown()
