@@ -19,10 +19,10 @@ class ApprovalsConfig(AppConfig):
 
         links.register_approval_lookup(approvals_of_actions)
 
-        # The audit chain fingerprints every request and decision (ledger/audit.py): edited or forged in the
+        # The audit chain fingerprints every request and decision (ledger/audit/chain.py): edited or forged in the
         # database behind the services' back, they fail `verify_audit`.
         from approvals.models import ApprovalDecision, ApprovalRequest
-        from ledger.audit import register_fingerprinted
+        from ledger.audit.chain import register_fingerprinted
 
         register_fingerprinted(ApprovalRequest, fields=APPROVAL_REQUEST_FIELDS, kinds=(
             "approval.requested", "approval.approve", "approval.reject", "approval.expired", "approval.withdrawn"))

@@ -14,10 +14,10 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
 from approvals import surfaces
 from approvals.services import is_requester
-from ledger import mapping
-from ledger.display import shown_value
+from ledger.engine import mapping
+from ledger.policy.display import shown_value
 from ledger.models import ROLE_ORDER, Action, ActionStatus, CompensationStrategy, Membership, Role, Tenant, Tool
-from ledger.policy import approvals_needed
+from ledger.policy.document import approvals_needed
 
 INBOX_PAGE_SIZE = 20
 ANY_STATUS = "all"
@@ -63,7 +63,7 @@ def approval_for(user, pk: int) -> ApprovalRequest | None:
 
 
 def may_stop_held(approval: ApprovalRequest, user) -> bool:
-    """Whether this person may stop the request's step while it is held (ledger/holds.py): they approved it, or
+    """Whether this person may stop the request's step while it is held (ledger/engine/holds.py): they approved it, or
     they operate its tenant (recovery/stops.py decides again when they press Stop)."""
     role = Membership.objects.filter(user=user, tenant_id=approval.tenant_id).values_list("role", flat=True).first()
     if role in (Role.OPERATOR, Role.ADMIN):

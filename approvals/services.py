@@ -17,11 +17,11 @@ from approvals.addresses import names_person
 from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
-from ledger.audit import ledger_transaction, recording
-from ledger.display import money_in
+from ledger.audit.chain import ledger_transaction, recording
+from ledger.policy.display import money_in
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
-from ledger.services.actions import action_approve, action_reject
+from ledger.engine.actions import action_approve, action_reject
 
 log = logging.getLogger("unwind.approvals")
 SEND_BATCH = 50
@@ -68,7 +68,7 @@ def build_preview(action: Action) -> dict:
         "intent": action.intent,
         "run_goal": action.run.goal,
         "on_behalf_of": action.run.on_behalf_of,
-        # What the tool's rules and limits decided, the values they read, the policy version (ledger/decision.py).
+        # What the tool's rules and limits decided, the values they read, the policy version (ledger/engine/decision.py).
         "policy": action.policy_decision,
     }
 

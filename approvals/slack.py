@@ -28,7 +28,8 @@ from django.utils import timezone
 
 from approvals import surfaces
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackMessage
-from ledger import agent_text, egress
+from ledger import agent_text
+from ledger.executors import egress
 from ledger.errors import UnwindError, ValidationFailed
 
 log = logging.getLogger("unwind.approvals.slack")

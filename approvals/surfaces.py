@@ -6,7 +6,7 @@ cut short"), and offers the approval page ("Open to decide") instead of approve/
 A decision from that channel for such a request is refused too (`fits`), whatever the message looked like: the
 request's preview is fixed when it is made, so this is the same answer the message was built from.
 
-Values read as their tool's display hint has them (ledger/display.py: "€482.00", not 48200), the value as sent
+Values read as their tool's display hint has them (ledger/policy/display.py: "€482.00", not 48200), the value as sent
 beside it.
 """
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from approvals.models import ApprovalRequest
-from ledger import decision
-from ledger.display import shown_value
+from ledger.engine import decision
+from ledger.policy.display import shown_value
 
 
 def _plain_line(name: str, text: str) -> str:

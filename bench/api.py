@@ -69,7 +69,7 @@ class Agent:
 
 
 def new_agents(tenant, count: int, base: str) -> list[Agent]:
-    from ledger.services.tenancy import agent_create
+    from ledger.tenancy import agent_create
 
     stamp = int(time.time() * 1000)
     return [Agent(base, agent_create(tenant=tenant, name=f"bench-{stamp}-{i}")[1], f"a{stamp}-{i}")

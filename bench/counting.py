@@ -31,7 +31,7 @@ def counting(keep_sql: bool = False):
     def wrapper(execute, sql, params, many, context):
         counts.queries += 1
         head = sql.lstrip()[:6].upper()
-        # A call of one of the engine's functions (ledger/fastpath.py) is a whole transaction that writes.
+        # A call of one of the engine's functions (ledger/engine/fastpath.py) is a whole transaction that writes.
         writes = head in WRITES or "FOR UPDATE" in sql.upper() or "FOR NO KEY UPDATE" in sql.upper() \
             or FASTPATH.search(sql) is not None
         if keep_sql:

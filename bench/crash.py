@@ -21,7 +21,7 @@ TIMEOUT = 2.0  # the tool's timeout: its action's lease is timeout + 1 s
 
 
 def register(tenant) -> None:
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
 
     tool_upsert(tenant=tenant, name=TOOL, actor="bench", spec={
         "executor": {"kind": "python", "path": "bench.noop.noop"}, "risk": "low", "args_schema": {"type": "object"},
@@ -58,12 +58,12 @@ def wait_for(predicate, timeout: float, step: float = 0.01):
 def trial(tenant, agent, index: int) -> dict:
     """The child claims the action and executes it as the API's fast path does, and is killed after the call."""
     from ledger.models import Action, Attempt
-    from ledger.services.runs import run_open
+    from ledger.engine.runs import run_open
 
     run = run_open(tenant=tenant, agent=agent, goal=f"crash {index}", actor="agent:bench")
     key = f"bench-crash-{run.pk}"
-    code = ("import django; django.setup(); from ledger.models import Run; from ledger.services import execution; "
-            "from ledger.services.actions import action_propose; "
+    code = ("import django; django.setup(); from ledger.models import Run; from ledger.engine import execution; "
+            "from ledger.engine.actions import action_propose; "
             f"p = action_propose(run=Run.objects.get(pk={run.pk}), tool_name={TOOL!r}, args={{'run': {run.pk}}}, "
             f"actor='agent:bench', idempotency_key={key!r}); execution.execute(p.action.pk, owner=p.owner, sole_owner=True)")
     dying = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, timeout=120, check=False,

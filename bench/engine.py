@@ -25,8 +25,8 @@ ACTOR = "agent:bench"
 def tenant_with_tools(slug: str = TENANT):
     from bench.noop_tools import POLICY
     from ledger.models import Agent, Tenant
-    from ledger.services.tenancy import agent_create, tenant_create
-    from ledger.services.tools import tool_upsert
+    from ledger.tenancy import agent_create, tenant_create
+    from ledger.policy.versions import tool_upsert
 
     tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(slug=slug, name=slug)
     agent = Agent.objects.filter(tenant=tenant, name="bench").first()
@@ -44,9 +44,9 @@ class Saga:
     is unwound by the caller."""
 
     def __init__(self, tenant, agent):
-        from ledger.services import execution
-        from ledger.services.actions import action_propose
-        from ledger.services.runs import run_complete, run_open
+        from ledger.engine import execution
+        from ledger.engine.actions import action_propose
+        from ledger.engine.runs import run_complete, run_open
 
         self.tenant, self.agent = tenant, agent
         self.execution, self.propose, self.run_open, self.run_complete = execution, action_propose, run_open, run_complete
@@ -154,7 +154,7 @@ def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dic
 
 
 def python_path(n: int, *, rounds: int = 5) -> dict:
-    """The same sagas with the PostgreSQL functions (ledger/fastpath.py) and on the Python path every database
+    """The same sagas with the PostgreSQL functions (ledger/engine/fastpath.py) and on the Python path every database
     can take (UNWIND_FAST_PATH off), alternating in rounds: what the functions change, measured side by side."""
     from django.conf import settings
 

@@ -80,7 +80,7 @@ class McpAgent(Agent):
 
 
 def new_rest_agents(tenant, count: int, base: str) -> list[RestAgent]:
-    from ledger.services.tenancy import agent_create
+    from ledger.tenancy import agent_create
 
     stamp = int(time.time() * 1000)
     return [RestAgent(base, agent_create(tenant=tenant, name=f"rest-{stamp}-{i}")[1], f"r{stamp}-{i}")
@@ -88,7 +88,7 @@ def new_rest_agents(tenant, count: int, base: str) -> list[RestAgent]:
 
 
 def new_mcp_agents(tenant, count: int, base: str) -> list[McpAgent]:
-    from ledger.services.tenancy import agent_create
+    from ledger.tenancy import agent_create
 
     stamp = int(time.time() * 1000)
     return [McpAgent(base, agent_create(tenant=tenant, name=f"mcp-{stamp}-{i}")[1], f"m{stamp}-{i}")
@@ -152,7 +152,7 @@ class InProcess:
     def __init__(self, tenant):
         from django.test import Client
 
-        from ledger.services.tenancy import agent_create
+        from ledger.tenancy import agent_create
 
         stamp = int(time.time() * 1000)
         self.rest = Client(HTTP_AUTHORIZATION=f"Bearer {agent_create(tenant=tenant, name=f'pr-{stamp}')[1]}")

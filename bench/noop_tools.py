@@ -5,7 +5,7 @@ DBOS reference times DBOS itself. `send_email` fails when its args say so, like 
 They are registered as `bench.noop.<name>`; processes the benchmark starts import this module through
 UNWIND_PYTHON_TOOL_MODULES (bench/common.py), as a deployment imports its own tools.
 """
-from ledger import registry
+from ledger.policy import registry
 
 @registry.tool("bench.noop.create_user")
 def create_user(args, *, idempotency_key, target, tenant):

@@ -1,7 +1,7 @@
 """A saga's database work alone: its statements, sent by a client that does nothing else.
 
 One saga of each kind is run through the engine and every statement it sends is recorded as sent (the functions'
-calls of `ledger/fastpath.py` with their guard, and the failing saga's read before the unwind), with its arguments.
+calls of `ledger/engine/fastpath.py` with their guard, and the failing saga's read before the unwind), with its arguments.
 Then, for each saga replayed, the arguments are copied with new ids (run, actions, checkpoints), idempotency keys
 and lease, and serialized, before the clock starts; the clock then times only the statements, on a plain psycopg
 connection in autocommit: the locks, checks, rows, index entries, hashed events and commits the guarantees need, with

@@ -40,9 +40,9 @@ def measure(n: int) -> dict:
     from django.conf import settings
 
     from bench.engine import tenant_with_tools
-    from ledger.services.actions import action_propose
-    from ledger.services.runs import run_open
-    from ledger.services.tools import tool_upsert
+    from ledger.engine.actions import action_propose
+    from ledger.engine.runs import run_open
+    from ledger.policy.versions import tool_upsert
 
     # A tenant of its own each time: the limits count only this measurement's steps (at most n of each tool).
     tenant, agent, _ = tenant_with_tools(slug=f"bench-rules-{int(time.time())}")
@@ -82,9 +82,9 @@ def measure(n: int) -> dict:
 
 def decide_alone(n: int) -> dict:
     """The five rules' decision in the process alone (no database: limits left out), as `_record` makes it."""
-    from ledger import decision
+    from ledger.engine import decision
     from ledger.models import Run, Tool
-    from ledger.policy import parse_tool
+    from ledger.policy.document import parse_tool
 
     tool = Tool(name="bench.ruled", version=1, **parse_tool("bench.ruled", RULED, where="tools.bench.ruled"))
     run = Run(goal="bench rules", on_behalf_of="", next_seq=3)

@@ -69,8 +69,8 @@ class Bulk:
         from django.contrib.auth import get_user_model
 
         from ledger.models import Tenant
-        from ledger.services.tenancy import agent_create, membership_set, tenant_create
-        from ledger.services.tools import tool_upsert
+        from ledger.tenancy import agent_create, membership_set, tenant_create
+        from ledger.policy.versions import tool_upsert
 
         self.tenant = Tenant.objects.filter(slug=TENANT).first() or tenant_create(slug=TENANT, name="Bulk fixture")
         tool_upsert(tenant=self.tenant, name="bulk.undo", actor="bench", spec={

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.canonical import dumps
 from ledger.models import Action, ActionClass, ActionKind, Attempt, AuditEvent, Run, Tenant
 from ledger.models import ActionStatus as A

@@ -19,7 +19,7 @@ from django_q.tasks import async_task
 
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import FORWARD_TOOLS, GATED, TENANT, sandbox_control
-from ledger.executors import ToolError
+from ledger.executors.call import ToolError
 from ledger.models import Attempt, ActionStatus, Run, RunStatus
 
 # Compensations that can be made to fail (payments.refund needs a person and never runs unattended).

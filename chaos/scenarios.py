@@ -18,7 +18,7 @@ from chaos.agents import Recorder
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast, sandbox_control
 from ledger.models import Action, Attempt, Run
-from ledger.services.actions import action_propose
+from ledger.engine.actions import action_propose
 from sandbox.models import Message, ToolCall
 from unwind_client import Unwind
 from unwind_client.errors import ApprovalPending, Unwound
@@ -278,7 +278,7 @@ class Scenarios:
     def quick_email(self):
         """email.send (which ignores keys) with a 2 s timeout, for the scenarios below; restored by `restore`."""
         from ledger.models import Tool
-        from ledger.services.tools import tool_upsert
+        from ledger.policy.versions import tool_upsert
         from chaos.world import policy
 
         spec = dict(policy(threshold="critical", ttl_seconds=3600)["tools"]["email.send"], timeout=2)
@@ -286,7 +286,7 @@ class Scenarios:
         return Tool.objects.get(tenant=self.cast.tenant, name="email.send", is_current=True)
 
     def restore_email(self):
-        from ledger.services.tools import tool_upsert
+        from ledger.policy.versions import tool_upsert
         from chaos.world import policy
 
         tool_upsert(tenant=self.cast.tenant, name="email.send", actor="system:chaos",

@@ -8,10 +8,10 @@ import requests
 import yaml
 from django.contrib.auth import get_user_model
 
-from ledger import signing
+from ledger.executors import signing
 from ledger.models import Tenant
-from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tools_load
+from ledger.tenancy import agent_create, membership_set, tenant_create
+from ledger.policy.versions import tools_load
 
 POLICY = Path(__file__).resolve().parent.parent / "sandbox" / "policy.yaml"
 TENANT = "chaos"

@@ -219,7 +219,7 @@ UNWIND_BASE_URL = env_str("UNWIND_BASE_URL", "http://127.0.0.1:8000")
 # Relative HTTP tool URLs (those starting with "/") are resolved against this address.
 UNWIND_TOOL_BASE_URL = env_str("UNWIND_TOOL_BASE_URL", UNWIND_BASE_URL)
 # Where HTTP tools may live: scheme://host:port origins, comma-separated. The origin of UNWIND_TOOL_BASE_URL
-# is always allowed; any other URL in policy is refused when written and when called (ledger/egress.py).
+# is always allowed; any other URL in policy is refused when written and when called (ledger/executors/egress.py).
 UNWIND_TOOL_ORIGINS = env_list("UNWIND_TOOL_ORIGINS", [])
 # Addresses (CIDRs) a DNS-named tool origin may resolve to although they are not public, e.g. 10.0.0.0/8
 # for tools on the deployment's own network. Loopback, link-local and private space are refused otherwise.
@@ -230,9 +230,9 @@ UNWIND_TOOL_MAX_RESPONSE_BYTES = env_int("UNWIND_TOOL_MAX_RESPONSE_BYTES", 1024 
 UNWIND_PYTHON_TOOL_MODULES = env_list("UNWIND_PYTHON_TOOL_MODULES", [])
 # Upstream MCP servers whose tools policy may name (`executor: {kind: mcp, server, tool}`), as a JSON object of
 # name → {"url": ..., "headers": {...}} (streamable HTTP, at an allowed tool origin) or {"command": ..., "args":
-# [...], "env": {...}} (stdio). Declared here only: policy names a server, never a URL or a command (ledger/mcp_upstream.py).
+# [...], "env": {...}} (stdio). Declared here only: policy names a server, never a URL or a command (ledger/executors/mcp.py).
 UNWIND_MCP_SERVERS = env_json_object("UNWIND_MCP_SERVERS", {})
-# The key Unwind signs its tool requests with (ledger/signing.py); a tool that shares it can check them.
+# The key Unwind signs its tool requests with (ledger/executors/signing.py); a tool that shares it can check them.
 UNWIND_TOOL_SIGNING_KEY = env_str("UNWIND_TOOL_SIGNING_KEY", "") or ("unwind-tool-signing:" + SECRET_KEY)
 
 # Engine.
@@ -247,7 +247,7 @@ UNWIND_LEASE_SECONDS = env_float("UNWIND_LEASE_SECONDS", 30.0, minimum=1)
 # How many times the sweep takes over a step whose worker was lost (each time with no outcome recorded) before
 # it hands the step to a person instead: a step whose settling keeps killing its worker never loops for good.
 UNWIND_MAX_RECLAIMS = env_int("UNWIND_MAX_RECLAIMS", 10, minimum=1)
-# On PostgreSQL, a step's proposal and its success are each one call of a database function (ledger/fastpath.py);
+# On PostgreSQL, a step's proposal and its success are each one call of a database function (ledger/engine/fastpath.py);
 # off, they take the Python path every database takes. Only for comparing the two (bench/, tests).
 UNWIND_FAST_PATH = env_bool("UNWIND_FAST_PATH", True)
 UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, minimum=0.1)

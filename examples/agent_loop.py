@@ -200,7 +200,7 @@ def seed_people(tenant_slug: str) -> None:
     from django.contrib.auth import get_user_model
 
     from ledger.models import Tenant
-    from ledger.services.tenancy import membership_set
+    from ledger.tenancy import membership_set
 
     tenant = Tenant.objects.get(slug=tenant_slug)
     for name, role in (("alice", "approver"), ("ben", "approver"), ("oscar", "operator")):

@@ -18,10 +18,10 @@ from ledger.models import (
     POLICY_FIELDS, Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, DeployKey, Membership, Run, Tenant,
     TenantPolicyVersion, Tool,
 )
-from ledger.services.tenancy import (
+from ledger.tenancy import (
     agent_create, agent_revoke, deploy_key_revoke, membership_remove, membership_set, tenant_create,
 )
-from ledger.services.tools import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
+from ledger.policy.versions import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
 

@@ -9,9 +9,11 @@ class LedgerConfig(AppConfig):
     name = "ledger"
 
     def ready(self):
-        from ledger import egress, events, mcp_upstream, plpgsql, tracing
+        from ledger.executors import egress, mcp as mcp_upstream
+        from ledger import events, tracing
+        from ledger.engine import plpgsql
 
-        # The deployer's in-process tools register themselves (ledger.registry) when their module is imported:
+        # The deployer's in-process tools register themselves (ledger.policy.registry) when their module is imported:
         # once, here, from a setting, so that policy can only ever name what the deployment put there.
         for module in settings.UNWIND_PYTHON_TOOL_MODULES:
             import_module(module)
@@ -20,14 +22,14 @@ class LedgerConfig(AppConfig):
         # Signed chain heads are exported by the worker's sweep, off the request path.
         events.subscribe("sweep", checkpoint_on_sweep)
         # Every migrate ends with the engine's PostgreSQL functions as their files define them (ledger/plpgsql).
-        post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.plpgsql.install")
+        post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.engine.plpgsql.install")
         tracing.setup()  # once per process, web and worker; nothing unless OTEL_* asks for traces
 
 
 def checkpoint_on_sweep(*, now) -> None:
-    """The worker's sweep signs and exports the heads (ledger/audit_export.py) when signing is configured; the
+    """The worker's sweep signs and exports the heads (ledger/audit/export.py) when signing is configured; the
     signing code (and `cryptography`) is loaded only then, so no process starts slower for it."""
     if settings.UNWIND_AUDIT_EXPORT_DIR and settings.UNWIND_AUDIT_SIGNING_KEY_FILE:
-        from ledger import audit_export
+        from ledger.audit import export as audit_export
 
         audit_export.on_sweep(now=now)

@@ -12,7 +12,7 @@ Events and their keyword payloads:
 - compensation_failed(action, forward)       a compensation gave up (alert and continue)
 - policy_changed(retired, current, actor)    a tool's policy got a new version; `retired` is the one it replaced
 - run_finished(run)                          completed, compensated or closed
-- action_held(action, run)                    a step waits out its tool's hold (ledger/holds.py) until it runs
+- action_held(action, run)                    a step waits out its tool's hold (ledger/engine/holds.py) until it runs
 - hold_stopped(action, run, by, actor)       a held step was stopped before it ran
 - sweep(now)                                 the periodic sweep, for time-based work of other apps
 """

@@ -1,7 +1,7 @@
 """The action ledger: the system of record every recovery decision is made from.
 
 Status fields are never assigned directly: each state machine has one transition function in
-`ledger.transitions` that applies an allowed change with a conditional UPDATE and checks the rowcount.
+`ledger.engine.transitions` that applies an allowed change with a conditional UPDATE and checks the rowcount.
 """
 import hashlib
 
@@ -185,7 +185,7 @@ class Tool(models.Model):
     description = models.TextField(blank=True)
     describe = models.JSONField(default=dict, blank=True,
                                 help_text='How its steps read on the correction trail: {"done", "undone", "failed"} '
-                                          'sentences with {args.x}, {result.x} or {target} (ledger/describe.py).')
+                                          'sentences with {args.x}, {result.x} or {target} (ledger/policy/describe.py).')
     args_schema = models.JSONField(default=dict, blank=True)
     action_class = models.CharField(max_length=32, choices=ActionClass.choices, default=ActionClass.INTERNAL_UPDATE)
     saga_role = models.CharField(max_length=16, choices=SagaRole.choices, default=SagaRole.COMPENSATABLE)
@@ -209,15 +209,15 @@ class Tool(models.Model):
         max_length=16, choices=OnRefusal.choices, default=OnRefusal.ANSWER,
         help_text="A refusal (4xx but 408/425/429) answers the agent and keeps the run open, or unwinds it.")
     hold = models.JSONField(default=dict, blank=True,
-                            help_text='An undo window before its steps run (ledger/holds.py): {"seconds": 30, '
+                            help_text='An undo window before its steps run (ledger/engine/holds.py): {"seconds": 30, '
                                       '"customer_can_stop": false}; empty: none.')
     display = models.JSONField(default=dict, blank=True,
                                help_text='How pages show argument values: {"amount_cents": {"money": {"currency": "EUR"}}}')
     rules = models.JSONField(default=list, blank=True,
                              help_text='CEL conditions on the arguments: [{"when", "risk" | "deny" | "approvals_required", '
-                                       '"reason"}] (ledger/rules.py).')
+                                       '"reason"}] (ledger/policy/rules.py).')
     limits = models.JSONField(default=list, blank=True,
-                              help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/limits.py).')
+                              help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/policy/limits.py).')
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -346,7 +346,7 @@ class ActionStatus(models.TextChoices):
     EXPIRED = "expired", "expired"
     RUNNING = "running", "running"
     RETRY_SCHEDULED = "retry_scheduled", "retry scheduled"
-    # Ready to run, waiting out its tool's hold (an undo window, ledger/holds.py) until `next_attempt_at`.
+    # Ready to run, waiting out its tool's hold (an undo window, ledger/engine/holds.py) until `next_attempt_at`.
     HELD = "held", "held"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
@@ -417,8 +417,8 @@ class Action(models.Model):
     decision_reason = models.TextField(blank=True)
     stopped_by = models.CharField(
         max_length=16, blank=True, default="", db_default="",
-        help_text="Who stopped it while it was held (ledger/holds.py): agent, operator, approver or customer.")
-    # What its tool's rules and limits decided and why (ledger/decision.py): null for a tool without them.
+        help_text="Who stopped it while it was held (ledger/engine/holds.py): agent, operator, approver or customer.")
+    # What its tool's rules and limits decided and why (ledger/engine/decision.py): null for a tool without them.
     policy_decision = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -438,7 +438,7 @@ class Action(models.Model):
             # with their values, so the partial index serves them; SQLite scans, at demo sizes).
             models.Index(fields=["lease_expires_at"], condition=Q(status="running"), name="action_running_lease"),
             models.Index(fields=["next_attempt_at"], condition=Q(status="retry_scheduled"), name="action_retry_due"),
-            # The sweep's look-up of held steps whose window ended (ledger/holds.py).
+            # The sweep's look-up of held steps whose window ended (ledger/engine/holds.py).
             models.Index(fields=["next_attempt_at"], condition=Q(status="held"), name="action_held_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
             # One look-up per proposal: does this run already hold a step with the same content?

@@ -1,6 +1,6 @@
 """django-q2 tasks: thin wrappers that take ids and call the service of the same name."""
 from ledger import tracing
-from ledger.services import execution, sweep as sweeping
+from ledger.engine import execution, sweep as sweeping
 
 
 @tracing.task("unwind.worker execute_action", "unwind.action.id")

@@ -23,17 +23,18 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from ledger import decision, selectors, sql
-from ledger.audit import ledger_transaction
+from ledger.engine import decision, sql
+from ledger.api import selectors
+from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
     ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
-from ledger.policy import approvals_needed
-from ledger.services.actions import action_propose
-from ledger.services.execution import REFUSED
-from ledger.services.runs import run_cancel, run_complete, run_open
+from ledger.policy.document import approvals_needed
+from ledger.engine.actions import action_propose
+from ledger.engine.execution import REFUSED
+from ledger.engine.runs import run_cancel, run_complete, run_open
 from mcp_gateway.models import McpSession
 
 RESERVED_PREFIX = "unwind_"

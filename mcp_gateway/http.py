@@ -29,7 +29,8 @@ from mcp.server.streamable_http import check_accept_headers
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import ValidationError
 
-from ledger import sql, tracing
+from ledger.engine import sql
+from ledger import tracing
 from ledger.models import Agent
 from mcp_gateway import gateway
 from mcp_gateway.gateway import Caller

@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
 from ledger.api.problems import problem
-from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
+from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
 from mcp_gateway import http
 
 CHALLENGE = 'Bearer realm="unwind"'

@@ -16,7 +16,7 @@ from rest_framework import renderers, serializers
 from rest_framework.response import Response
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from ledger import selectors as ledger_selectors
+from ledger.api import selectors as ledger_selectors
 from ledger.api.auth import PERSON_FIRST, IsAgentOrMember, IsPerson, IsStaff, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems

@@ -15,9 +15,9 @@ class RecoveryConfig(AppConfig):
 
         events.subscribe("action_held", stops.on_action_held)
 
-        # The audit chain fingerprints every recovery item as opened and as resolved (ledger/audit.py): a
+        # The audit chain fingerprints every recovery item as opened and as resolved (ledger/audit/chain.py): a
         # resolution edited in the database behind the services' back fails `verify_audit`.
-        from ledger.audit import register_fingerprinted
+        from ledger.audit.chain import register_fingerprinted
         from recovery.models import RecoveryItem
 
         register_fingerprinted(RecoveryItem, fields=RECOVERY_ITEM_FIELDS, kinds=services.RECOVERY_EVENTS)

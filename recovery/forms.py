@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from django import forms
 
-from ledger import received
+from ledger.engine import received
 from ledger.models import Risk, RunStatus
-from ledger.services.unknowns import CHOICES as UNKNOWN_CHOICES
+from ledger.engine.unknowns import CHOICES as UNKNOWN_CHOICES
 from recovery.metrics import DEFAULT_WINDOW, WINDOWS
 from recovery.models import ItemStatus, Reason
 from recovery.selectors import AGE_BUCKETS, QUEUE_SORTS, Access

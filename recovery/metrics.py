@@ -8,7 +8,7 @@ from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from ledger.holds import STOPPERS
+from ledger.engine.holds import STOPPERS
 from ledger.models import Action, ActionKind, ActionStatus as A, AuditEvent, Checkpoint, Run, RunStatus
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem
 from recovery.selectors import AGE_BUCKETS
@@ -114,7 +114,7 @@ def console_metrics(*, tenant_ids: list[int], window: str = DEFAULT_WINDOW, now=
 
 
 def hold_counts(*, tenant_ids: list[int], since) -> dict:
-    """Steps held in the window (ledger/holds.py), those stopped before they ran by who stopped them, and the
+    """Steps held in the window (ledger/engine/holds.py), those stopped before they ran by who stopped them, and the
     corrections customers asked for from their trails (recovery/requests.py)."""
     held = AuditEvent.objects.filter(tenant_id__in=tenant_ids, kind="forward.held", created_at__gte=since).count()
     stopped = dict(Action.objects.filter(tenant_id__in=tenant_ids, created_at__gte=since).exclude(stopped_by="")

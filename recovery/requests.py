@@ -18,11 +18,11 @@ from django.utils import timezone
 
 from approvals.services import actor_of, notify, require_role
 from ledger.agent_text import mail_text, neutral
-from ledger.audit import ledger_transaction
+from ledger.audit.chain import ledger_transaction
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionKind, ActionStatus, Role, Run, RunStatus
-from ledger import sql
-from ledger.services import execution
+from ledger.engine import sql
+from ledger.engine import execution
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem, RequestKind, TrailShareLink
 from recovery.trail import SHARE_TOKEN, _proposed, _sentence, _token_hash, trail_share_url
 

@@ -77,7 +77,7 @@ class Step:
 
     @property
     def stoppers(self) -> str:
-        """Who can stop a held step, in words (ledger/holds.py)."""
+        """Who can stop a held step, in words (ledger/engine/holds.py)."""
         action = self.forward.action
         who = ["the agent", "an operator"]
         if action.approvals_required:

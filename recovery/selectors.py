@@ -14,12 +14,12 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
-from ledger.audit import FINGERPRINT_KEYS
-from ledger.display import shown_value
+from ledger.audit.chain import FINGERPRINT_KEYS
+from ledger.policy.display import shown_value
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
-from ledger.services.execution import REFUSED
+from ledger.engine.execution import REFUSED
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.saga import mark_undoable, saga_strip
 

@@ -5,11 +5,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from approvals.services import notify, require_role
-from ledger.audit import recording
+from ledger.audit.chain import recording
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import RISK_ORDER, Action, ActionKind, ActionStatus, Membership, Risk, Role, Run
-from ledger.services.runs import resume_refusal, run_close, run_compensate, run_resume
-from ledger.services.undo_plans import undo_plan_complete
+from ledger.engine.runs import resume_refusal, run_close, run_compensate, run_resume
+from ledger.engine.undo_plans import undo_plan_complete
 from recovery.models import ItemStatus, RecoveryItem
 
 SUGGESTIONS = {
@@ -96,7 +96,7 @@ def recovery_resume(*, item: RecoveryItem, user, reason: str = "") -> RecoveryIt
 
 def recovery_compensate(*, item: RecoveryItem, user, reason: str = "", unknown: str = "") -> RecoveryItem:
     """Compensate the item's run; `unknown` settles its steps of unknown outcome in the same decision
-    (ledger/services/unknowns.py)."""
+    (ledger/engine/unknowns.py)."""
     item = _open_item(item, user)
     run_compensate(run=item.run, actor=f"user:{user.get_username()}", reason=reason, force=item.reason == "drift",
                    unknown=unknown)

@@ -1,9 +1,9 @@
-"""Who may stop a held step (ledger/holds.py), and the stop itself for each of them.
+"""Who may stop a held step (ledger/engine/holds.py), and the stop itself for each of them.
 
 The engine records a stop and goes on by the saga law; this module decides whether the person asking may: an
 operator of the run's tenant, an approver who approved that very step, or the holder of a live share link to the
 run's correction trail when the step's policy lets the customer stop it (`hold: {customer_can_stop: true}`). The
-agent stops a held step by cancelling its run (ledger/services/runs.py).
+agent stops a held step by cancelling its run (ledger/engine/runs.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision
 from approvals.services import actor_of, role_of
-from ledger import holds
+from ledger.engine import holds
 from ledger.errors import NotFound, PermissionDenied
 from ledger.models import ROLE_ORDER, Action, ActionKind, ActionStatus, Role, Run
 from recovery.models import TrailShareLink

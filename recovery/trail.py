@@ -18,9 +18,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.services import notify, require_role
-from ledger import describe
-from ledger.audit import event_is_authentic, ledger_transaction
-from ledger.display import display_value, money_source_args, person_at, shown_args
+from ledger.policy import describe
+from ledger.audit.chain import event_is_authentic, ledger_transaction
+from ledger.policy.display import display_value, money_source_args, person_at, shown_args
 from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
     ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,

@@ -16,12 +16,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger import holds, selectors as ledger_selectors
+from ledger.engine import holds
+from ledger.api import selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionStatus, Role, Run, RunStatus
-from ledger.services.runs import resume_refusal
-from ledger.services.undo_plans import undo_draft
-from ledger.services.unknowns import unknown_steps
+from ledger.engine.runs import resume_refusal
+from ledger.engine.undo_plans import undo_draft
+from ledger.engine.unknowns import unknown_steps
 from recovery import requests as customer_requests, selectors, services, stops
 from recovery.forms import (
     OPERATIONS, BulkForm, MetricsForm, operations_for, QueueFilterForm, ResolveForm, RunFilterForm, UndoPlanForm,

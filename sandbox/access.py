@@ -4,7 +4,7 @@ The sandbox is opt-in (`UNWIND_SANDBOX`); when it is off every sandbox URL answe
 in-process tools refuse. When it is on, each request acts in exactly one tenant's world:
 
 - a **tool call** (POST of a tool) is Unwind calling on a tenant's behalf: it must carry Unwind's
-  signature (`ledger.signing`), which names the tenant. Unsigned, forged or stale → 401, nothing recorded.
+  signature (`ledger.executors.signing`), which names the tenant. Unsigned, forged or stale → 401, nothing recorded.
 - a **record reader** (GET of one record, or of the message and ticket listings) is read by Unwind
   (signed, for snapshots and lookups) or by a person who is a member of the tenant.
 - the **world's controls** (state, call log, faults, reset) are for people only: a logged-in user
@@ -24,7 +24,7 @@ from django.core.validators import slug_re
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware
 
-from ledger import signing
+from ledger.executors import signing
 from ledger.models import ROLE_ORDER, Membership, Role, Tenant
 from sandbox.errors import Forbidden, InvalidArgument, NotAuthenticated, NotFound, SandboxError
 
@@ -52,7 +52,7 @@ def tool_caller_tenant(request: HttpRequest) -> Tenant:
     tenant = signed_tenant(request)
     if tenant is None:
         raise NotAuthenticated("sandbox tools are called by Unwind: the request must carry a valid Unwind-Signature "
-                               "for its tenant (see ledger/signing.py)")
+                               "for its tenant (see ledger/executors/signing.py)")
     return tenant
 
 

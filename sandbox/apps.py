@@ -5,5 +5,5 @@ class SandboxConfig(AppConfig):
     name = "sandbox"
 
     def ready(self):
-        # The sandbox's in-process tools join Unwind's Python registry (ledger.registry) with the app.
+        # The sandbox's in-process tools join Unwind's Python registry (ledger.policy.registry) with the app.
         from sandbox import callables  # noqa: F401

@@ -14,15 +14,15 @@ They stay registered whatever `UNWIND_SANDBOX` says, so that a policy naming the
 same everywhere; while the sandbox is off every call refuses with a sentence saying so (a permanent
 ToolError), and nothing is recorded.
 
-They are registered in Unwind's Python registry (`ledger.registry`): a policy names the tool
+They are registered in Unwind's Python registry (`ledger.policy.registry`): a policy names the tool
 "sandbox.crm.update_ticket" and the reader "sandbox.read_ticket", never a module path.
 """
 from collections.abc import Callable
 
-from ledger import registry
+from ledger.policy import registry
 from django.conf import settings
 
-from ledger.executors import ToolError
+from ledger.executors.call import ToolError
 from ledger.models import Tenant
 from sandbox import selectors
 from sandbox.models import ToolName

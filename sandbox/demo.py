@@ -18,7 +18,7 @@ import re
 
 import requests
 
-from ledger import signing
+from ledger.executors import signing
 from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, Unwound
 
 

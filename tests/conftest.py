@@ -13,8 +13,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tools_load
+from ledger.tenancy import agent_create, membership_set, tenant_create
+from ledger.policy.versions import tools_load
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = yaml.safe_load((ROOT / "sandbox" / "policy.yaml").read_text())

@@ -1,8 +1,8 @@
 """Small helpers shared by tests: driving runs through the real services."""
 from ledger.models import Run
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_open
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_open
 
 
 def open_run(world, goal="test run", **kwargs) -> Run:
@@ -40,12 +40,12 @@ def acme():
 
 
 def signed_post(url: str, payload: dict, *, tenant: str = "acme", headers: dict | None = None):
-    """POST to a sandbox tool as Unwind does: the JSON body signed for `tenant` (ledger.signing)."""
+    """POST to a sandbox tool as Unwind does: the JSON body signed for `tenant` (ledger.executors.signing)."""
     import json
 
     import requests
 
-    from ledger import signing
+    from ledger.executors import signing
 
     body = json.dumps(payload).encode()
     signed = signing.sign(tenant=tenant, method="POST", url=url, body=body)

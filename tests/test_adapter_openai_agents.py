@@ -15,7 +15,7 @@ from examples.openai_agents_agent import ScriptedModel
 from examples.scripted_brain import onboarding
 from examples.scripted_brain import Plan, Step
 from ledger.models import Run, Tool
-from ledger.services.tenancy import deploy_key_create
+from ledger.tenancy import deploy_key_create
 from tests.conftest import ROOT
 from tests.helpers import fault
 from tests.test_client import calls, eventually

@@ -3,7 +3,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import (
     Action, Agent, Attempt, AuditEvent, AuditHead, Checkpoint, Membership, Run, Tenant, TenantPolicyVersion, Tool,
 )
@@ -91,7 +91,7 @@ def test_agents_show_prefix_not_key_and_cannot_be_edited(admin_world):
 def test_a_superuser_adds_an_agent_and_sees_its_key_once(admin_world, live_server):
     import requests
 
-    from ledger.services.tenancy import hash_key
+    from ledger.tenancy import hash_key
 
     client = admin_world.client
     assert client.get(url(Agent, "add")).status_code == 200

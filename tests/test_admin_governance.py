@@ -12,7 +12,7 @@ from django.forms.models import model_to_dict
 from django.test import Client
 
 from ledger.models import AuditEvent, DeployKey, Membership, Tenant, Tool
-from ledger.services.tenancy import deploy_key_create, deploy_key_authenticate
+from ledger.tenancy import deploy_key_create, deploy_key_authenticate
 
 
 def staff(username: str, *, superuser: bool = False) -> Client:

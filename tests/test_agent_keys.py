@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import connection
 
 from ledger.models import Action
-from ledger.services.tenancy import agent_create
+from ledger.tenancy import agent_create
 from sandbox.selectors import call_list, world_state
 from tests.helpers import acme
 from tests.test_agent_target import client, open_run

@@ -5,8 +5,8 @@ booker's run and action are left as they were. People with a role see the whole 
 import pytest
 
 from ledger.models import Action, Run
-from ledger.services.tenancy import agent_create
-from ledger.services.tools import tool_upsert
+from ledger.tenancy import agent_create
+from ledger.policy.versions import tool_upsert
 from tests.test_governance import Api, chain, problem
 
 USER = {"email": "ashu@company.com", "name": "Ashu Kumar"}

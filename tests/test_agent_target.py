@@ -10,7 +10,7 @@ from __future__ import annotations
 import requests
 
 from ledger.models import Action, AuditEvent, Run
-from ledger.services.tenancy import agent_create
+from ledger.tenancy import agent_create
 from sandbox.selectors import call_list, record_get, world_state
 from tests.helpers import acme
 from tests.test_args_as_sent import put_tool

@@ -45,7 +45,7 @@ def test_the_answer_to_an_executed_proposal_is_the_action_as_recorded(api):
 
 def test_a_threshold_lowered_between_two_proposals_gates_the_second(api):
     """An agent proposes right after a person made every step need approval: the second step waits for a person,
-    whatever the process kept from the first (ledger/fastpath.py checks it in the proposal's own call)."""
+    whatever the process kept from the first (ledger/engine/fastpath.py checks it in the proposal's own call)."""
     from ledger.models import Tenant
 
     run = api.open_run()

@@ -8,8 +8,8 @@ from rest_framework.test import APIClient
 from approvals.models import ApprovalRequest
 from ledger.api.auth import AgentKeyThrottle
 from ledger.models import Run
-from ledger.services.actions import action_propose
-from ledger.services.tenancy import agent_revoke
+from ledger.engine.actions import action_propose
+from ledger.tenancy import agent_revoke
 from tests.api_support import assert_problem, basic
 from tests.helpers import act, open_run
 

@@ -5,8 +5,8 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from ledger.models import Tenant
-from ledger.services.actions import action_propose
-from ledger.services.tools import tool_upsert
+from ledger.engine.actions import action_propose
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from tests.api_support import assert_problem
 from tests.helpers import act, fault, open_run

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from ledger.models import AuditEvent
-from ledger.services.tenancy import agent_create, deploy_key_create
+from ledger.tenancy import agent_create, deploy_key_create
 from tests.api_support import basic
 from tests.wire_support import tool_service, wired  # noqa: F401 - fixtures
 

@@ -4,7 +4,7 @@ from datetime import timedelta
 from django.utils import timezone
 
 from ledger.models import Run
-from ledger.services.runs import run_open
+from ledger.engine.runs import run_open
 from tests.api_support import assert_problem
 from tests.helpers import open_run
 

@@ -85,7 +85,7 @@ def test_people_read_tools_and_admins_change_them(api_db):
 
 
 def test_a_person_in_several_tenants_names_one(api_db):
-    from ledger.services.tenancy import membership_set
+    from ledger.tenancy import membership_set
 
     membership_set(tenant=api_db.world.globex, user=api_db.world.victor, role="admin")
     victor = api_db.person("victor")

@@ -15,8 +15,8 @@ from approvals import clicks, link_service
 from approvals.models import ApprovalDecision, ApprovalLink, ApprovalRequest, Notification
 from approvals.services import approval_decide, notifications_send
 from ledger.models import Action, Membership
-from ledger.services.tenancy import membership_set
-from ledger.services.tools import tool_upsert
+from ledger.tenancy import membership_set
+from ledger.policy.versions import tool_upsert
 from tests.conftest import in_process_policy
 from tests.test_notifications import body_parts, charge_waiting, smtp  # noqa: F401 - the SMTP fixture
 

@@ -14,8 +14,8 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approvals_expire
 from ledger.models import Action
-from ledger.services.runs import run_cancel, run_compensate, run_open
-from ledger.services.tools import tool_upsert
+from ledger.engine.runs import run_cancel, run_compensate, run_open
+from ledger.policy.versions import tool_upsert
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy
 from tests.helpers import acme, act, open_run

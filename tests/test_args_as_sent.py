@@ -13,10 +13,10 @@ import pytest
 import requests
 from django.db import connection
 
-from ledger import registry
-from ledger.audit_verify import verify_chain
+from ledger.policy import registry
+from ledger.audit.verify import verify_chain
 from ledger.models import Action
-from ledger.received import LiteralFloat, LiteralInt, dumps, loads
+from ledger.engine.received import LiteralFloat, LiteralInt, dumps, loads
 from tests.recorder import recorder  # noqa: F401 - the fixture
 from unwind_client import Unwind
 

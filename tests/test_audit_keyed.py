@@ -19,17 +19,17 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide
 from config.audit_keys import key_id
-from ledger import audit_export
-from ledger.audit import (
+from ledger.audit import export as audit_export
+from ledger.audit.chain import (
     TOOL_POLICY_FIELDS, TOOL_UNFINGERPRINTED_FIELDS, event_hash, fingerprinted_models,
     ledger_transaction,
 )
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.canonical import dumps
 from ledger.api.tools import policy_of
 from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, Tool
-from ledger.services.tools import tenant_defaults_set, tool_upsert
-from ledger.services.sweep import sweep
+from ledger.policy.versions import tenant_defaults_set, tool_upsert
+from ledger.engine.sweep import sweep
 from recovery.models import RecoveryItem
 from recovery.services import recovery_close
 from tests.helpers import act, fault, open_run
@@ -152,7 +152,7 @@ def row_of(model, world):
     return model._default_manager.filter(tenant=world.acme).order_by("pk").first()
 
 
-# Written out here, not taken from ledger/audit.py: leaving a field out of a fingerprint must fail its test.
+# Written out here, not taken from ledger/audit/chain.py: leaving a field out of a fingerprint must fail its test.
 FIELDS = [
     *[(Action, f) for f in ("args", "intent", "before", "after", "target_type", "target_id", "verification",
                             "compensation_plan", "result", "error_class", "error_message", "status", "args_hash",

@@ -188,7 +188,7 @@ def test_approver_approves_a_pending_charge_from_the_inbox(tools, live_server, p
 
 def test_approver_sees_a_request_voided_by_a_policy_change_and_its_diff(tools, live_server, page):
     from approvals.models import ApprovalRequest
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from tests.helpers import act, open_run
 
     run = open_run(tools, goal="Buy the annual plan")

@@ -17,7 +17,7 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalLink, ApprovalRequest
 from approvals.services import notifications_send
 from ledger.models import Action
-from ledger.services.tools import tools_load
+from ledger.policy.versions import tools_load
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.helpers import act, open_run
 from tests.test_browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, NO_PLAYWRIGHT, TIMEOUT_MS, log_in, watch_csp

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.canonical import dumps
-from ledger.received import LiteralFloat, LiteralInt
+from ledger.engine.received import LiteralFloat, LiteralInt
 
 
 def plain(value):

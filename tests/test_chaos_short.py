@@ -24,9 +24,9 @@ from chaos.runner import Approver, drain
 from chaos.world import PASSWORD, cast_create
 from ledger.errors import StateConflict
 from ledger.models import Action
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_complete, run_open
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_complete, run_open
 from ledger.tasks import execute_action
 from sandbox.faults import fault_add
 from sandbox.models import Message
@@ -46,7 +46,7 @@ SHORT_FAULTS = [
 
 def dies_at(failpoint: str, action_id: int, owner: str, env: dict) -> str:
     """Execute a claimed action in a process that SIGKILLs itself at the failpoint; how it ended."""
-    code = ("import django; django.setup(); from ledger.services import execution; "
+    code = ("import django; django.setup(); from ledger.engine import execution; "
             f"execution.execute({action_id}, owner={owner!r})")
     ended = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True, text=True,
                            env=dict(env, DJANGO_SETTINGS_MODULE="config.settings", UNWIND_FAILPOINTS=failpoint))
@@ -225,7 +225,7 @@ def test_the_harness_only_makes_tools_act_then_fail_with_an_answer_the_contract_
     """A tool that acts and then answers 503 breaks the tool contract (503 = not carried out); `make chaos` once
     injected exactly that and blamed Unwind for believing it."""
     from chaos.mayhem import tool_fault
-    from ledger.executors import ToolError
+    from ledger.executors.call import ToolError
 
     rng = random.Random(7)
     statuses = {tool_fault("error_after_effect", rng)["status"] for _ in range(200)}

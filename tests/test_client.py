@@ -11,7 +11,7 @@ from requests.adapters import HTTPAdapter
 
 from examples import agent_loop
 from ledger.models import Run
-from ledger.services.tenancy import deploy_key_create
+from ledger.tenancy import deploy_key_create
 from tests.conftest import ROOT
 from tests.helpers import fault
 from unwind_client import ApprovalPending, InFlight, Refused, Rejected, ReportRequired, Unavailable, Unwind, Unwound

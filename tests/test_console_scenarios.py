@@ -5,8 +5,8 @@ No tests here; the console, trail and browser test modules import these.
 from django.contrib.auth import get_user_model
 
 from ledger.models import Run
-from ledger.services.runs import run_cancel
-from ledger.services.tools import tool_upsert
+from ledger.engine.runs import run_cancel
+from ledger.policy.versions import tool_upsert
 from recovery.models import ItemStatus, RecoveryItem
 from sandbox import services as world_services
 from sandbox.faults import faults_clear

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from approvals.services import notifications_send
 from ledger.models import AuditEvent, Run
-from ledger.policy import parse_document
-from ledger.services.runs import run_complete
-from ledger.services.tools import tools_load
+from ledger.policy.document import parse_document
+from ledger.engine.runs import run_complete
+from ledger.policy.versions import tools_load
 from recovery.models import CustomerRequest, RecoveryItem, TrailShareLink
 from recovery.trail import trail_link_create
 from tests.helpers import act, open_run

@@ -1,4 +1,4 @@
-"""Issue 27: the engine's PostgreSQL functions live in files (ledger/plpgsql/*.sql), installed by `migrate`.
+"""Issue 27: the engine's PostgreSQL functions live in files (ledger/engine/plpgsql/*.sql), installed by `migrate`.
 
 A database migrated from nothing and one that ran the old migrations first end with the same definitions, the files';
 a file changed and `migrate` run again installs it; whatever the database holds that is not the files' (another
@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from ledger import fastpath, plpgsql, sql
+from ledger.engine import fastpath, plpgsql, sql
 from tests.conftest import needs_postgres
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,11 @@ import pytest
 from django_q.conf import Conf
 from django_q.models import OrmQ
 
-from ledger import registry, tasks
+from ledger.policy import registry
+from ledger import tasks
 from ledger.api import inline
 from ledger.models import Action
-from ledger.services.tools import tool_upsert
+from ledger.policy.versions import tool_upsert
 from ledger.models import Tenant
 from sandbox.selectors import world_state
 from tests.helpers import acme as acme_tenant

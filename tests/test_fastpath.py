@@ -1,4 +1,4 @@
-"""Issue 17: on PostgreSQL a step's transactions are each one call of a database function (ledger/fastpath.py).
+"""Issue 17: on PostgreSQL a step's transactions are each one call of a database function (ledger/engine/fastpath.py).
 
 The calls must leave exactly the ledger the Python path leaves (the same rows, the same events, a chain
 `verify_chain` accepts), and whenever the case is not the plain one they handle, write nothing and let the
@@ -13,14 +13,14 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger import fastpath, plpgsql
-from ledger.audit_verify import verify_chain
+from ledger.engine import fastpath, plpgsql
+from ledger.audit.verify import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel, run_complete
-from ledger.services.tools import tenant_defaults_set, tool_upsert
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel, run_complete
+from ledger.policy.versions import tenant_defaults_set, tool_upsert
 from tests.conftest import needs_postgres
 from tests.helpers import act, open_run
 
@@ -93,7 +93,7 @@ def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
 def statements(captured) -> int:
     """The engine's statements on the ledger: not the test's savepoints, nor the check of the functions a connection
     makes once, nor the reads of the in-process sandbox tools and of the `act` helper, which go through the ORM
-    (qualified columns, which `ledger/sql.py` never writes)."""
+    (qualified columns, which `ledger/engine/sql.py` never writes)."""
     return sum(1 for q in captured.captured_queries
                if ("ledger_" in q["sql"] or "public.unwind_" in q["sql"])
                and not q["sql"].startswith(("SAVEPOINT", "RELEASE", "SELECT pg_catalog.md5"))
@@ -151,7 +151,7 @@ def test_a_run_marked_cancelled_but_still_running_takes_no_step_from_the_call(to
 
 def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
     """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
-    from ledger.services.actions import compensation_plan_of
+    from ledger.engine.actions import compensation_plan_of
 
     run = open_run(tools)
     tool, action_id, threshold, twin = fastpath.current_tool(tools.acme.pk, "hr.create_user")
@@ -560,7 +560,7 @@ def test_a_proposal_that_waited_on_a_lock_gets_its_whole_lease(fast, settings, _
 
     from django.db import connections, transaction
 
-    from ledger.services.tools import tools_load
+    from ledger.policy.versions import tools_load
     from tests.conftest import World, in_process_policy, seed_sandboxes
 
     settings.UNWIND_FAST_PATH = fast

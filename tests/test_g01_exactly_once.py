@@ -6,7 +6,7 @@ from django.db import connection
 
 from ledger.errors import IdempotencyMismatch, StillInFlight
 from ledger.models import Action
-from ledger.services.actions import action_propose
+from ledger.engine.actions import action_propose
 from sandbox.selectors import call_list
 from tests.conftest import needs_postgres
 from tests.helpers import acme, act, open_run
@@ -75,7 +75,7 @@ def test_a_changed_argument_is_a_new_action(tools):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_duplicates_execute_exactly_once():
     from tests.conftest import World, in_process_policy
-    from ledger.services.tools import tools_load
+    from ledger.policy.versions import tools_load
     from tests.conftest import seed_sandboxes
 
     world = World()

@@ -34,7 +34,7 @@ def test_a_compensation_that_keeps_failing_leaves_the_run_in_the_queue_not_faile
 
 
 def test_completed_and_compensated_runs_have_no_open_item(tools):
-    from ledger.services.runs import run_complete
+    from ledger.engine.runs import run_complete
 
     ok = open_run(tools)
     act(ok, "hr.create_user", {"email": "a@x.io", "name": "A"})
@@ -69,11 +69,11 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     """Found by chaos (seed 872911): a compensation reclaimed after a lost worker got no answer and could not be read
     back, so it ended lost; the next unwinder found its step still compensating and waited for good, leaving the run
     unwinding with nothing in the recovery queue. It must go to a person, naming the undo that may have acted."""
-    from ledger import sql
-    from ledger.audit import ledger_transaction
-    from ledger.executors import ToolError
+    from ledger.engine import sql
+    from ledger.audit.chain import ledger_transaction
+    from ledger.executors.call import ToolError
     from ledger.models import Run
-    from ledger.services import execution
+    from ledger.engine import execution
 
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "lost-undo@x.io", "name": "L"})

@@ -64,7 +64,7 @@ def test_alert_and_continue_when_one_compensation_never_succeeds(tools):
 def test_an_undo_that_cannot_be_put_together_is_alerted_and_the_rest_go_on(tools):
     """The step's compensation names a field its result does not have: it is recorded as failed, and the same
     unwind goes on to the older steps and settles the run (no sweep runs here to start another)."""
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from tests.conftest import in_process_policy
 
     spec = in_process_policy()["tools"]["licenses.provision"]

@@ -3,7 +3,7 @@ import pytest
 
 from ledger.errors import OrderingViolation
 from ledger.models import Action
-from ledger.services.runs import run_open
+from ledger.engine.runs import run_open
 from sandbox.selectors import world_state
 from tests.helpers import acme, act, fault, open_run
 

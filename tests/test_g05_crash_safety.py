@@ -17,11 +17,11 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger.models import Action
-from ledger.services.actions import action_propose
-from ledger.services.execution import mark_sent
+from ledger.engine.actions import action_propose
+from ledger.engine.execution import mark_sent
 from ledger.management.commands.worker import until_next_sweep
-from ledger.services.sweep import next_due, sweep
-from ledger.services.tools import tool_upsert
+from ledger.engine.sweep import next_due, sweep
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox import callables
 from sandbox.selectors import call_list, world_state
@@ -197,7 +197,7 @@ def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_work
     # machine), or the process finds its lease gone and, rightly, sends nothing.
     settings.UNWIND_LEASE_SECONDS = 6
     proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker", queued=True)
-    code = ("import django; django.setup(); from ledger.services import execution; "
+    code = ("import django; django.setup(); from ledger.engine import execution; "
             f"execution.execute({proposal.action.pk}, owner={proposal.owner!r})")
     dying = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True,
                            env=process_env(http_tools.live_server, DJANGO_SETTINGS_MODULE="config.settings",

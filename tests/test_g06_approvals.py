@@ -8,8 +8,8 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import Action
-from ledger.services.actions import action_approve
-from ledger.services.tools import tool_upsert
+from ledger.engine.actions import action_approve
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy

@@ -1,5 +1,5 @@
 """Guarantee 7: a snapshot restore never overwrites a change someone else made since."""
-from ledger.services.runs import run_cancel
+from ledger.engine.runs import run_cancel
 from recovery.models import RecoveryItem
 from recovery.services import recovery_compensate
 from sandbox import services as sandbox

@@ -8,10 +8,10 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from ledger.errors import PermissionDenied, UnknownTool
 from ledger.models import Action
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_open
-from ledger.services.tenancy import agent_authenticate
-from ledger.services.tools import tool_upsert
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_open
+from ledger.tenancy import agent_authenticate
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from recovery.services import recovery_close
 from tests.helpers import act, fault, open_run

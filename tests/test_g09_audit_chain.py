@@ -2,9 +2,9 @@
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger import sql
-from ledger.audit import ledger_transaction
-from ledger.audit_verify import verify_chain
+from ledger.engine import sql
+from ledger.audit.chain import ledger_transaction
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Run
 from tests.helpers import act, fault, open_run
 

@@ -3,9 +3,9 @@ import pytest
 
 from ledger.errors import RunCancelled
 from ledger.models import Action
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.helpers import acme, act, fault, open_run
@@ -43,7 +43,7 @@ def test_a_scheduled_retry_is_skipped_by_the_cancel(tools, settings):
     settings.UNWIND_MAX_BACKOFF = 60
     run = open_run(tools)
     fault("travel.book_flight", "status", status=503, times=0)
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from tests.conftest import in_process_policy
 
     tool_upsert(tenant=tools.acme, name="travel.book_flight", actor="test",
@@ -72,8 +72,8 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     not skipped as if nothing happened: it is read back (never sent again), found, and corrected."""
     import time
 
-    from ledger.services.execution import mark_sent
-    from ledger.services.sweep import sweep
+    from ledger.engine.execution import mark_sent
+    from ledger.engine.sweep import sweep
     from sandbox import callables
     from tests.test_g05_crash_safety import short_lease, sweep_until_settled, wait_for_lease
 

@@ -9,9 +9,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.forms.models import model_to_dict
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, Tool
-from ledger.services.tenancy import deploy_key_create, deploy_key_revoke
+from ledger.tenancy import deploy_key_create, deploy_key_revoke
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.helpers import acme as acme_tenant

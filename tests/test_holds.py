@@ -12,13 +12,13 @@ import pytest
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from ledger import holds
+from ledger.engine import holds
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Action, AuditEvent, Run
-from ledger.policy import parse_tool
-from ledger.services.runs import run_cancel, run_complete
-from ledger.services.sweep import next_due, sweep
-from ledger.services.tools import tool_upsert
+from ledger.policy.document import parse_tool
+from ledger.engine.runs import run_cancel, run_complete
+from ledger.engine.sweep import next_due, sweep
+from ledger.policy.versions import tool_upsert
 from sandbox.selectors import call_list
 from tests.conftest import in_process_policy, needs_postgres
 from tests.helpers import acme, act, open_run
@@ -190,7 +190,7 @@ def test_a_stop_and_the_release_racing_have_exactly_one_winner(django_db_setup, 
     """Many rounds: the release (window just ended) and a stop start together in two threads; exactly one wins,
     and the step then ran once (released) or never (stopped)."""
     from tests.conftest import World, seed_sandboxes
-    from ledger.services.tools import tools_load
+    from ledger.policy.versions import tools_load
 
     world = World()
     seed_sandboxes(world)

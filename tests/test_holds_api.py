@@ -1,7 +1,7 @@
 """What an agent sees for a held step (issue 29): over REST, 202 with hold.executes_at and links.cancel, and cancelling
 stops it; over MCP, the same in words (and unwind_status says it again while it is held)."""
 from ledger.models import Action
-from ledger.services.tools import tool_upsert
+from ledger.policy.versions import tool_upsert
 from tests.api_support import effects
 from tests.conftest import in_process_policy
 from tests.test_mcp_gateway import call, gateway, session  # noqa: F401
@@ -35,7 +35,7 @@ def test_rest_answers_202_with_executes_at_and_how_to_stop_and_the_cancel_stops_
 
 
 def test_rest_wait_answers_with_the_outcome_once_the_window_ended(api, django_capture_on_commit_callbacks):
-    from ledger.services.sweep import sweep
+    from ledger.engine.sweep import sweep
     import time
 
     held_email(api.world, "1s")

@@ -17,10 +17,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, AuditHead, Membership, Tenant, TenantPolicyVersion
-from ledger.services.actions import action_reclaim
-from ledger.services.tenancy import membership_remove
+from ledger.engine.actions import action_reclaim
+from ledger.tenancy import membership_remove
 from tests.test_agent_target import client, open_run, propose
 from tests.test_args_as_sent import put_tool
 

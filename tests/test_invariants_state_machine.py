@@ -14,14 +14,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Run
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel, run_complete, run_open
-from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tools_load
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel, run_complete, run_open
+from ledger.tenancy import agent_create, membership_set, tenant_create
+from ledger.policy.versions import tools_load
 from recovery.models import RecoveryItem
 from recovery.services import recovery_close, recovery_compensate, recovery_resume
 from sandbox.faults import fault_add

@@ -19,10 +19,10 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from approvals.models import ApprovalRequest
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, Run, Tool
-from ledger.services.tenancy import agent_create
-from ledger.services.tools import tool_upsert
+from ledger.tenancy import agent_create
+from ledger.policy.versions import tool_upsert
 from recovery.forms import OPERATIONS
 from recovery.models import RecoveryItem, TrailShareLink
 from recovery.trail import trail_link_create

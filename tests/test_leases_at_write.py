@@ -14,11 +14,11 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Action, Run
-from ledger.services import execution
-from ledger.services.actions import action_approve, action_claim_due, action_propose, action_reclaim
-from ledger.services.dispatch import new_owner
-from ledger.services.runs import run_resume
-from ledger.services.tools import tool_upsert
+from ledger.engine import execution
+from ledger.engine.actions import action_approve, action_claim_due, action_propose, action_reclaim
+from ledger.engine.dispatch import new_owner
+from ledger.engine.runs import run_resume
+from ledger.policy.versions import tool_upsert
 from tests.conftest import in_process_policy, needs_postgres
 from tests.helpers import act, fault, open_run
 from tests.test_g05_crash_safety import wait_for_lease
@@ -46,7 +46,7 @@ def queue_kept(monkeypatch):
     import contextlib
 
     queued = []
-    monkeypatch.setattr("ledger.services.dispatch.async_task", lambda *args, **kwargs: queued.append(args))
+    monkeypatch.setattr("ledger.engine.dispatch.async_task", lambda *args, **kwargs: queued.append(args))
 
     @contextlib.contextmanager
     def kept():

@@ -19,8 +19,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from approvals.models import ApprovalRequest
 from ledger.models import Action, Run
-from ledger.services.runs import run_expire_idle
-from ledger.services.tenancy import agent_revoke, deploy_key_create
+from ledger.engine.runs import run_expire_idle
+from ledger.tenancy import agent_revoke, deploy_key_create
 from mcp_gateway import gateway as gateway_module
 from mcp_gateway.models import McpSession
 from sandbox.selectors import world_state
@@ -261,7 +261,7 @@ def test_a_call_resent_after_a_reconnect_has_one_effect(gateway):
 
 
 def test_another_tenants_key_lists_none_of_the_tools_and_cannot_call_them(gateway):
-    from ledger.services.tenancy import agent_create, tenant_create
+    from ledger.tenancy import agent_create, tenant_create
 
     initech = tenant_create(slug="initech", name="Initech")
     _, key = agent_create(tenant=initech, name="stranger")

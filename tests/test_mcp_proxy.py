@@ -20,8 +20,8 @@ import yaml
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import CommandError, call_command
 
-from ledger import mcp_upstream
-from ledger.executors import ToolError, mcp_call
+from ledger.executors import mcp as mcp_upstream
+from ledger.executors.call import ToolError, mcp_call
 from ledger.models import Action, Tool
 
 UPSTREAM = str(Path(__file__).resolve().parent / "mcp_upstream_server.py")
@@ -223,7 +223,7 @@ def test_a_call_whose_outcome_is_lost_goes_to_a_person_and_is_not_sent_again(ups
     action_id = proposed.json()["id"]
     deadline = time.monotonic() + 30
     while Action.objects.get(pk=action_id).status not in ("lost", "succeeded", "failed") and time.monotonic() < deadline:
-        from ledger.services.sweep import sweep
+        from ledger.engine.sweep import sweep
 
         sweep()
         time.sleep(0.5)

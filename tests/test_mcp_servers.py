@@ -29,8 +29,8 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from approvals.models import ApprovalRequest
 from ledger.models import Action, Run
-from ledger.services.tenancy import agent_create
-from ledger.services.tools import tool_upsert
+from ledger.tenancy import agent_create
+from ledger.policy.versions import tool_upsert
 from mcp_gateway.gateway import in_thread
 from mcp_gateway.models import McpSession
 from sandbox.selectors import world_state

@@ -16,7 +16,7 @@ from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from ledger.models import Action, Run
-from ledger.services.tenancy import deploy_key_create
+from ledger.tenancy import deploy_key_create
 from mcp_gateway.models import McpSession
 from sandbox.selectors import world_state
 from tests.api_support import effects

@@ -1,7 +1,7 @@
 """Amounts read as money wherever a list shows a request: an approver knows what a row is without opening it."""
 from django.test import Client
 
-from ledger.display import money_in, person_at, shown_args
+from ledger.policy.display import money_in, person_at, shown_args
 from tests.helpers import act, open_run
 
 DISPLAY = {"amount_cents": {"money": {"currency_from": "args.currency", "currency": "EUR", "minor_units": 2}}}

@@ -23,7 +23,7 @@ import approvals.services
 from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide, approvals_expire, notifications_send
 from ledger.models import Action
-from ledger.services.runs import run_cancel, run_compensate
+from ledger.engine.runs import run_cancel, run_compensate
 from tests.helpers import act, open_run
 
 CHARGE = {"customer": "cus_ana", "amount_cents": 48200, "currency": "EUR"}

@@ -2,10 +2,10 @@
 that step on the same page, and settles the whole run at once instead of bringing it back for a second decision."""
 import pytest
 
-from ledger.executors import ToolError
+from ledger.executors.call import ToolError
 from ledger.models import Action, AuditEvent
-from ledger.services import execution
-from ledger.services.actions import action_propose
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
 from recovery.models import RecoveryItem
 from recovery.services import recovery_compensate
 from sandbox.selectors import call_list

@@ -12,9 +12,9 @@ import threading
 import pytest
 import requests
 
-from ledger.audit import ledger_transaction
+from ledger.audit.chain import ledger_transaction
 from ledger.models import Action, ActionStatus, AuditEvent
-from ledger.transitions import action_transition
+from ledger.engine.transitions import action_transition
 from tests.conftest import needs_postgres
 from tests.recorder import recorder  # noqa: F401 - the fixture
 from tests.test_args_as_sent import agent, open_run, put_tool
@@ -179,9 +179,9 @@ def test_repeat_of_a_step_that_does_not_match_is_refused_and_nothing_runs(rec, t
 @pytest.fixture
 def tools_of_globex(rec):
     """The id of an action in another tenant's run (globex's agent, its own tool)."""
-    from ledger.services.actions import action_propose
-    from ledger.services.runs import run_open
-    from ledger.services.tools import tools_load
+    from ledger.engine.actions import action_propose
+    from ledger.engine.runs import run_open
+    from ledger.policy.versions import tools_load
 
     tools_load(tenant=rec.globex, document={"tools": {"g.note": {"executor": "client", "compensation": "none"}}},
                actor="test")

@@ -9,11 +9,11 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from ledger.audit import tool_fingerprint
-from ledger.display import format_money, parse_display
+from ledger.audit.chain import tool_fingerprint
+from ledger.policy.display import format_money, parse_display
 from ledger.errors import ValidationFailed
 from ledger.models import Tool
-from ledger.services.tools import tool_upsert
+from ledger.policy.versions import tool_upsert
 from ledger.templatetags.unwind_pages import relative as words
 from recovery import selectors
 from recovery.saga import saga_strip

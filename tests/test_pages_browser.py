@@ -74,7 +74,7 @@ def shoot(page_, name: str) -> None:
 
 def long_tool(world):
     """A copy of crm.update_ticket with a long name that waits for an approver: long words on every page."""
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from tests.conftest import in_process_policy
 
     spec = dict(in_process_policy()["tools"]["crm.update_ticket"], approval="manual")
@@ -106,7 +106,7 @@ def pending_charge(world, amount_cents=92000, currency="EUR"):
 
 def failed_after_pivot_run(world):
     """Hold a flight (compensatable), charge (the pivot), then the receipt email (retriable) is refused for good."""
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from sandbox.faults import faults_clear
     from tests.conftest import in_process_policy
     from tests.helpers import acme, act, fault, open_run

@@ -1,7 +1,7 @@
 """Issue 27: the two paths held to one behaviour.
 
-On PostgreSQL each plain transaction of a step is one call of a PL/pgSQL function (ledger/fastpath.py); SQLite and
-every fallback take the Python path (ledger/services/*, ledger/sql.py, ledger/transitions.py). Every scenario the
+On PostgreSQL each plain transaction of a step is one call of a PL/pgSQL function (ledger/engine/fastpath.py); SQLite and
+every fallback take the Python path (ledger/engine/*, ledger/engine/sql.py, ledger/engine/transitions.py). Every scenario the
 engine supports runs here twice in one test database, once with the fast path and once with UNWIND_FAST_PATH off,
 each from the same sandbox world, and the ledgers the two leave are compared row by row and value by value: runs,
 actions, attempts, checkpoints, recovery items, approval requests and the audit events, in order. Only what must
@@ -27,16 +27,16 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
-from ledger import fastpath, plpgsql
-from ledger.audit_verify import verify_chain
+from ledger.engine import fastpath, plpgsql
+from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.execution import mark_sent
-from ledger.services.runs import run_cancel, run_complete, run_expire_idle
-from ledger.services.sweep import sweep
-from ledger.services.tools import tenant_defaults_set, tool_upsert
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.execution import mark_sent
+from ledger.engine.runs import run_cancel, run_complete, run_expire_idle
+from ledger.engine.sweep import sweep
+from ledger.policy.versions import tenant_defaults_set, tool_upsert
 from recovery.models import RecoveryItem
 from sandbox import callables
 from sandbox import services as sandbox
@@ -302,7 +302,7 @@ def held_released(world, commit):
 
 def held_stopped(world, commit):
     """A held step stopped before its window ends: never run, the earlier steps compensated newest-first."""
-    from ledger import holds
+    from ledger.engine import holds
 
     run = open_run(world, goal="held, then stopped")
     user = step(run, "hr.create_user", USER)
@@ -473,7 +473,7 @@ class Normaliser:
     WORKER = re.compile(r":[0-9a-f]{8}(?=#|$)")
     NAMED = re.compile(r"\b(run|action) (\d+)\b")  # "run 12 was cancelled" (a "step 3" is its seq, compared as is)
     NAMED_KINDS = {"run": "R", "action": "A"}
-    REFUSED_KEY = re.compile(r"^refused-[0-9a-f]{12}:")  # a policy refusal keeps no key (ledger/decision.py `bind`)
+    REFUSED_KEY = re.compile(r"^refused-[0-9a-f]{12}:")  # a policy refusal keeps no key (ledger/engine/decision.py `bind`)
     LISTS = {"actions": "A", "checkpoints": "C", "approval": "Q", "steps": "A", "compensations": "A"}  # API bodies
     URL = re.compile(r"/(runs|actions|approvals)/(\d+)\b")  # the API's and the pages' links
     PAGES = {"runs": "R", "actions": "A", "approvals": "Q"}
@@ -541,7 +541,7 @@ class Normaliser:
     def digest(row: dict, field: str) -> str:
         from ledger.canonical import digest
         from ledger.models import Tool
-        from ledger.services.actions import content_key_of, target_of
+        from ledger.engine.actions import content_key_of, target_of
 
         if field == "args_hash":
             expected = digest(row["args"])

@@ -9,7 +9,7 @@ import yaml
 from django.apps import apps
 from django.core.management import CommandError, call_command
 
-from ledger.services.tools import tools_load
+from ledger.policy.versions import tools_load
 
 POLICY = {"tools": {"payments.refund": {
     "executor": "client", "saga_role": "retriable", "compensation": "none", "risk": "low",

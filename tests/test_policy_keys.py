@@ -30,7 +30,7 @@ def test_load_tools_warns_of_a_world_changing_tool_that_leaves_the_key_implicit(
 
 
 def test_the_sandbox_policy_states_it_for_every_tool(tools):
-    from ledger.policy import keys_left_implicit
+    from ledger.policy.document import keys_left_implicit
     from tests.conftest import POLICY as SANDBOX
 
     assert keys_left_implicit(SANDBOX) == []

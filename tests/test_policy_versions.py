@@ -17,11 +17,11 @@ from django.test import Client
 from approvals.models import ApprovalRequest
 from approvals.services import ApprovalVoided, approval_decide
 from ledger import events
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, AuditEvent, ImmutableVersion, Run, TenantPolicyVersion, Tool
-from ledger.services.runs import run_cancel
-from ledger.services.tenancy import membership_set
-from ledger.services.tools import tool_upsert
+from ledger.engine.runs import run_cancel
+from ledger.tenancy import membership_set
+from ledger.policy.versions import tool_upsert
 from sandbox.selectors import world_state
 from tests.api_support import basic
 from tests.helpers import acme, act, open_run
@@ -198,7 +198,7 @@ def test_a_change_racing_the_decision_voids_instead_of_approving(live, listener,
 
 def test_an_approved_action_in_flight_keeps_its_versions_executor(live, listener, monkeypatch):
     queued = []
-    monkeypatch.setattr("ledger.services.dispatch.async_task", lambda func, *args, **kw: queued.append((func, args)))
+    monkeypatch.setattr("ledger.engine.dispatch.async_task", lambda func, *args, **kw: queued.append((func, args)))
     _, charge = charge_awaiting_approval(live)
     request = ApprovalRequest.objects.get(action_id=charge["id"])
     answer = live.approver_http.post(f"{live.base}/api/v1/approvals/{request.pk}/approve", json={}, timeout=30)
@@ -275,7 +275,7 @@ def test_a_recorded_version_is_never_changed_only_superseded(tools):
 
 
 def test_tenant_defaults_are_versioned_and_actions_record_theirs(tools):
-    from ledger.services.tools import tenant_defaults_set
+    from ledger.policy.versions import tenant_defaults_set
 
     run = open_run(tools)
     before = act(run, "travel.book_flight", {"passenger": "P", "flight": "LH5", "date": "2027-01-05"})
@@ -297,7 +297,7 @@ def test_the_policy_page_lists_versions_with_their_diff_for_members_only(tools):
     spec_v2 = {"description": "Charge a card (v2).", "executor": "http", "endpoint": "/sandbox/elsewhere",
                "saga_role": "pivot", "risk": "high", "action_class": "external_irreversible"}
     tool_upsert(tenant=tools.acme, name="payments.charge", spec=spec_v2, actor="user:adam")
-    from ledger.services.tools import tenant_defaults_set
+    from ledger.policy.versions import tenant_defaults_set
     tenant_defaults_set(tenant=tools.acme, values={"approval_ttl_seconds": 600}, actor="user:adam")
 
     victor = Client()  # a viewer: people with any role in the tenant read its policy history

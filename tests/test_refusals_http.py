@@ -19,10 +19,10 @@ import pytest
 import requests
 from django.utils import timezone
 
-from ledger import registry
-from ledger.executors import ToolError, ToolRefused
+from ledger.policy import registry
+from ledger.executors.call import ToolError, ToolRefused
 from ledger.models import Action, AuditEvent, Run
-from ledger.services.sweep import sweep
+from ledger.engine.sweep import sweep
 
 # In-process tools (registered in code, as a deployer would): a refusal is ToolRefused, or a ToolError with a 4xx.
 PAY = "tests.test_refusals_http.pay"

@@ -17,7 +17,7 @@ from django.conf import settings as django_settings
 from approvals import slack
 from approvals.models import ApprovalRequest
 from approvals.services import notifications_send
-from ledger.audit import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, AuditEvent, Run
 from tests.recorder import recorder  # noqa: F401 - the fixture
 from tests.test_args_as_sent import admin, agent, put_tool
@@ -226,7 +226,7 @@ def test_a_rate_limit_is_hit_and_resets_after_its_window(refunds):
 @pytest.mark.skipif(not django_settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
                     reason="two agents racing past one tenant budget: PostgreSQL (SQLite serialises every writer)")
 def test_two_agents_racing_past_one_tenant_budget_spend_exactly_it(refunds):
-    from ledger.services.tenancy import agent_create
+    from ledger.tenancy import agent_create
 
     put_tool(refunds, "payments.refund", refund_tool(refunds.recorder, rules=[], limits=[
         {"per": "tenant", "sum": "args.amount_cents", "max": 1000}]))

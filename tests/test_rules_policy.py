@@ -1,17 +1,17 @@
 """Issue 28: rules and limits in a tool's policy, checked when the policy is loaded and decided at proposal time.
 
 Load-time refusals (a malformed expression, an expensive one, a bad limit) name the rule and the position; the
-decision (ledger/decision.py) is driven through the real services on the test database.
+decision (ledger/engine/decision.py) is driven through the real services on the test database.
 """
 from __future__ import annotations
 
 import pytest
 
-from ledger import rules
-from ledger.decision import PolicyDenied
+from ledger.policy import rules
+from ledger.engine.decision import PolicyDenied
 from ledger.errors import ValidationFailed
 from ledger.models import Action, AuditEvent
-from ledger.services.tools import tool_upsert
+from ledger.policy.versions import tool_upsert
 from tests.helpers import act, open_run
 
 REFUND = {
@@ -110,7 +110,7 @@ def test_a_shape_reads_the_argument_paths():
 def test_an_edit_of_why_a_person_was_asked_breaks_the_chain(tools):
     from django.db import connection
 
-    from ledger.audit import verify_chain
+    from ledger.audit.verify import verify_chain
 
     upsert(tools, REFUND)
     large = act(open_run(tools), "payments.refund", {"amount": 750, "currency": "USD"})

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
-from ledger import signing
-from ledger.executors import ToolError
-from ledger.services.tenancy import membership_set, tenant_create
+from ledger.executors import signing
+from ledger.executors.call import ToolError
+from ledger.tenancy import membership_set, tenant_create
 from sandbox import callables, tools
 from sandbox.faults import fault_add
 from sandbox.models import Charge, DirectoryUser, FlightBooking, HotelReservation, License, Message, Ticket, ToolCall

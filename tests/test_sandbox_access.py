@@ -15,8 +15,8 @@ import requests
 from django.urls import clear_url_caches, resolve
 from django.urls.exceptions import Resolver404
 
-from ledger import signing
-from ledger.executors import ToolError
+from ledger.executors import signing
+from ledger.executors.call import ToolError
 from ledger.models import Tenant
 from sandbox import callables
 from sandbox.models import Charge, DirectoryUser, Fault, IdempotencyRecord, Ticket, ToolCall

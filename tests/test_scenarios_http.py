@@ -4,7 +4,7 @@ import requests
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from ledger.models import Action
-from ledger.services.runs import run_cancel, run_complete
+from ledger.engine.runs import run_cancel, run_complete
 from recovery.models import RecoveryItem
 from sandbox.selectors import call_list, record_get, world_state
 from tests.helpers import acme, act, open_run, signed_post

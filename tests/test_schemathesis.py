@@ -21,7 +21,7 @@ from schemathesis.specs.openapi.checks import (
 from approvals.models import ApprovalRequest
 from config.wsgi import application
 from ledger.models import Action
-from ledger.services.tenancy import deploy_key_create
+from ledger.tenancy import deploy_key_create
 from recovery.models import RecoveryItem
 from tests.api_support import basic
 from tests.helpers import act, fault, open_run

@@ -13,7 +13,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from approvals.models import ApprovalRequest
 from ledger.models import Action, Agent, AuditEvent, Run
-from ledger.services.tenancy import agent_revoke
+from ledger.tenancy import agent_revoke
 from recovery.models import RecoveryItem
 from tests.api_support import basic
 from tests.helpers import act, fault, open_run

@@ -12,7 +12,7 @@ import requests
 from approvals.addresses import mailboxes
 from approvals.models import ApprovalRequest
 from ledger.models import Action
-from ledger.services.tools import tenant_defaults_set
+from ledger.policy.versions import tenant_defaults_set
 from sandbox.selectors import world_state
 from tests.helpers import acme
 from tests.test_agent_target import client, propose

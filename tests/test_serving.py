@@ -39,8 +39,8 @@ def manage(*args, env, timeout=120) -> subprocess.CompletedProcess:
 SEED = """
 import yaml
 from django.contrib.auth import get_user_model
-from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tools_load
+from ledger.tenancy import agent_create, membership_set, tenant_create
+from ledger.policy.versions import tools_load
 from sandbox.services import sandbox_reset
 tenant = tenant_create(slug="porty", name="Porty")
 tools_load(tenant=tenant, document=yaml.safe_load(open("sandbox/policy.yaml")), actor="test")

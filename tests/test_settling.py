@@ -3,12 +3,12 @@ item that says what failed, never in an action left running for the sweep to tak
 found done by reading it back gets the result the tool would have answered, or goes to a person with the record."""
 import pytest
 
-from ledger import failpoints
+from ledger.engine import failpoints
 from ledger.models import Action, Run
-from ledger.services.actions import action_propose
-from ledger.services.execution import execute
-from ledger.services.sweep import sweep
-from ledger.services.tools import tool_upsert
+from ledger.engine.actions import action_propose
+from ledger.engine.execution import execute
+from ledger.engine.sweep import sweep
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy
@@ -147,7 +147,7 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
         tools, django_capture_on_commit_callbacks):
     """A sent email whose worker was lost, with no lookup to read it back: a person decides. "The tool says it did
     not happen: send it again" sends it (once), records the decision as theirs, and opens no new item."""
-    from ledger.services.execution import mark_sent
+    from ledger.engine.execution import mark_sent
     from recovery.forms import SEND_AGAIN, operations_for
     from recovery.services import recovery_resume
     from tests.test_console_queue import client_for

@@ -1,5 +1,5 @@
 """Tool requests are signed for their tenant; a forged, altered, re-targeted or stale one is not accepted."""
-from ledger import signing
+from ledger.executors import signing
 
 
 def _headers(**overrides):

@@ -20,8 +20,8 @@ from approvals import slack
 from approvals.models import ApprovalDecision, ApprovalRequest, SlackIdentity, SlackMessage
 from approvals.services import approval_decide
 from ledger.models import Action, AuditEvent
-from ledger.services.tenancy import membership_set
-from ledger.services.tools import tool_upsert, tools_load
+from ledger.tenancy import membership_set
+from ledger.policy.versions import tool_upsert, tools_load
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.helpers import act, open_run
 

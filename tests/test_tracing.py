@@ -17,9 +17,9 @@ import requests
 from django.db import connection
 
 from ledger.models import Action, Run
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel
-from ledger.services.tools import tool_upsert
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel
+from ledger.policy.versions import tool_upsert
 from tests.conftest import World
 from tests.helpers import act, open_run
 from tests.otlp_receiver import OtlpReceiver
@@ -358,7 +358,8 @@ def test_an_upstream_mcp_tool_gets_the_steps_trace_context_in_meta(upstream, mon
     Unwind adds nothing of its own, and this shows it reaches the upstream from a step's span."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    from ledger import executors, tracing
+    from ledger.executors import call as executors
+    from ledger import tracing
 
     monkeypatch.setattr(tracing, "_tracer", TracerProvider().get_tracer("test"))
     with tracing._tracer.start_as_current_span("execute_tool seats.book") as span:
@@ -447,7 +448,7 @@ def test_a_sweep_that_found_nothing_sends_no_span(tools, collected, django_captu
 
     from django.utils import timezone
 
-    from ledger.services.sweep import sweep
+    from ledger.engine.sweep import sweep
     from tests.helpers import fault
 
     with django_capture_on_commit_callbacks(execute=True):

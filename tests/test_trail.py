@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from ledger.errors import PermissionDenied
 from ledger.models import AuditEvent
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel
 from recovery.services import recovery_close
 from recovery.models import TrailShareLink
 from recovery.trail import correction_trail, trail_link_create
@@ -111,7 +111,7 @@ def test_email_correction_run_says_what_cannot_be_unsent_and_the_correction(tool
 
 def test_a_tool_without_describe_reads_from_its_description_never_its_name(tools):
     """The fallback: a plain sentence from the tool's description and arguments (or its target), no tool id."""
-    from ledger.services.tools import tool_upsert
+    from ledger.policy.versions import tool_upsert
     from tests.conftest import in_process_policy
 
     for name in ("hr.create_user", "licenses.provision", "email.send", "hr.delete_user", "licenses.revoke"):
@@ -142,7 +142,7 @@ def test_trail_shows_no_prompts_or_model_reasoning(tools):
     proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "bea@company.com", "name": "Bea"},
                               actor="agent:booker", intent={"goal": "Onboard Bea", "reasoning": secret,
                                                             "confidence": 0.8, "model": "gpt-x"})
-    from ledger.services import execution
+    from ledger.engine import execution
 
     execution.execute(proposal.action.pk, owner=proposal.owner)
     run_cancel(run=run, actor="agent:booker", reason="the model's own words: " + secret)
@@ -238,7 +238,7 @@ def test_only_an_operator_makes_a_link(tools):
 @pytest.fixture
 def live_tools(transactional_db, live_server, _engine_settings):
     """The in-process sandbox tools with a live server: the share links are attacked over real HTTP."""
-    from ledger.services.tools import tools_load
+    from ledger.policy.versions import tools_load
     from tests.conftest import World, in_process_policy, seed_sandboxes
 
     world = World()
@@ -411,7 +411,7 @@ def test_trail_email_needs_an_address(tools):
 
 
 def run_open_for(world, *, on_behalf_of):
-    from ledger.services.runs import run_open
+    from ledger.engine.runs import run_open
 
     return run_open(tenant=world.acme, agent=world.agent, goal="Something", on_behalf_of=on_behalf_of,
                     actor="agent:booker")

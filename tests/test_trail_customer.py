@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pytest
 import requests
 
-from ledger import describe
+from ledger.policy import describe
 from ledger.models import AuditEvent, Tool
 from recovery.trail import correction_trail, trail_link_create
 from tests.helpers import act, open_run

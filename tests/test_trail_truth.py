@@ -13,13 +13,13 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide, approvals_expire
-from ledger import describe
+from ledger.policy import describe
 from ledger.errors import OrderingViolation
-from ledger.executors import ToolError
+from ledger.executors.call import ToolError
 from ledger.models import Action, ActionKind, Tool
-from ledger.services import execution
-from ledger.services.actions import action_propose
-from ledger.services.runs import run_cancel, run_complete
+from ledger.engine import execution
+from ledger.engine.actions import action_propose
+from ledger.engine.runs import run_cancel, run_complete
 from recovery.services import recovery_close
 from recovery.trail import HAD_EFFECT, correction_trail, trail_send
 from tests.helpers import act, open_run
@@ -225,7 +225,7 @@ def assert_true_for_a_customer(text: str, run, world) -> None:
         done = (action.tool.describe or {}).get("done")
         if not done:
             continue
-        from ledger.display import shown_args
+        from ledger.policy.display import shown_args
 
         for args in (action.args, shown_args(action.args, action.tool.display or {})):
             sentence = describe.render(done, args=args, result=action.result, target=action.target_id or "")

@@ -365,7 +365,7 @@ def test_what_an_agent_sees_of_a_tool_error_is_bounded_and_clean(admin, http_too
                                      "100.64.0.1", "0.0.0.0", "::", "224.0.0.1", "ff02::1", "240.0.0.1", "fe80::1",
                                      "fc00::1", "::ffff:127.0.0.1", "::ffff:169.254.169.254"])
 def test_a_dns_named_origin_may_not_reach_internal_addresses(settings, address):
-    from ledger.egress import address_allowed
+    from ledger.executors.egress import address_allowed
 
     settings.UNWIND_TOOL_PRIVATE_NETWORKS = []
     assert not address_allowed("tools.example.com", address)
@@ -376,7 +376,7 @@ def test_a_dns_named_origin_may_not_reach_internal_addresses(settings, address):
 
 
 def test_an_ip_literal_or_localhost_origin_allows_exactly_that(settings):
-    from ledger.egress import address_allowed
+    from ledger.executors.egress import address_allowed
 
     assert address_allowed("127.0.0.1", "127.0.0.1") and not address_allowed("127.0.0.1", "127.0.0.2")
     assert address_allowed("localhost", "127.0.0.1") and address_allowed("localhost", "::1")

@@ -13,9 +13,9 @@ import re
 import pytest
 import requests
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.models import Action, AuditEvent
-from ledger.services.tools import tool_upsert
+from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
 from tests.conftest import in_process_policy

@@ -22,7 +22,7 @@ from approvals import slack
 from approvals.models import ApprovalLink, ApprovalRequest, Notification
 from approvals.services import approval_decide, notifications_send
 from ledger.models import Action
-from ledger.services.tools import tools_load
+from ledger.policy.versions import tools_load
 from recovery.trail import trail_link_create
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.test_notifications import smtp  # noqa: F401 - the real SMTP server fixture

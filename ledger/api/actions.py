@@ -10,15 +10,15 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from ledger import selectors
+from ledger.api import selectors
 from ledger.api import inline
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute, path_to
 from ledger.api.problems import problem, problems
 from ledger.api.serializers import ActionOut, action_context
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionStatus, RunStatus
-from ledger.services.actions import action_propose, action_report
-from ledger.services.execution import REFUSED
+from ledger.engine.actions import action_propose, action_report
+from ledger.engine.execution import REFUSED
 
 MAX_WAIT = 30.0
 POLL_INTERVAL = 0.05

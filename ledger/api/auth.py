@@ -23,7 +23,7 @@ from rest_framework import authentication, exceptions, permissions, throttling
 from ledger.api.lockout import LockoutAwareBasicAuthentication
 from ledger.errors import NotFound, PermissionDenied, ValidationFailed
 from ledger.models import ROLE_ORDER, Agent, DeployKey, Membership, Tenant
-from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate, deploy_key_authenticate
+from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate, deploy_key_authenticate
 
 
 class KeyPrincipal:

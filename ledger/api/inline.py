@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from ledger.models import Action, ActionStatus, Run, RunStatus
-from ledger.services import execution
-from ledger.services.dispatch import enqueue
+from ledger.engine import execution
+from ledger.engine.dispatch import enqueue
 
 log = logging.getLogger("unwind.api")
 THREADS = 32

@@ -12,13 +12,13 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from ledger import selectors
+from ledger.api import selectors
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of, require_role
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, OldestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems
 from ledger.api.serializers import AttemptOut, EventOut, RunDetailOut, RunOut
 from ledger.models import Role, RunStatus
-from ledger.services.runs import run_cancel, run_complete, run_open
+from ledger.engine.runs import run_cancel, run_complete, run_open
 
 TAG = ["runs"]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ledger import holds, selectors
+from ledger.engine import holds
+from ledger.api import selectors
 from ledger.api import links
 from ledger.api.base import OutSerializer, absolute, path_to
 from ledger.models import ActionKind, ActionStatus, Executor, Risk, RunStatus, SagaRole

@@ -12,7 +12,8 @@ from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiRespo
 from rest_framework import serializers
 from rest_framework.response import Response
 
-from ledger import mcp_upstream, selectors
+from ledger.executors import mcp as mcp_upstream
+from ledger.api import selectors
 from ledger.api.auth import (
     GOVERNANCE_AUTHENTICATION, AgentsCannotGovern, CanReadTools, IsMemberOrDeployKey, caller_of, tenant_for,
 )
@@ -20,8 +21,8 @@ from ledger.api.base import ApiView, absolute
 from ledger.api.problems import problems
 from ledger.errors import ValidationFailed
 from ledger.models import ActionClass, ApprovalRule, Executor, OnRefusal, Risk, Role, SagaRole, Tool
-from ledger.policy import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
-from ledger.services.tools import tool_upsert, tools_load
+from ledger.policy.document import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
+from ledger.policy.versions import tool_upsert, tools_load
 
 TAG = ["tools"]
 TENANT = OpenApiParameter("tenant", OpenApiTypes.STR, OpenApiParameter.QUERY, required=False,
@@ -113,7 +114,7 @@ class ToolPolicy(serializers.Serializer):
                                                  "upstream MCP server only so: {kind: mcp, server, tool}.")
     endpoint = serializers.CharField(
         required=False, help_text="http: a path (resolved against UNWIND_TOOL_BASE_URL) or a URL at an allowed origin "
-                                  "(UNWIND_TOOL_ORIGINS); python: a key a deployer registered in code (ledger.registry).")
+                                  "(UNWIND_TOOL_ORIGINS); python: a key a deployer registered in code (ledger.policy.registry).")
     target = TargetPolicy(required=False)
     idempotency = IdempotencyPolicy(required=False)
     snapshot = serializers.JSONField(required=False, help_text='{"read": URL, path or registered reader key, "fields": [...]}')

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tool',
             name='describe',
-            field=models.JSONField(blank=True, default=dict, help_text='How its steps read on the correction trail: {"done", "undone", "failed"} sentences with {args.x}, {result.x} or {target} (ledger/describe.py).'),
+            field=models.JSONField(blank=True, default=dict, help_text='How its steps read on the correction trail: {"done", "undone", "failed"} sentences with {args.x}, {result.x} or {target} (ledger/policy/describe.py).'),
         ),
     ]

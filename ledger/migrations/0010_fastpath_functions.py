@@ -1,10 +1,10 @@
-"""PostgreSQL functions for the engine's transactions, each in one round trip (ledger/fastpath.py).
+"""PostgreSQL functions for the engine's transactions, each in one round trip (ledger/engine/fastpath.py).
 
 Each function locks the tenant's chain head first and the run second (the lock order of every ledger writer),
 reads what it checks after it holds the locks (a PL/pgSQL statement sees everything committed before it), and
 answers 'fallback' before writing anything whenever the step is not the plain case it handles: the caller then
 takes the Python path, which decides it under the same locks. The events' HMAC chain is computed here exactly as
-`ledger.audit.event_hash` does, from the head the function locked, with the key's padded halves passed by the
+`ledger.audit.chain.event_hash` does, from the head the function locked, with the key's padded halves passed by the
 caller for that call only (HMAC-SHA256 = sha256(okey || sha256(ikey || message))): the key is never stored.
 
 SQLite has no such functions: it keeps the Python path, which PostgreSQL also takes for everything else.
@@ -326,7 +326,7 @@ DROP FUNCTION IF EXISTS unwind_chain_append(bigint, bytea, bytea, text, timestam
 """
 
 
-# Every function by name: ledger/fastpath.py fingerprints their definitions (see `fastpath.GUARD`), so what runs with
+# Every function by name: ledger/engine/fastpath.py fingerprints their definitions (see `fastpath.GUARD`), so what runs with
 # the audit key is exactly this text.
 FUNCTIONS = {"unwind_chain_append": APPEND, "unwind_propose": PROPOSE, "unwind_succeed": SUCCEED,
              "unwind_open_run": OPEN_RUN, "unwind_complete": COMPLETE, "unwind_compensated": COMPENSATED,

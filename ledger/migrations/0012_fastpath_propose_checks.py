@@ -1,7 +1,7 @@
 """`unwind_propose` checks what its caller may have taken from a cache, draws the caller's next action id, and runs
 its ordering check from the run's actions whatever the statistics say.
 
-A process keeps the tools it proposes with (ledger/fastpath.py), so a proposal no longer reads its tool first. The
+A process keeps the tools it proposes with (ledger/engine/fastpath.py), so a proposal no longer reads its tool first. The
 function now checks, under its locks and before writing, that the tool's version is still the current one, that the
 compensation's twin is still the version the plan binds, and that the tenant's slug and approval threshold are
 unchanged; otherwise it answers 'stale' having written nothing, and the caller decides again from a fresh read.

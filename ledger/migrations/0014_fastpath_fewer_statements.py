@@ -437,7 +437,7 @@ END $$;
 # checks again at every call: planned for the call's values they looked cheaper (an empty list of roles finds
 # nothing, a key that is the empty string matches nothing), so the plan for any values was never kept. The setting
 # holds only while the function runs. The fast path's guard checks it with the bodies (`CONFIG`; from 0017 on,
-# `ledger.plpgsql` reads it from the files).
+# `ledger.engine.plpgsql` reads it from the files).
 SETTINGS = "SET plan_cache_mode = force_generic_plan"
 
 
@@ -455,7 +455,7 @@ def _filled(text: str) -> str:
 CHANGED = {"unwind_propose": PROPOSE, "unwind_succeed": SUCCEED, "unwind_open_run": OPEN_RUN,
            "unwind_complete": COMPLETE, "unwind_compensated": COMPENSATED, "unwind_failed": FAILED}
 
-# Every function by name: ledger/fastpath.py fingerprints their definitions (see `fastpath.GUARD`), so what runs with
+# Every function by name: ledger/engine/fastpath.py fingerprints their definitions (see `fastpath.GUARD`), so what runs with
 # the audit key is exactly this text.
 FUNCTIONS = {"unwind_chain_hashes": CHAIN_HASHES, **{name: _filled(text) for name, text in CHANGED.items()}}
 CONFIG = {name: "plan_cache_mode=force_generic_plan" for name in CHANGED}  # as pg_proc.proconfig lists it

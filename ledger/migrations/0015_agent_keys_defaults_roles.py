@@ -54,9 +54,9 @@ def record_defaults_and_roles(apps, schema_editor):
     Tenant = apps.get_model("ledger", "Tenant")
     if not Tenant.objects.exists():
         return
-    from ledger.audit import ledger_transaction
+    from ledger.audit.chain import ledger_transaction
     from ledger.models import Membership, Tenant as LiveTenant, TenantPolicyVersion
-    from ledger.services.tools import defaults_record_initial
+    from ledger.policy.versions import defaults_record_initial
 
     for tenant in LiveTenant.objects.order_by("pk"):
         with ledger_transaction(tenant.pk) as audit:

@@ -13,12 +13,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='action',
             name='stopped_by',
-            field=models.CharField(blank=True, db_default='', default='', help_text='Who stopped it while it was held (ledger/holds.py): agent, operator, approver or customer.', max_length=16),
+            field=models.CharField(blank=True, db_default='', default='', help_text='Who stopped it while it was held (ledger/engine/holds.py): agent, operator, approver or customer.', max_length=16),
         ),
         migrations.AddField(
             model_name='tool',
             name='hold',
-            field=models.JSONField(blank=True, default=dict, help_text='An undo window before its steps run (ledger/holds.py): {"seconds": 30, "customer_can_stop": false}; empty: none.'),
+            field=models.JSONField(blank=True, default=dict, help_text='An undo window before its steps run (ledger/engine/holds.py): {"seconds": 30, "customer_can_stop": false}; empty: none.'),
         ),
         migrations.AlterField(
             model_name='action',

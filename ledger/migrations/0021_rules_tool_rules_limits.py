@@ -18,11 +18,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='tool',
             name='limits',
-            field=models.JSONField(blank=True, default=list, help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/limits.py).'),
+            field=models.JSONField(blank=True, default=list, help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/policy/limits.py).'),
         ),
         migrations.AddField(
             model_name='tool',
             name='rules',
-            field=models.JSONField(blank=True, default=list, help_text='CEL conditions on the arguments: [{"when", "risk" | "deny" | "approvals_required", "reason"}] (ledger/rules.py).'),
+            field=models.JSONField(blank=True, default=list, help_text='CEL conditions on the arguments: [{"when", "risk" | "deny" | "approvals_required", "reason"}] (ledger/policy/rules.py).'),
         ),
     ]

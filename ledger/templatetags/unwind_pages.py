@@ -47,7 +47,7 @@ def at(when):
 @register.filter
 def money_in(args, display) -> str:
     """`{{ request.preview.args|money_in:request.action.tool.display }}`: the amounts a row shows, "€920.00"."""
-    from ledger.display import money_in as amounts
+    from ledger.policy.display import money_in as amounts
 
     return ", ".join(amounts(args, display or {}))
 

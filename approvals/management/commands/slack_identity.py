@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
 from approvals.models import SlackIdentity
-from ledger.audit import ledger_transaction
+from ledger.audit.chain import ledger_transaction
 from ledger.models import Membership, Tenant
 
 ACTOR = "command:slack_identity"

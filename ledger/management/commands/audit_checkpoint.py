@@ -2,7 +2,7 @@
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.audit_export import heads_checkpoint
+from ledger.audit.export import heads_checkpoint
 from ledger.management.tenants import tenants_named
 
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.audit_export import generate_key_pair
+from ledger.audit.export import generate_key_pair
 
 
 class Command(BaseCommand):

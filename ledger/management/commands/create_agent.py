@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import Tenant
-from ledger.services.tenancy import agent_create
+from ledger.tenancy import agent_create
 
 
 class Command(BaseCommand):

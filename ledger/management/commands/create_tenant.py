@@ -2,7 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import Tenant
-from ledger.services.tenancy import tenant_create
+from ledger.tenancy import tenant_create
 
 
 class Command(BaseCommand):

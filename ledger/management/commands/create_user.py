@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import Role, Tenant
-from ledger.services.tenancy import membership_set, user_create
+from ledger.tenancy import membership_set, user_create
 
 ACTOR = "system:create_user"
 

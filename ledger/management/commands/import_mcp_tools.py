@@ -18,9 +18,10 @@ import yaml
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import mcp_upstream, schemas
+from ledger.executors import mcp as mcp_upstream
+from ledger.policy import schemas
 from ledger.models import Tenant
-from ledger.policy import TOOL_NAME
+from ledger.policy.document import TOOL_NAME
 
 HEADER = """\
 # A policy proposal from the MCP server {server!r} ({where}), written by

@@ -7,8 +7,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import Tenant
-from ledger.policy import keys_left_implicit
-from ledger.services.tools import tools_load
+from ledger.policy.document import keys_left_implicit
+from ledger.policy.versions import tools_load
 
 
 def shell_actor() -> str:

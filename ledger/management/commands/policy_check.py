@@ -7,8 +7,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
 from ledger.models import POLICY_FIELDS, Tenant, Tool
-from ledger.policy import keys_left_implicit, parse_document
-from ledger.services.tools import _check_compensation_tools, _check_inline_twins, _check_mcp_servers
+from ledger.policy.document import keys_left_implicit, parse_document
+from ledger.policy.versions import _check_compensation_tools, _check_inline_twins, _check_mcp_servers
 
 
 def read_policy_file(file: str) -> dict:

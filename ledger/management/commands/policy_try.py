@@ -3,13 +3,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger import decision
+from ledger.engine import decision
 from ledger.errors import UnwindError
 from ledger.management.commands.policy_check import read_policy_file
 from ledger.models import Risk, Run, Tool
-from ledger.policy import parse_document
-from ledger.received import loads
-from ledger.services.actions import validate_args
+from ledger.policy.document import parse_document
+from ledger.engine.received import loads
+from ledger.engine.actions import validate_args
 
 
 class Command(BaseCommand):

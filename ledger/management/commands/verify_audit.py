@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from ledger.audit_verify import verify_chain
+from ledger.audit.verify import verify_chain
 from ledger.management.tenants import tenants_named
 
 

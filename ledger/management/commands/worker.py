@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 from django.utils import timezone
 
-from ledger.services.sweep import next_due, sweep
+from ledger.engine.sweep import next_due, sweep
 
 
 class Command(BaseCommand):

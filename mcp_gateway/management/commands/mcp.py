@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from mcp.server.stdio import stdio_server
 
-from ledger.services.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
+from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
 from mcp_gateway.gateway import Caller
 from mcp_gateway.models import McpSession
 from mcp_gateway.server import build_server

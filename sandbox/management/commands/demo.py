@@ -34,8 +34,8 @@ from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide
 from ledger.management.commands.worker import stop_group
 from ledger.models import Agent, Run, Tenant
-from ledger.services.tenancy import agent_create, membership_set, tenant_create
-from ledger.services.tools import tool_upsert, tools_load
+from ledger.tenancy import agent_create, membership_set, tenant_create
+from ledger.policy.versions import tool_upsert, tools_load
 
 TENANT = "demo"
 PEOPLE = [  # username, role, password (demo only: printed on the terminal), what to try with it

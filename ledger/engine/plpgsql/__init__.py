@@ -1,4 +1,4 @@
-"""The engine's PostgreSQL functions (ledger/fastpath.py calls them): one file per function in this folder, the only
+"""The engine's PostgreSQL functions (ledger/engine/fastpath.py calls them): one file per function in this folder, the only
 place their current text lives, and what installs them.
 
 Each `<name>.sql` holds one `CREATE OR REPLACE FUNCTION <name>(...)` statement: its body between `$$` and `$$`, its

@@ -11,10 +11,10 @@ the unknown steps too, and the whole run is settled at once:
 """
 from __future__ import annotations
 
-from ledger.audit import AuditLog
+from ledger.audit.chain import AuditLog
 from ledger.errors import ValidationFailed
 from ledger.models import Action, ActionKind, ActionStatus as A, Run
-from ledger.transitions import action_transition
+from ledger.engine.transitions import action_transition
 
 CHOICES = {
     "happened": "it happened: undo it",

@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from ledger import egress
+from ledger.executors import egress
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SERVER_KEYS = {"url", "headers", "command", "args", "env", "tenants"}

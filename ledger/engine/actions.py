@@ -8,22 +8,24 @@ from django.db import IntegrityError
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import decision, events, fastpath, holds, received, schemas, sql, tracing
-from ledger.audit import ledger_transaction
+from ledger.engine import decision, fastpath, holds, received, sql
+from ledger import events, tracing
+from ledger.policy import schemas
+from ledger.audit.chain import ledger_transaction
 from ledger.canonical import canonical, digest, storable
 from ledger.errors import (
     IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
     TargetMismatch, TargetNotFound, TargetUnreadable, TooManyOpenApprovals, UnknownTool, UnwindError, ValidationFailed,
 )
-from ledger.executors import ToolError, ToolOutcome
+from ledger.executors.call import ToolError, ToolOutcome
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Executor, Run, RunStatus as R, SagaRole, Tool,
 )
-from ledger.leases import lease_at_write, queued_seconds
-from ledger.policy import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
-from ledger.services.dispatch import enqueue, new_owner
-from ledger.services import execution
-from ledger.transitions import action_transition, run_transition
+from ledger.engine.leases import lease_at_write, queued_seconds
+from ledger.policy.document import ROLE_RANK, TARGET_FROM_AGENT, approvals_needed, check_order
+from ledger.engine.dispatch import enqueue, new_owner
+from ledger.engine import execution
+from ledger.engine.transitions import action_transition, run_transition
 
 IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
 # A forward step a new proposal with the same content matches: it took effect, or may still (guarantee 1 across
@@ -316,7 +318,7 @@ def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of:
 def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_text, args_hash, target_id, key, source, intent,
                          before, actor, inline, queued, content_key) -> Proposal | None:
     """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse) in one call
-    (ledger/fastpath.py). None: nothing was recorded, and `_record` decides the case."""
+    (ledger/engine/fastpath.py). None: nothing was recorded, and `_record` decides the case."""
     if approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold) \
             or holds.window(tool):
         return None
@@ -424,7 +426,7 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}{why}; it accepts no new actions",
                                run_status=run.status)
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
-        # The tool's rules and limits (ledger/decision.py), counted under the locks just taken.
+        # The tool's rules and limits (ledger/engine/decision.py), counted under the locks just taken.
         decided = decision.decide(tool=tool, run=run, args=args, threshold=threshold) if decision.applies(tool) else None
         required = decided.required if decided else approvals_needed(
             rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold)

@@ -12,7 +12,7 @@ lease here, inside its transaction, just before the write:
 - on SQLite, from the process clock: the database is a file of this machine, whose clock it is.
 
 The one-call functions do the same from `clock_timestamp()` after their locks, moving the lease their caller made
-(from `p_at`) to start then (ledger/plpgsql/unwind_propose.sql, unwind_compensated.sql).
+(from `p_at`) to start then (ledger/engine/plpgsql/unwind_propose.sql, unwind_compensated.sql).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 
-from ledger import sql
+from ledger.engine import sql
 
 
 def queued_seconds(tool) -> float:

@@ -20,22 +20,24 @@ from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import egress, events, failpoints, fastpath, mapping, received, sql, tracing
-from ledger.audit import AuditLog, ledger_transaction
+from ledger.executors import egress
+from ledger import events, tracing
+from ledger.engine import failpoints, fastpath, mapping, received, sql
+from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.canonical import canonical, digest, dumps as canonical_text
-from ledger.executors import (
+from ledger.executors.call import (
     ToolError, ToolOutcome, http_call, http_read, mcp_call, python_call, python_read, resolve_url,
 )
 from ledger.models import (
     ActionClass, Action, ActionKind, ActionStatus as A, Attempt, Checkpoint, CompensationStrategy, Executor,
     OnRefusal, Run, RunStatus as R, SagaRole, Tenant, Tool,
 )
-from ledger.leases import lease_at_write, queued_seconds
-from ledger.policy import approvals_needed
-from ledger.services import unknowns
-from ledger.services.dispatch import HELD, enqueue, new_owner
-from ledger.transitions import action_transition, moved, run_transition
+from ledger.engine.leases import lease_at_write, queued_seconds
+from ledger.policy.document import approvals_needed
+from ledger.engine import unknowns
+from ledger.engine.dispatch import HELD, enqueue, new_owner
+from ledger.engine.transitions import action_transition, moved, run_transition
 
 log = logging.getLogger("unwind.engine")
 
@@ -491,7 +493,7 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
     if action.kind == ActionKind.FORWARD and action.status == A.RUNNING and (verification is None or verification.get("ok")) \
             and fastpath.usable(action.tenant_id) and fastpath.succeed(
                 action, changes=changes, latency_ms=latency_ms, actor=actor, pivot=action.saga_role == SagaRole.PIVOT):
-        return  # PostgreSQL, the plain case: recorded in one call (ledger/fastpath.py)
+        return  # PostgreSQL, the plain case: recorded in one call (ledger/engine/fastpath.py)
     if action.kind == ActionKind.COMPENSATION and isinstance(on_compensated, NextUndo) and action.status == A.RUNNING \
             and Action.compensates.is_cached(action) and fastpath.usable(action.tenant_id) \
             and _compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
@@ -547,7 +549,7 @@ def _compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float |
                              chain: "NextUndo") -> bool:
     """PostgreSQL: what the Python path does when the unwinder's compensation succeeds (record it, its step
     compensated, then `claim_next_compensation`: the next compensation claimed, or the run settled compensated), in
-    one call (ledger/fastpath.py), decided here from the run's actions read just before and checked again under the
+    one call (ledger/engine/fastpath.py), decided here from the run's actions read just before and checked again under the
     locks. Only the plain cases (see `_next_in_one_call`); otherwise False with nothing written."""
     if not chain.allowed() or events.subscribed("run_finished"):
         return False
@@ -985,7 +987,7 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
         if pending.status == A.RETRY_SCHEDULED and pending.kind == ActionKind.FORWARD and an_attempt_may_have_acted(pending):
             continue  # it may have acted: its retry finds out (reading back, never calling again) first
         was_waiting = pending.status == A.AWAITING_APPROVAL
-        # A held step skipped by its agent's cancel was stopped by the agent (ledger/holds.py).
+        # A held step skipped by its agent's cancel was stopped by the agent (ledger/engine/holds.py).
         stopped = {"stopped_by": "agent"} if pending.status == A.HELD and actor.startswith("agent:") else {}
         action_transition(pending, A.SKIPPED, log=log, actor=actor, note={"why": why}, lease_owner="",
                           lease_expires_at=None, next_attempt_at=None, **stopped)
@@ -1185,7 +1187,7 @@ _TENANT_SLUG = "(SELECT slug FROM ledger_tenant WHERE ledger_tenant.id = ledger_
 
 
 def undo_args(forward: Action):
-    """The arguments of `forward`'s undo: those a person completed for it (ledger/services/undo_plans.py), else its
+    """The arguments of `forward`'s undo: those a person completed for it (ledger/engine/undo_plans.py), else its
     plan's mapping resolved just in time from the step (MappingError when it cannot be)."""
     plan = forward.compensation_plan
     if isinstance(plan.get("completed_args"), dict):
@@ -1307,7 +1309,7 @@ def settle(run: Run, *, log: AuditLog) -> None:
     lost = [a for a in actions if a.status == A.LOST and not unknowns.left_to_person(a)]
     if not failed and not standing and not lost:
         left = [a for a in actions if unknowns.left_to_person(a)]
-        # A step a person took over (their one decision on the run, ledger/services/unknowns.py) ends it closed.
+        # A step a person took over (their one decision on the run, ledger/engine/unknowns.py) ends it closed.
         run_transition(run, R.CLOSED if left else R.COMPENSATED, log=log, actor=SYSTEM, lease_expires_at=None,
                        note={"left_to_person": [a.pk for a in left]} if left else None)
         checkpoint_save(run, "closed" if left else "compensated", log=log)

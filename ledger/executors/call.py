@@ -14,7 +14,10 @@ from typing import Any
 import requests
 from django.conf import settings
 
-from ledger import egress, received, registry, signing, tracing
+from ledger.executors import egress, signing
+from ledger.engine import received
+from ledger.policy import registry
+from ledger import tracing
 
 
 class ToolError(Exception):
@@ -246,7 +249,7 @@ def python_read(*, path: str, target: str, tenant: str) -> Any:
 
 
 def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float, tenant: str) -> ToolOutcome:
-    """Call a tool of an upstream MCP server (policy `executor: {kind: mcp, server, tool}`, ledger/mcp_upstream.py).
+    """Call a tool of an upstream MCP server (policy `executor: {kind: mcp, server, tool}`, ledger/executors/mcp.py).
 
     The args go as the agent sent them; Unwind's idempotency key travels in the request's `_meta` as
     `unwind/idempotency_key` (an upstream that reads it can deduplicate; one that does not declares
@@ -260,7 +263,7 @@ def mcp_call(*, endpoint: str, args: dict, idempotency_key: str, timeout: float,
     from mcp.shared.exceptions import MCPError
     from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT
 
-    from ledger import mcp_upstream
+    from ledger.executors import mcp as mcp_upstream
 
     server_name, tool = mcp_upstream.split_endpoint(endpoint)
     where = f"MCP server {server_name!r} tool {tool!r}"

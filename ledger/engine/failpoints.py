@@ -6,7 +6,7 @@ lookup. Names: before_tool_call, after_tool_call (the effect happened, its outco
 mid_unwind (between two compensations).
 
 `name=raise` (or `name=raise:probability`) makes the point raise `Injected` instead of killing the process: a
-failure inside the engine's own code. The points of settling an outcome (ledger/services/execution.py, `SETTLING`)
+failure inside the engine's own code. The points of settling an outcome (ledger/engine/execution.py, `SETTLING`)
 are only ever raised at.
 """
 import os

@@ -8,20 +8,21 @@ from django.db import IntegrityError
 from django.db.models import Max
 from django.utils import timezone
 
-from ledger import events, fastpath, sql
-from ledger.audit import AuditLog, ledger_transaction
+from ledger import events
+from ledger.engine import fastpath, sql
+from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
-from ledger.leases import lease_at_write, queued_seconds
+from ledger.engine.leases import lease_at_write, queued_seconds
 from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
     Tool,
 )
-from ledger.policy import check_plan
-from ledger.services import execution, unknowns
-from ledger.services.actions import check_key
-from ledger.services.dispatch import enqueue, new_owner
-from ledger.transitions import action_transition, run_transition
+from ledger.policy.document import check_plan
+from ledger.engine import execution, unknowns
+from ledger.engine.actions import check_key
+from ledger.engine.dispatch import enqueue, new_owner
+from ledger.engine.transitions import action_transition, run_transition
 
 
 def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_of: str = "", intent: dict | None = None,
@@ -116,7 +117,7 @@ def run_complete(*, run: Run, actor: str) -> Run:
 def _complete_in_one_call(run: Run, *, actor: str) -> Run | None:
     """PostgreSQL, the plain case (running, nothing in flight): one call completes the run, having checked under its
     locks that it still holds what the caller's copy of it says (the events are built from that copy) and reads its
-    steps itself for the checkpoint (ledger/fastpath.py). None: nothing was written."""
+    steps itself for the checkpoint (ledger/engine/fastpath.py). None: nothing was written."""
     if run.status != R.RUNNING:
         return None  # the Python path answers it (already completed, not running)
     now = timezone.now()
@@ -270,7 +271,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
     """Unwind a run that needs attention, newest-first; failed compensations are tried again.
 
     `force` lets a snapshot restore overwrite a target that drifted: a person looked and decided. `unknown` is the
-    person's word on its steps whose outcome is unknown (ledger/services/unknowns.py), so the run settles at once.
+    person's word on its steps whose outcome is unknown (ledger/engine/unknowns.py), so the run settles at once.
     """
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)

@@ -4,7 +4,7 @@ A policy names a registered callable by its key (`"executor": {"kind": "python",
 never by an importable dotted path: policy comes from people and, through a leaked key or an injected
 prompt, could come from an attacker, while this registry comes only from code a deployer installed.
 
-    from ledger import registry
+    from ledger.policy import registry
 
     @registry.tool("billing.charge")
     def charge(args: dict, *, idempotency_key: str, target: str | None, tenant: str) -> dict: ...

@@ -10,11 +10,12 @@ import logging
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from ledger import events, holds, tracing
+from ledger import events, tracing
+from ledger.engine import holds
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
-from ledger.services.actions import action_claim_due, action_reclaim
-from ledger.services.dispatch import enqueue
-from ledger.services.runs import run_expire_idle
+from ledger.engine.actions import action_claim_due, action_reclaim
+from ledger.engine.dispatch import enqueue
+from ledger.engine.runs import run_expire_idle
 
 log = logging.getLogger("unwind.sweep")
 BATCH = 200

@@ -9,12 +9,12 @@ A write identical to the current version changes nothing.
 from __future__ import annotations
 
 from ledger import events
-from ledger.audit import AuditLog, ledger_transaction
+from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import digest
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
-from ledger.policy import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
-from ledger.selectors import policy_of_version
+from ledger.policy.document import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
+from ledger.api.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
                   "customer_requests_seconds")
@@ -36,7 +36,7 @@ def _check_compensation_tools(tenant: Tenant, tools: dict[str, dict], *, where: 
 def _check_mcp_servers(tenant: Tenant, tools: dict[str, dict], *, where: str) -> None:
     """A deployer may declare an upstream MCP server for some tenants only (`tenants` in UNWIND_MCP_SERVERS): its
     URL, its credentials (headers) or its command are theirs, and another tenant's policy may not name it."""
-    from ledger import mcp_upstream
+    from ledger.executors import mcp as mcp_upstream
 
     for name, fields in tools.items():
         if fields["executor"] != Executor.MCP:

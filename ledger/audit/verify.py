@@ -1,6 +1,6 @@
 """Verifying a tenant's audit chain: its sequence, links, HMACs, head, exported signed head and row fingerprints.
 
-The chain is written by ledger/audit.py; heads are signed and exported by ledger/audit_export.py. This module reads
+The chain is written by ledger/audit/chain.py; heads are signed and exported by ledger/audit/export.py. This module reads
 both (the export only when UNWIND_AUDIT_EXPORT_DIR is set, so `cryptography` is loaded only then), and neither
 imports it back.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from ledger import sql
-from ledger.audit import (
+from ledger.engine import sql
+from ledger.audit.chain import (
     ACTION_FIELDS, GENESIS, RUN_FIELDS, action_fingerprint, fingerprinted_models, row_fingerprint, event_hash,
     run_fingerprint,
 )
@@ -50,7 +50,7 @@ def verify_chain(tenant_id: int, *, keys: dict[str, bytes] | None = None) -> Cha
 def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     exported = None
     if settings.UNWIND_AUDIT_EXPORT_DIR:
-        from ledger import audit_export  # cryptography is loaded only where heads are signed or checked
+        from ledger.audit import export as audit_export  # cryptography is loaded only where heads are signed or checked
 
         try:
             exported = audit_export.latest_head(tenant_id)

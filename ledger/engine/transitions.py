@@ -11,8 +11,8 @@ import copy
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger import sql
-from ledger.audit import AuditLog
+from ledger.engine import sql
+from ledger.audit.chain import AuditLog
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 
@@ -20,7 +20,7 @@ ACTION_TRANSITIONS: dict[str, set[str]] = {
     A.PLANNED: {A.AWAITING_APPROVAL, A.RUNNING, A.SKIPPED},
     A.AWAITING_APPROVAL: {A.APPROVED, A.REJECTED, A.EXPIRED, A.SKIPPED},
     A.APPROVED: {A.RUNNING, A.HELD, A.SKIPPED},
-    # A held step (ledger/holds.py) runs when its window ends, or is stopped (skipped) before: one of the two.
+    # A held step (ledger/engine/holds.py) runs when its window ends, or is stopped (skipped) before: one of the two.
     A.HELD: {A.RUNNING, A.SKIPPED},
     # running -> running is a reclaim after a lost lease (crash recovery).
     A.RUNNING: {A.RUNNING, A.SUCCEEDED, A.FAILED, A.RETRY_SCHEDULED, A.LOST},
@@ -63,7 +63,7 @@ def transition_fields(to: str, *, now, **fields) -> dict:
 
 def moved(action: Action, to: str, *, now, **fields) -> tuple[Action, dict]:
     """A copy of `action` as `action_transition` would leave it, and the columns the move sets: for a caller that
-    records the move itself (ledger/fastpath.py) and applies them to `action` once it is recorded."""
+    records the move itself (ledger/engine/fastpath.py) and applies them to `action` once it is recorded."""
     changes = transition_fields(to, now=now, **fields)
     after = copy.copy(action)
     for name, value in changes.items():

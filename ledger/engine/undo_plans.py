@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from ledger import mapping, sql
-from ledger.audit import ledger_transaction
+from ledger.engine import mapping, sql
+from ledger.audit.chain import ledger_transaction
 from ledger.canonical import dumps as canonical_text
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R, Tool
-from ledger.services import execution
-from ledger.services.actions import validate_args
+from ledger.engine import execution
+from ledger.engine.actions import validate_args
 
 
 @dataclass(frozen=True)

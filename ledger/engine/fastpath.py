@@ -4,7 +4,7 @@ Every step the API runs makes two commits: the proposal (the action recorded, al
 and its audit event) and the outcome; a run adds its opening and its completion, an unwind one commit per
 compensation. On the Python path each is BEGIN, the chain-head lock, the run lock, the checks, the writes, the
 audit append and COMMIT: a round trip apiece. Here the plain case of each is one call of a database function
-(ledger/plpgsql/<name>.sql, one file per function, installed by `migrate`) in autocommit, so PostgreSQL runs the
+(ledger/engine/plpgsql/<name>.sql, one file per function, installed by `migrate`) in autocommit, so PostgreSQL runs the
 whole transaction in that call:
 
 - `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
@@ -63,7 +63,8 @@ from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
-from ledger import audit, plpgsql, sql, transitions
+from ledger.audit import chain as audit
+from ledger.engine import plpgsql, sql, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 

@@ -20,12 +20,13 @@ from django.db import connection
 from django.db.models import Min, Q
 from django.utils import timezone
 
-from ledger import events, sql
-from ledger.audit import AuditLog, ledger_transaction
+from ledger import events
+from ledger.engine import sql
+from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R, Tool
-from ledger.services.dispatch import enqueue, new_owner
-from ledger.transitions import action_transition, run_transition
+from ledger.engine.dispatch import enqueue, new_owner
+from ledger.engine.transitions import action_transition, run_transition
 
 RELEASER = "system:hold"
 BATCH = 200
@@ -91,7 +92,7 @@ def release(action_id: int) -> str | None:
     """Claim a held step whose window has ended (by the database's clock), for a worker to execute. Returns the
     lease's owner, or None when it is not ours (stopped, released elsewhere, not due). In a run that stopped meanwhile
     (cancelled, unwinding, before a person) it is skipped instead: nothing runs that nobody is waiting for."""
-    from ledger.services import execution
+    from ledger.engine import execution
 
     owner = new_owner()
     action = Action.objects.select_related("tool").filter(pk=action_id).first()
@@ -140,7 +141,7 @@ def action_stop(*, action_id: int, actor: str, by: str, reason: str = "") -> Act
     it is pending). `by` is who stopped it (one of STOPPERS); callers decide whether `actor` may.
 
     Raises StateConflict when the step is no longer held (it ran, or was stopped first)."""
-    from ledger.services import execution
+    from ledger.engine import execution
 
     if by not in STOPPERS:
         raise ValueError(f"unknown stopper {by!r}")

@@ -1,4 +1,4 @@
-"""A proposal's decision by its tool's rules and limits (ledger/rules.py, ledger/limits.py), and its explanation.
+"""A proposal's decision by its tool's rules and limits (ledger/policy/rules.py, ledger/policy/limits.py), and its explanation.
 
 Decided once, in the proposal's transaction, after the tenant's chain lock and the run's lock (`actions._record`):
 - a rule that holds with `deny`, a rule that cannot be evaluated, or a limit the call would pass refuses the call
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from ledger import limits as tool_limits, rules as tool_rules
-from ledger.display import shown_value
+from ledger.policy import limits as tool_limits, rules as tool_rules
+from ledger.policy.display import shown_value
 from ledger.errors import UnwindError
 from ledger.models import RISK_ORDER, Action, ActionStatus as A, Run, Tool
-from ledger.policy import approvals_needed
+from ledger.policy.document import approvals_needed
 
 
 class PolicyDenied(UnwindError):

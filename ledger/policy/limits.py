@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from ledger import sql
+from ledger.engine import sql
 from ledger.errors import ValidationFailed
 from ledger.models import ActionKind, ActionStatus as A, Run
 
@@ -48,7 +48,7 @@ def _fail(where: str, why: str):
 
 def parse_limits(value: Any, *, where: str) -> list[dict]:
     """A tool's `limits`, validated, as stored on its version: {per, count | sum + max, window (seconds)}."""
-    from ledger.policy import _duration, _number
+    from ledger.policy.document import _duration, _number
 
     if value in (None, []):
         return []

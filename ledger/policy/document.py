@@ -11,10 +11,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ledger import describe, egress, mapping, registry, schemas
-from ledger.display import parse_display
-from ledger.limits import parse_limits
-from ledger.rules import parse_rules
+from ledger.policy import describe, registry, schemas
+from ledger.executors import egress
+from ledger.engine import mapping
+from ledger.policy.display import parse_display
+from ledger.policy.limits import parse_limits
+from ledger.policy.rules import parse_rules
 from ledger.errors import OrderingViolation, ValidationFailed
 from ledger.models import (
     CUSTOMER_REQUESTS_SECONDS, RISK_ORDER, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, ApprovalRule, CompensationStrategy,
@@ -92,7 +94,7 @@ def _template(value: Any, where: str):
 
 
 def _describe(value: Any, schema: Any, where: str) -> dict:
-    """The tool's sentences for the correction trail (ledger/describe.py): refused here, not at a customer's page."""
+    """The tool's sentences for the correction trail (ledger/policy/describe.py): refused here, not at a customer's page."""
     properties = schema.get("properties") if isinstance(schema, dict) else None
     names = set(properties) if isinstance(properties, dict) else None
     try:
@@ -127,7 +129,7 @@ def _registered(key: str, kind: str, where: str) -> str:
         registry.get(key, kind)
     except registry.NotRegistered as why:
         _fail(where, f"{why}. Policy names in-process callables by the key a deployer registered in code "
-                     f"(ledger.registry), never by import path")
+                     f"(ledger.policy.registry), never by import path")
     return key
 
 
@@ -163,7 +165,7 @@ SETTINGS_ONLY = ("command", "args", "env", "cwd", "url", "headers")
 def _mcp_executor(executor: Any, spec: dict, where: str) -> str:
     """`{kind: mcp, server: NAME, tool: NAME}` → "server/tool". The server must be one a deployer declared in
     UNWIND_MCP_SERVERS: policy names it and never says where it lives or what command starts it."""
-    from ledger import mcp_upstream
+    from ledger.executors import mcp as mcp_upstream
 
     prefix = f"{where}.executor"
     if not isinstance(executor, dict):
@@ -197,7 +199,7 @@ def _mcp_executor(executor: Any, spec: dict, where: str) -> str:
 TOOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,119}$")
 
 
-# A step's hold (ledger/holds.py): a moment in which it can still be stopped, never a queue.
+# A step's hold (ledger/engine/holds.py): a moment in which it can still be stopped, never a queue.
 HOLD_MAX_SECONDS = 3600.0  # a hold is a moment to change one's mind, not a queue: at most an hour
 HOLD_MIN_SECONDS = 1.0
 HOLD_KEYS = {"for", "customer_can_stop"}
@@ -327,7 +329,7 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     fields["on_refusal"] = _choice(spec.get("on_refusal", OnRefusal.ANSWER), OnRefusal, f"{where}.on_refusal")
     fields["display"] = parse_display(spec.get("display", {}), where=f"{where}.display")
     fields["hold"] = _hold(spec.get("hold"), f"{where}.hold")
-    # Conditions on the arguments and budgets (ledger/rules.py, ledger/limits.py): compiled and bounded here.
+    # Conditions on the arguments and budgets (ledger/policy/rules.py, ledger/policy/limits.py): compiled and bounded here.
     fields["rules"] = parse_rules(spec.get("rules"), where=f"{where}.rules")
     fields["limits"] = parse_limits(spec.get("limits"), where=f"{where}.limits")
     return fields

@@ -28,7 +28,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from ledger.audit import event_is_authentic
+from ledger.audit.chain import event_is_authentic
 from ledger.canonical import dumps
 from ledger.models import AuditEvent, AuditHead, Tenant
 

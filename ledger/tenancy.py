@@ -16,11 +16,11 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from ledger import sql
-from ledger.audit import ledger_transaction
+from ledger.engine import sql
+from ledger.audit.chain import ledger_transaction
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Agent, AuditHead, DeployKey, Membership, Role, Tenant
-from ledger.services.tools import defaults_record_initial
+from ledger.policy.versions import defaults_record_initial
 
 KEY_PREFIX = "uw_"
 DEPLOY_KEY_PREFIX = "uwd_"

@@ -8,7 +8,7 @@ leaves no event; a committed one always has its event.
 Each event's hash is an HMAC-SHA256 over the previous hash and the event, under a key that is not in
 the database (settings UNWIND_AUDIT_KEYS; the event records the id of the key it was made with), so
 someone who can write to the database can neither edit an event nor recompute the chain after deleting
-one. Each tenant's head is also signed and exported outside the database (ledger/audit_export.py), so
+one. Each tenant's head is also signed and exported outside the database (ledger/audit/export.py), so
 cutting the chain short below an exported head is detected too.
 
 Each event that concerns a row a person or a recovery decision reads carries a fingerprint of that row
@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from ledger import sql
+from ledger.engine import sql
 from ledger.canonical import digest, dumps
 from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, TenantPolicyVersion, Tool
 
@@ -173,7 +173,7 @@ def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind,
 def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data_text: str,
                     created_at) -> tuple[str, str]:
     """The text `event_hash` signs, as the parts before and after the event's sequence number, for a signer that
-    learns the number only once it holds the chain head (ledger/fastpath.py). `data_text` is the data's canonical
+    learns the number only once it holds the chain head (ledger/engine/fastpath.py). `data_text` is the data's canonical
     JSON (`dumps`), which the body holds as it is: the body is encoded around a null in its place, and a null
     after `"data":` can only be that value, as every quote inside a string is escaped. The keys are sorted, so
     the number is always followed by the tenant and the end of the object."""

@@ -12,7 +12,7 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
-from ledger import decision, sql
+from ledger.engine import decision, sql
 from ledger.errors import NotFound
 from ledger.models import (
     ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
@@ -159,7 +159,7 @@ class PolicyVersion:
     changes: list[FieldChange] = field(default_factory=list)
     first: bool = False
     tool_id: int | None = None
-    rules: list = field(default_factory=list)  # the version's rules and limits in words (ledger/decision.py)
+    rules: list = field(default_factory=list)  # the version's rules and limits in words (ledger/engine/decision.py)
 
 
 def policy_of_version(tool: Tool) -> dict:

@@ -1,0 +1,1 @@
+"""How tools are reached: HTTP, in-process Python, MCP upstreams, the egress allow-list and request signing."""

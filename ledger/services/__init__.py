@@ -1,1 +1,0 @@
-"""Writes. Every state change in the ledger goes through a function in this package."""
