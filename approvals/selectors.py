@@ -17,7 +17,7 @@ from approvals.services import is_requester
 from ledger.engine import mapping
 from ledger.policy.display import shown_value
 from ledger.models import ROLE_ORDER, Action, ActionStatus, CompensationStrategy, Membership, Role, Tenant, Tool
-from ledger.policy.document import approvals_needed
+from ledger.policy.law import approvals_needed
 
 INBOX_PAGE_SIZE = 20
 ANY_STATUS = "all"

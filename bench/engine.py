@@ -45,7 +45,7 @@ class Saga:
 
     def __init__(self, tenant, agent):
         from ledger.engine import execution
-        from ledger.engine.actions import action_propose
+        from ledger.engine.proposal import action_propose
         from ledger.engine.runs import run_complete, run_open
 
         self.tenant, self.agent = tenant, agent

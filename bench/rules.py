@@ -40,7 +40,7 @@ def measure(n: int) -> dict:
     from django.conf import settings
 
     from bench.engine import tenant_with_tools
-    from ledger.engine.actions import action_propose
+    from ledger.engine.proposal import action_propose
     from ledger.engine.runs import run_open
     from ledger.policy.versions import tool_upsert
 
@@ -84,7 +84,7 @@ def decide_alone(n: int) -> dict:
     """The five rules' decision in the process alone (no database: limits left out), as `_record` makes it."""
     from ledger.engine import decision
     from ledger.models import Run, Tool
-    from ledger.policy.document import parse_tool
+    from ledger.policy.tool_entry import parse_tool
 
     tool = Tool(name="bench.ruled", version=1, **parse_tool("bench.ruled", RULED, where="tools.bench.ruled"))
     run = Run(goal="bench rules", on_behalf_of="", next_seq=3)

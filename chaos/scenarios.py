@@ -18,7 +18,7 @@ from chaos.agents import Recorder
 from chaos.processes import WebServer, WorkerPool
 from chaos.world import GATED_TTL_SECONDS, PASSWORD, Cast, sandbox_control
 from ledger.models import Action, Attempt, Run
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from sandbox.models import Message, ToolCall
 from unwind_client import Unwind
 from unwind_client.errors import ApprovalPending, Unwound

@@ -31,9 +31,9 @@ from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflic
     ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
-from ledger.policy.document import approvals_needed
-from ledger.engine.actions import action_propose
-from ledger.engine.execution import REFUSED
+from ledger.policy.law import approvals_needed
+from ledger.engine.proposal import action_propose
+from ledger.engine.attempts import REFUSED
 from ledger.engine.runs import run_cancel, run_complete, run_open
 from mcp_gateway.models import McpSession
 

@@ -21,8 +21,7 @@ from ledger.agent_text import mail_text, neutral
 from ledger.audit.chain import ledger_transaction
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionKind, ActionStatus, Role, Run, RunStatus
-from ledger.engine import sql
-from ledger.engine import execution
+from ledger.engine import runstate, sql
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem, RequestKind, TrailShareLink
 from recovery.trail import SHARE_TOKEN, _proposed, _sentence, _token_hash, trail_share_url
 
@@ -101,7 +100,7 @@ def customer_request_open(*, token: str, action_id: int | None, kind: str, text:
         detail = (f"The person the run acted for asks about {what}: {RequestKind(kind).label}. "
                   f"In their words: {' '.join(neutral(text).split())}")
         if locked.status != RunStatus.NEEDS_ATTENTION:
-            execution.needs_attention(locked, "customer_request", detail, action=action, log=audit,
+            runstate.needs_attention(locked, "customer_request", detail, action=action, log=audit,
                                       actor=f"{ACTOR}:link {link.pk}")
         request.item = RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).first()
         CustomerRequest.objects.filter(pk=request.pk).update(item=request.item)

@@ -19,7 +19,7 @@ from ledger.policy.display import shown_value
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
-from ledger.engine.execution import REFUSED
+from ledger.engine.attempts import REFUSED
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.saga import mark_undoable, saga_strip
 

@@ -12,13 +12,12 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from ledger.engine import holds
 from ledger.api import selectors as ledger_selectors
-from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionStatus, Role, Run, RunStatus
 from ledger.engine.runs import resume_refusal
 from ledger.engine.undo_plans import undo_draft
@@ -30,8 +29,7 @@ from recovery.forms import (
 from recovery.metrics import console_metrics, metrics_charts, seconds
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.trail import (
-    correction_trail, share_max_age, trail_link_create, trail_link_open, trail_link_revoke, trail_links_active,
-    trail_send, trail_share_url,
+    correction_trail, share_max_age, trail_links_active,
 )
 
 QUEUE_PAGE_SIZE = 25
@@ -44,7 +42,7 @@ RESOLVERS = {
 }
 
 
-def _forbidden(request, detail: str):
+def forbidden(request, detail: str):
     return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": detail}, status=403)
 
 
@@ -175,7 +173,7 @@ def item_resolve(request, pk: int, operation: str):
         raise Http404("No such recovery item")
     if request.method == "GET":
         if not access.can_operate(item.tenant_id):
-            return _forbidden(request, _role_refusal(access, item.tenant_id))
+            return forbidden(request, _role_refusal(access, item.tenant_id))
         if item.status != ItemStatus.OPEN:
             moved_on = (f"Refused: this item was already {item.resolution or item.status} "
                         f"by {item.resolved_by or 'someone'}.")
@@ -191,13 +189,13 @@ def item_resolve(request, pk: int, operation: str):
     form = _resolve_form(item, operation, request.POST)
     if not form.is_valid():
         if not access.can_operate(item.tenant_id):
-            return _forbidden(request, _role_refusal(access, item.tenant_id))
+            return forbidden(request, _role_refusal(access, item.tenant_id))
         return render(request, "recovery/confirm.html", _confirm_context(item, operation, form), status=400)
     try:
         extra = {"unknown": form.cleaned_data["unknown"]} if "unknown" in form.cleaned_data else {}
         item = RESOLVERS[operation](item=item, user=request.user, reason=form.cleaned_data["reason"], **extra)
     except PermissionDenied:
-        return _forbidden(request, _role_refusal(access, item.tenant_id))
+        return forbidden(request, _role_refusal(access, item.tenant_id))
     except StateConflict as refusal:
         item.refresh_from_db()
         context = _item_context(access, item) | {"refusal": f"Refused: {refusal.detail}."}
@@ -220,7 +218,7 @@ def item_undo_plan(request, pk: int):
         return render(request, "recovery/refused.html", {"title": "Method not allowed",
                                                          "detail": "Complete the undo on the item page."}, status=405)
     if not access.can_operate(item.tenant_id):
-        return _forbidden(request, _role_refusal(access, item.tenant_id))
+        return forbidden(request, _role_refusal(access, item.tenant_id))
     form = UndoPlanForm(request.POST)
     if not form.is_valid():
         return render(request, "recovery/item.html", _item_context(access, item, undo_form=form), status=400)
@@ -229,7 +227,7 @@ def item_undo_plan(request, pk: int):
         item = services.recovery_complete_undo(item=item, user=request.user, args=form.cleaned_data["args"], then=then,
                                                reason=form.cleaned_data["reason"])
     except PermissionDenied:
-        return _forbidden(request, _role_refusal(access, item.tenant_id))
+        return forbidden(request, _role_refusal(access, item.tenant_id))
     except StateConflict as refusal:
         item.refresh_from_db()
         context = _item_context(access, item) | {"refusal": f"Refused: {refusal.detail}."}
@@ -271,7 +269,7 @@ def bulk(request):
     if len(items) != len(ids):
         raise Http404("Some of the selected recovery items do not exist")
     if not any(access.can_operate(item.tenant_id) for item in items):
-        return _forbidden(request, _role_refusal(access, items[0].tenant_id))
+        return forbidden(request, _role_refusal(access, items[0].tenant_id))
     reasons = sorted({item.get_reason_display() for item in items})
     operation = form.cleaned_data["operation"]
     context = {"form": form, "items": items, "operation": operation, "label": OPERATIONS[operation],
@@ -310,7 +308,7 @@ def runs(request):
     return render(request, template, {"form": form, "filters": filters, "page": page})
 
 
-def _run_or_404(request, pk: int):
+def run_or_404(request, pk: int):
     """The person's access and the run they may see, or a 404 (another tenant's run is not there for them)."""
     access = selectors.access_for(request.user)
     run = selectors.run_get(access=access, pk=pk)
@@ -321,11 +319,11 @@ def _run_or_404(request, pk: int):
 
 @login_required
 def run_detail(request, pk: int):
-    access, run = _run_or_404(request, pk)
-    return _run_page(request, access, run)
+    access, run = run_or_404(request, pk)
+    return run_page(request, access, run)
 
 
-def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
+def run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
     can_share = access.can_operate(run.tenant_id)
     return render(request, "recovery/run.html", {
         "can_stop": can_share, "stoppable": [a.pk for a in run.actions.filter(status="held")
@@ -336,173 +334,6 @@ def _run_page(request, access: selectors.Access, run: Run, *, new_link_url: str 
     })
 
 
-@login_required
-@require_POST
-def trail_link_new(request, pk: int):
-    """Make a share link to the run's trail and show its URL, this once (only its hash is kept)."""
-    access, run = _run_or_404(request, pk)
-    try:
-        _, token = trail_link_create(run=run, user=request.user)
-    except PermissionDenied:
-        return _forbidden(request, f"Sharing the correction trail needs the operator role in {run.tenant.slug}; "
-                                   f"you are {access.roles.get(run.tenant_id)}.")
-    # Rendered, not redirected: the URL exists nowhere else, and must not travel through a cookie or a log.
-    return _run_page(request, access, run, new_link_url=request.build_absolute_uri(trail_share_url(token)))
-
-
-@login_required
-@require_POST
-def trail_link_revoke_view(request, pk: int, link_id: int):
-    """Revoke a share link: whoever holds it gets the not-found page from now on."""
-    access, run = _run_or_404(request, pk)
-    try:
-        trail_link_revoke(run=run, link_id=link_id, user=request.user)
-    except PermissionDenied:
-        return _forbidden(request, f"Revoking a share link needs the operator role in {run.tenant.slug}; "
-                                   f"you are {access.roles.get(run.tenant_id)}.")
-    except NotFound:
-        raise Http404("No such share link") from None
-    messages.success(request, "The share link is revoked: it no longer opens the trail.")
-    return redirect(reverse("recovery:run", args=[run.pk]) + "#trail")
-
-
-@login_required
-@require_POST
-def trail_email(request, pk: int):
-    """Send the trail's share link to the person the run acted for."""
-    access, run = _run_or_404(request, pk)
-    try:
-        recipient = trail_send(run=run, user=request.user)
-    except PermissionDenied:
-        return _forbidden(request, f"Sending the correction trail needs the operator role in {run.tenant.slug}; "
-                                   f"you are {access.roles.get(run.tenant_id)}.")
-    except ValidationFailed as refusal:
-        messages.error(request, f"Not sent: {refusal.detail}.")
-        return redirect("recovery:run", pk=run.pk)
-    messages.success(request, f"The correction trail is on its way to {recipient}.")
-    return redirect("recovery:run", pk=run.pk)
-
-
-def trail_share(request, token: str):
-    """The correction trail for someone without an account, behind a random link that expires and can be revoked."""
-    run = trail_link_open(token)
-    if run is None:
-        # One answer for an unknown, expired or revoked link: the page must not help anyone guess.
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
-    return _share_page(request, run, token)
-
-
-def _share_page(request, run: Run, token: str, *, ask_error: str = "", status: int = 200, asked: dict | None = None):
-    stoppable = stops.customer_stoppable(run)
-    can_ask = customer_requests.window_open(run)
-    response = render(request, "recovery/trail_share.html", {
-        "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token,
-        "can_ask": can_ask, "askable": customer_requests.askable_steps(run) if can_ask else [],
-        "requests": customer_requests.requests_for(run), "ask_error": ask_error, "asked": asked or {},
-        "max_text": customer_requests.MAX_TEXT}, status=status)
-    response["X-Robots-Tag"] = "noindex"
-    # The link never leaves in a Referer. With a Stop form on the page, same-origin: a browser then sends the form's
-    # POST with its real Origin (no-referrer makes it "null", which the CSRF check rightly refuses), and still no
-    # Referer to any other site.
-    response["Referrer-Policy"] = "same-origin" if stoppable or can_ask else "no-referrer"
-    return response
-
-
-@login_required
-@require_POST
-def hold_stop(request, pk: int):
-    """Stop a held step: an operator of its tenant, or an approver who approved it (recovery/stops.py)."""
-    access = selectors.access_for(request.user)
-    try:
-        action = ledger_selectors.action_get(tenant_ids=access.tenant_ids, agent_id=None, action_id=pk)
-    except NotFound:
-        raise Http404("No such step") from None
-    try:
-        stopped = stops.stop_as_person(action=action, user=request.user, reason=request.POST.get("reason", "")[:500])
-    except PermissionDenied:
-        return _forbidden(request, "Stopping a held step needs the operator role in its tenant, or to have approved "
-                                   "that step.")
-    except StateConflict as conflict:
-        messages.error(request, f"Not stopped: {conflict.detail}.")
-    else:
-        messages.success(request, f"Step {stopped.seq} ({stopped.tool.name}) is stopped: it will not be executed.")
-    return redirect(reverse("recovery:run", args=[action.run_id]) + f"#action-{action.pk}")
-
-
-@require_POST
-def trail_share_stop(request, token: str, action_id: int):
-    """The person the run acts for stops a held step from the trail's share page (where its policy allows)."""
-    try:
-        stops.stop_as_customer(token=token, action_id=action_id)
-    except NotFound:
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
-    except PermissionDenied as refused:
-        return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": refused.detail}, status=403)
-    except StateConflict:
-        pass  # it ran (or was stopped) first: the page says which
-    return redirect(reverse("recovery:trail_share", args=[token]) + "#trail")
-
-
-@require_POST
-def trail_share_ask(request, token: str):
-    """The person the run acts for asks for a correction from the share page (recovery/requests.py)."""
-    raw_action = request.POST.get("action", "")
-    asked = {"kind": request.POST.get("kind", ""), "text": request.POST.get("text", ""), "action": raw_action}
-    try:
-        customer_requests.customer_request_open(
-            token=token, action_id=int(raw_action) if raw_action.isdigit() else None,
-            kind=asked["kind"], text=asked["text"])
-    except NotFound:
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
-    except UnwindError as refused:
-        link = customer_requests.live_link(token)
-        if link is None:
-            return _trail_missing(request, "This link does not open a correction trail.")
-        run = link.run
-        return _share_page(request, run, token, ask_error=_sentence_of(refused.detail), status=refused.status,
-                           asked=asked)
-    return redirect(reverse("recovery:trail_share", args=[token]) + "#requests")
-
-
-def _sentence_of(text: str) -> str:
-    return (text[:1].upper() + text[1:]).rstrip(".") + "."
-
-
-@login_required
-@require_POST
-def customer_request_reply_view(request, pk: int):
-    """An operator answers a customer's request: the share page shows it and the person gets an email."""
-    try:
-        asked = customer_requests.request_get(user=request.user, pk=pk)
-    except NotFound:
-        raise Http404("No such request") from None
-    back = reverse("recovery:run", args=[asked.run_id]) if asked.item_id is None else \
-        reverse("recovery:item", args=[asked.item_id]) + "#customer-requests"
-    try:
-        customer_requests.customer_request_reply(request=asked, user=request.user, text=request.POST.get("reply", ""))
-    except PermissionDenied:
-        return _forbidden(request, "Answering a customer's request needs the operator role in its tenant.")
-    except (ValidationFailed, StateConflict) as refused:
-        messages.error(request, f"Not sent: {refused.detail}.")
-    else:
-        messages.success(request, "Your reply is on the customer's trail page, and an email tells them.")
-    return redirect(back)
-
-
-def _trail_missing(request, sentence: str):
-    return render(request, "recovery/refused.html", {"title": "Correction trail not found", "detail": sentence},
-                  status=404)
-
-
 # --- outbox -----------------------------------------------------------------------------------------
 
 OUTBOX_PAGE_SIZE = 30
@@ -510,8 +341,8 @@ OUTBOX_PAGE_SIZE = 30
 
 def _outbox_refusal(request, access: selectors.Access):
     if not access.roles:
-        return _forbidden(request, "You have no role in any tenant, so there is no outgoing email to show you.")
-    return _forbidden(request, "The outbox shows the email a tenant sends (approval requests, correction trails with "
+        return forbidden(request, "You have no role in any tenant, so there is no outgoing email to show you.")
+    return forbidden(request, "The outbox shows the email a tenant sends (approval requests, correction trails with "
                                "their share links) to its operators and admins; you are "
                                f"{', '.join(sorted(set(access.roles.values())))}.")
 
@@ -571,7 +402,7 @@ def policy(request):
     """
     access = selectors.access_for(request.user)
     if not access.roles:
-        return _forbidden(request, "You have no role in any tenant, so there is no policy to show you.")
+        return forbidden(request, "You have no role in any tenant, so there is no policy to show you.")
     by_slug = {tenant.slug: tenant for tenant in access.tenants.values()}
     slug = request.GET.get("tenant") or next(iter(by_slug))
     tenant = by_slug.get(slug)

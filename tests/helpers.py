@@ -1,7 +1,7 @@
 """Small helpers shared by tests: driving runs through the real services."""
 from ledger.models import Run
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_open
 
 

@@ -8,7 +8,7 @@ from rest_framework.test import APIClient
 from approvals.models import ApprovalRequest
 from ledger.api.auth import AgentKeyThrottle
 from ledger.models import Run
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.tenancy import agent_revoke
 from tests.api_support import assert_problem, basic
 from tests.helpers import act, open_run

@@ -5,7 +5,7 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from ledger.models import Tenant
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.policy.versions import tool_upsert
 from recovery.models import RecoveryItem
 from tests.api_support import assert_problem

@@ -25,7 +25,7 @@ from chaos.world import PASSWORD, cast_create
 from ledger.errors import StateConflict
 from ledger.models import Action
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_complete, run_open
 from ledger.tasks import execute_action
 from sandbox.faults import fault_add

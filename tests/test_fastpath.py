@@ -13,12 +13,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.engine import fastpath, plpgsql
+from ledger.engine import attempts, fastpath, plpgsql, runstate, unwinding
 from ledger.audit.verify import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel, run_complete
 from ledger.policy.versions import tenant_defaults_set, tool_upsert
 from tests.conftest import needs_postgres
@@ -151,7 +151,7 @@ def test_a_run_marked_cancelled_but_still_running_takes_no_step_from_the_call(to
 
 def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
     """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
-    from ledger.engine.actions import compensation_plan_of
+    from ledger.engine.proposal import compensation_plan_of
 
     run = open_run(tools)
     tool, action_id, threshold, twin = fastpath.current_tool(tools.acme.pk, "hr.create_user")
@@ -197,8 +197,8 @@ def _completing(run: Run):
 
 
 def _complete(completed: Run, checkpoint: Checkpoint):
-    return fastpath.complete(completed, checkpoint=checkpoint, pending=[], busy=(*execution.PENDING, "running"),
-                             done=execution.DONE, unfinished=execution.UNFINISHED)
+    return fastpath.complete(completed, checkpoint=checkpoint, pending=[], busy=(*attempts.PENDING, "running"),
+                             done=attempts.DONE, unfinished=attempts.UNFINISHED)
 
 
 def test_a_run_with_a_step_in_flight_is_not_completed_by_the_call(tools):
@@ -249,7 +249,7 @@ def test_a_checkpoint_id_drawn_before_the_runs_newest_checkpoint_is_not_used(too
 
 
 def test_the_completions_checkpoint_is_the_one_the_python_path_builds(tools):
-    """`unwind_complete` builds the checkpoint's state in SQL; it must say what `execution.checkpoint_state` says,
+    """`unwind_complete` builds the checkpoint's state in SQL; it must say what `runstate.checkpoint_state` says,
     for every kind of step a completed run may hold, and the run it answers must be the run as stored."""
     run = open_run(tools, goal="mixed")
     moved = ("failed", "lost", "compensated", "compensation_failed", "rejected", "expired", "skipped")
@@ -260,7 +260,7 @@ def test_the_completions_checkpoint_is_the_one_the_python_path_builds(tools):
     done = run_complete(run=run, actor="agent:booker")
     checkpoint = Checkpoint.objects.filter(run=run).order_by("-id").first()
     assert checkpoint.label == "completed"
-    assert checkpoint.state == execution.checkpoint_state(done, execution.run_steps(run.pk))
+    assert checkpoint.state == runstate.checkpoint_state(done, runstate.run_steps(run.pk))
     assert checkpoint.state["pending_action_ids"] == [steps[1].pk, steps[2].pk]
     stored = Run.objects.get(pk=run.pk)
     assert {f.attname: getattr(done, f.attname) for f in Run._meta.concrete_fields} == \
@@ -271,7 +271,7 @@ def test_a_run_without_steps_completes_with_the_python_paths_checkpoint(tools):
     run = open_run(tools, goal="empty")
     done = run_complete(run=run, actor="agent:booker")
     state = Checkpoint.objects.get(run=run).state
-    assert done.status == "completed" and state == execution.checkpoint_state(done, [])
+    assert done.status == "completed" and state == runstate.checkpoint_state(done, [])
     assert state["summary"] == "no actions yet"
 
 
@@ -355,8 +355,8 @@ def test_a_failure_its_caller_cannot_unwind_now_goes_to_the_worker(tools, django
         execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
     assert not queued and Run.objects.get(pk=run.pk).status == "unwinding"
     with django_capture_on_commit_callbacks(execute=True) as queued:
-        execution.unwind_elsewhere(run.pk)
-        execution.unwind_elsewhere(run.pk)  # told twice: queued once
+        unwinding.unwind_elsewhere(run.pk)
+        unwinding.unwind_elsewhere(run.pk)  # told twice: queued once
     assert len(queued) == 1 and Run.objects.get(pk=run.pk).status == "compensated"
     assert verify_chain(tools.acme.pk).ok
 
@@ -373,7 +373,7 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
         run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
         next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=True,
         checkpoint=Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="compensated", state={}),
-        lease=execution.lease_until(), pending=[], now=read.updated_at) is None
+        lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "unwinding"
     assert Run.objects.get(pk=run.pk).lease_expires_at is None
     assert not Checkpoint.objects.filter(pk=checkpoint_id).exists()
@@ -382,10 +382,10 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
 def test_a_second_unwinder_does_not_take_a_held_lease(tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "l@b.io", "name": "L"})
-    held = execution.lease_until()
+    held = attempts.lease_until()
     Run.objects.filter(pk=run.pk).update(status="unwinding", lease_expires_at=held)
     before = head_of(tools)
-    assert execution.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="other") == (False, None)
+    assert unwinding.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="other") == (False, None)
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
     # The same race inside the call: read while the lease was free, taken by another unwinder before the call.
     Run.objects.filter(pk=run.pk).update(lease_expires_at=None)
@@ -394,7 +394,7 @@ def test_a_second_unwinder_does_not_take_a_held_lease(tools):
     assert fastpath.compensated(
         run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
         next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=False, checkpoint=None,
-        lease=execution.lease_until(), pending=[], now=read.updated_at) is None
+        lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
 
 

@@ -6,7 +6,7 @@ from django.db import connection
 
 from ledger.errors import IdempotencyMismatch, StillInFlight
 from ledger.models import Action
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from sandbox.selectors import call_list
 from tests.conftest import needs_postgres
 from tests.helpers import acme, act, open_run

@@ -69,7 +69,7 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     """Found by chaos (seed 872911): a compensation reclaimed after a lost worker got no answer and could not be read
     back, so it ended lost; the next unwinder found its step still compensating and waited for good, leaving the run
     unwinding with nothing in the recovery queue. It must go to a person, naming the undo that may have acted."""
-    from ledger.engine import sql
+    from ledger.engine import outcomes, runstate, sql, unwinding
     from ledger.audit.chain import ledger_transaction
     from ledger.executors.call import ToolError
     from ledger.models import Run
@@ -79,10 +79,10 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     act(run, "hr.create_user", {"email": "lost-undo@x.io", "name": "L"})
     with django_capture_on_commit_callbacks(execute=False):
         with ledger_transaction(run.tenant_id) as log:
-            execution.start_unwind(sql.get_locked(Run, run.pk), "test: unwind", log=log, actor="test")
-        claimed, undo = execution.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder-1#")
+            runstate.start_unwind(sql.get_locked(Run, run.pk), "test: unwind", log=log, actor="test")
+        claimed, undo = unwinding.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder-1#")
         assert claimed and undo is not None
-        execution.record_unknown(undo, ToolError("no answer", transient=True), why="it cannot be read back",
+        outcomes.record_unknown(undo, ToolError("no answer", transient=True), why="it cannot be read back",
                                  latency_ms=None, actor="system:engine")
     Run.objects.filter(pk=run.pk).update(lease_expires_at=None)  # that unwinder is gone
     assert execution.unwind(run.pk).status == "needs_attention"

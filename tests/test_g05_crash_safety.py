@@ -17,8 +17,8 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger.models import Action
-from ledger.engine.actions import action_propose
-from ledger.engine.execution import mark_sent
+from ledger.engine.proposal import action_propose
+from ledger.engine.attempts import mark_sent
 from ledger.management.commands.worker import until_next_sweep
 from ledger.engine.sweep import next_due, sweep
 from ledger.policy.versions import tool_upsert

@@ -8,7 +8,7 @@ from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from ledger.errors import PermissionDenied, UnknownTool
 from ledger.models import Action
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_open
 from ledger.tenancy import agent_authenticate
 from ledger.policy.versions import tool_upsert

@@ -4,7 +4,7 @@ import pytest
 from ledger.errors import RunCancelled
 from ledger.models import Action
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel
 from recovery.models import RecoveryItem
 from sandbox.selectors import world_state
@@ -72,7 +72,7 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     not skipped as if nothing happened: it is read back (never sent again), found, and corrected."""
     import time
 
-    from ledger.engine.execution import mark_sent
+    from ledger.engine.attempts import mark_sent
     from ledger.engine.sweep import sweep
     from sandbox import callables
     from tests.test_g05_crash_safety import short_lease, sweep_until_settled, wait_for_lease

@@ -15,7 +15,7 @@ from django.utils import timezone
 from ledger.engine import holds
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Action, AuditEvent, Run
-from ledger.policy.document import parse_tool
+from ledger.policy.tool_entry import parse_tool
 from ledger.engine.runs import run_cancel, run_complete
 from ledger.engine.sweep import next_due, sweep
 from ledger.policy.versions import tool_upsert

@@ -7,7 +7,7 @@ with the forward tool: a step is undone by the twin written with the version the
 import pytest
 
 from ledger.models import Tool
-from ledger.engine.actions import compensation_plan_of
+from ledger.engine.proposal import compensation_plan_of
 from tests.wire_support import tool_service, wired  # noqa: F401 - fixtures
 
 BOOK_SCHEMA = {"type": "object", "required": ["hotel"],

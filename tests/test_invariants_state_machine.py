@@ -18,7 +18,7 @@ from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Run
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel, run_complete, run_open
 from ledger.tenancy import agent_create, membership_set, tenant_create
 from ledger.policy.versions import tools_load

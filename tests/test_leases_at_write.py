@@ -14,8 +14,9 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Action, Run
-from ledger.engine import execution
-from ledger.engine.actions import action_approve, action_claim_due, action_propose, action_reclaim
+from ledger.engine import attempts, execution
+from ledger.engine.actions import action_approve, action_claim_due, action_reclaim
+from ledger.engine.proposal import action_propose
 from ledger.engine.dispatch import new_owner
 from ledger.engine.runs import run_resume
 from ledger.policy.versions import tool_upsert
@@ -141,7 +142,7 @@ def test_a_step_an_operator_sends_again(short, queue_kept, django_capture_on_com
     run = open_run(short)
     sent = action_propose(run=run, tool_name="email.send", args={"to": "a@x.io", "subject": "S", "body": "b"},
                           actor="agent:booker")
-    assert execution.mark_sent(sent.action, sent.owner)
+    assert attempts.mark_sent(sent.action, sent.owner)
     wait_for_lease(sent.action)
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
     run.refresh_from_db()
@@ -163,7 +164,7 @@ def test_an_undo_claimed_by_the_unwinder(short, settings, fast):
     assert step.status == "succeeded"
     Run.objects.filter(pk=run.pk).update(status="unwinding")
     with CaptureQueriesContext(connection) as queries:
-        (claimed, undo), started, committed = claimed_under_lock(Run, run.pk, lambda: execution.claim_unwind(
+        (claimed, undo), started, committed = claimed_under_lock(Run, run.pk, lambda: unwinding.claim_unwind(
             run.pk, tenant_id=run.tenant_id, owner=new_owner(held=True)))
     assert claimed and undo is not None
     called = any("public.unwind_compensated" in q["sql"] for q in queries.captured_queries)

@@ -4,8 +4,8 @@ import pytest
 
 from ledger.executors.call import ToolError
 from ledger.models import Action, AuditEvent
-from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine import execution, outcomes
+from ledger.engine.proposal import action_propose
 from recovery.models import RecoveryItem
 from recovery.services import recovery_compensate
 from sandbox.selectors import call_list
@@ -21,7 +21,7 @@ def unknown_last_step(world):
     run = open_run(world, goal="Escalate and tell the customer")
     ticket = act(run, "crm.update_ticket", {"ticket_id": "T-204", "priority": "high"})
     proposal = action_propose(run=run, tool_name="email.send", args=EMAIL, actor="agent:booker")
-    execution.record_unknown(proposal.action, ToolError("no answer", transient=True), why="its outbox is unreadable",
+    outcomes.record_unknown(proposal.action, ToolError("no answer", transient=True), why="its outbox is unreadable",
                              latency_ms=None, actor="system:engine")
     run.refresh_from_db()
     assert run.status == "needs_attention"

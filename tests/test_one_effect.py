@@ -179,7 +179,7 @@ def test_repeat_of_a_step_that_does_not_match_is_refused_and_nothing_runs(rec, t
 @pytest.fixture
 def tools_of_globex(rec):
     """The id of an action in another tenant's run (globex's agent, its own tool)."""
-    from ledger.engine.actions import action_propose
+    from ledger.engine.proposal import action_propose
     from ledger.engine.runs import run_open
     from ledger.policy.versions import tools_load
 

@@ -32,8 +32,8 @@ from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
 from ledger.engine import execution
-from ledger.engine.actions import action_propose
-from ledger.engine.execution import mark_sent
+from ledger.engine.proposal import action_propose
+from ledger.engine.attempts import mark_sent
 from ledger.engine.runs import run_cancel, run_complete, run_expire_idle
 from ledger.engine.sweep import sweep
 from ledger.policy.versions import tenant_defaults_set, tool_upsert
@@ -541,7 +541,7 @@ class Normaliser:
     def digest(row: dict, field: str) -> str:
         from ledger.canonical import digest
         from ledger.models import Tool
-        from ledger.engine.actions import content_key_of, target_of
+        from ledger.engine.proposal import content_key_of, target_of
 
         if field == "args_hash":
             expected = digest(row["args"])
@@ -627,7 +627,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
     # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
     ("unwind_succeed", "error_class = '', error_message = ''", "error_class = 'x', error_message = ''", "ok",
      ".attempts[0].error_class: 'x' != ''"),
-    # The completion's checkpoint, built in SQL: a completed run resumes (`execution.checkpoint_state`); here not.
+    # The completion's checkpoint, built in SQL: a completed run resumes (`runstate.checkpoint_state`); here not.
     ("unwind_complete", "'recovery_mode', 'resume'", "'recovery_mode', 'compensate'", "ok",
      ".checkpoints[0].state.recovery_mode: 'compensate' != 'resume'"),
 ], ids=["succeed-attempt-error", "complete-checkpoint-mode"])

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 from ledger.errors import UnwindError
 from ledger.models import Action
 from ledger.engine.received import loads
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.policy.versions import tool_upsert
 from tests.helpers import open_run
 from tests.test_rules_policy import REFUND

@@ -5,7 +5,7 @@ import pytest
 
 from ledger.engine import failpoints
 from ledger.models import Action, Run
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.execution import execute
 from ledger.engine.sweep import sweep
 from ledger.policy.versions import tool_upsert
@@ -147,7 +147,7 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
         tools, django_capture_on_commit_callbacks):
     """A sent email whose worker was lost, with no lookup to read it back: a person decides. "The tool says it did
     not happen: send it again" sends it (once), records the decision as theirs, and opens no new item."""
-    from ledger.engine.execution import mark_sent
+    from ledger.engine.attempts import mark_sent
     from recovery.forms import SEND_AGAIN, operations_for
     from recovery.services import recovery_resume
     from tests.test_console_queue import client_for

@@ -17,7 +17,7 @@ import requests
 from django.db import connection
 
 from ledger.models import Action, Run
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel
 from ledger.policy.versions import tool_upsert
 from tests.conftest import World

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from ledger.errors import PermissionDenied
 from ledger.models import AuditEvent
-from ledger.engine.actions import action_propose
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel
 from recovery.services import recovery_close
 from recovery.models import TrailShareLink

@@ -17,8 +17,8 @@ from ledger.policy import describe
 from ledger.errors import OrderingViolation
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionKind, Tool
-from ledger.engine import execution
-from ledger.engine.actions import action_propose
+from ledger.engine import execution, outcomes
+from ledger.engine.proposal import action_propose
 from ledger.engine.runs import run_cancel, run_complete
 from recovery.services import recovery_close
 from recovery.trail import HAD_EFFECT, correction_trail, trail_send
@@ -90,7 +90,7 @@ def outcome_unknown(world):
     run = open_run(world, goal="Onboard Carol")
     proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "carol@company.com", "name": "C"},
                               actor="agent:booker")
-    execution.record_unknown(proposal.action, ToolError("no answer", transient=True), why="it cannot be read back",
+    outcomes.record_unknown(proposal.action, ToolError("no answer", transient=True), why="it cannot be read back",
                              latency_ms=None, actor="system:engine")
     run.refresh_from_db()
     return run

@@ -17,8 +17,9 @@ from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSeriali
 from ledger.api.problems import problem, problems
 from ledger.api.serializers import ActionOut, action_context
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionStatus, RunStatus
-from ledger.engine.actions import action_propose, action_report
-from ledger.engine.execution import REFUSED
+from ledger.engine.proposal import action_propose
+from ledger.engine.actions import action_report
+from ledger.engine.attempts import REFUSED
 
 MAX_WAIT = 30.0
 POLL_INTERVAL = 0.05

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from ledger.models import Action, ActionStatus, Run, RunStatus
-from ledger.engine import execution
+from ledger.engine import execution, unwinding
 from ledger.engine.dispatch import enqueue
 
 log = logging.getLogger("unwind.api")
@@ -140,7 +140,7 @@ def _closing(slot: Slot, work, deadline: float, *args):
 
 def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> Action | None:
     """Execute, then drive the unwind a failure started. The executed action when it ends succeeded: its run is then
-    as the transaction that recorded the success left it (`execution.record_success`), so the answer needs no
+    as the transaction that recorded the success left it (`outcomes.record_success`), so the answer needs no
     second read."""
     action = execution.execute(claimed.pk, owner=owner, budget=max(0.0, deadline - time.monotonic()), sole_owner=True,
                                claimed=claimed)
@@ -154,7 +154,7 @@ def _execute_then_unwind(deadline: float, claimed: Action, owner: str) -> Action
 def _unwind_if_needed(deadline: float, run_id: int) -> None:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
-        execution.unwind_elsewhere(run_id)
+        unwinding.unwind_elsewhere(run_id)
         return
     tenant_id = Run.objects.filter(pk=run_id, status=RunStatus.UNWINDING).values_list("tenant_id", flat=True).first()
     if tenant_id is not None:

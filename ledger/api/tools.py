@@ -21,7 +21,7 @@ from ledger.api.base import ApiView, absolute
 from ledger.api.problems import problems
 from ledger.errors import ValidationFailed
 from ledger.models import ActionClass, ApprovalRule, Executor, OnRefusal, Risk, Role, SagaRole, Tool
-from ledger.policy.document import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
+from ledger.policy.checks import APPROVALS_REQUIRED, BACKOFF_SECONDS, MAX_ATTEMPTS, TIMEOUT_SECONDS
 from ledger.policy.versions import tool_upsert, tools_load
 
 TAG = ["tools"]

@@ -1,6 +1,6 @@
 """A proposal's decision by its tool's rules and limits (ledger/policy/rules.py, ledger/policy/limits.py), and its explanation.
 
-Decided once, in the proposal's transaction, after the tenant's chain lock and the run's lock (`actions._record`):
+Decided once, in the proposal's transaction, after the tenant's chain lock and the run's lock (`proposal._record`):
 - a rule that holds with `deny`, a rule that cannot be evaluated, or a limit the call would pass refuses the call
   (the first in the policy's order names the refusal; rules before limits);
 - otherwise the risk is the highest of the tool's and of every rule that holds with `risk`, and the approvals
@@ -22,7 +22,7 @@ from ledger.policy import limits as tool_limits, rules as tool_rules
 from ledger.policy.display import shown_value
 from ledger.errors import UnwindError
 from ledger.models import RISK_ORDER, Action, ActionStatus as A, Run, Tool
-from ledger.policy.document import approvals_needed
+from ledger.policy.law import approvals_needed
 
 
 class PolicyDenied(UnwindError):
@@ -173,7 +173,7 @@ def summary(record: dict | None, *, display: dict | None = None, args: dict | No
 
 
 # The error_class of a step its tool's policy refused (as of a step the tool itself refused: the ordering law and
-# the content match pass over both, `actions._steps_that_could_conflict`, CONTENT_MATCHES).
+# the content match pass over both, `proposal._steps_that_could_conflict`, CONTENT_MATCHES).
 REFUSED = "refused"
 
 

@@ -29,7 +29,7 @@ whole transaction in that call:
   compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
 - `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
   its caller read before; records the step failed and the run unwinding with its checkpoint, and appends the
-  events. Its caller unwinds the run next (`execution.unwind_elsewhere` queues it when it cannot).
+  events. Its caller unwinds the run next (`unwinding.unwind_elsewhere` queues it when it cannot).
 - `unwind_succeed`: locks the head, then the run; checks the run still takes steps (running, not cancelled, a
   pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
   move one row), closes the attempt and appends the event.
@@ -275,7 +275,7 @@ def complete(run: Run, *, checkpoint: models.Model, pending: list, busy: tuple, 
     """Complete `run` (the caller's copy, in memory already completed, which `pending`'s events were built from) and
     insert `checkpoint` in one call, which checks under its locks that the run is still running with the pivot and
     the fingerprinted fields of the copy and no action in `busy`, and builds the checkpoint's state from the run's
-    steps (`done` and `unfinished` as `execution.checkpoint_state` sorts them). Returns the run as the call left it;
+    steps (`done` and `unfinished` as `runstate.checkpoint_state` sorts them). Returns the run as the call left it;
     None when nothing was written."""
     now = timezone.now()
     outcome = _call(
@@ -339,7 +339,7 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
         " FROM ledger_run r CROSS JOIN ids JOIN ledger_tenant tenant ON tenant.id = r.tenant_id"
         " LEFT JOIN ledger_action a ON a.run_id = r.id LEFT JOIN ledger_tool t ON t.id = a.tool_id"
         " LEFT JOIN ledger_action f ON f.id = a.id AND a.kind = 'forward' AND a.status IN ('succeeded', 'compensating')"
-        # The version of the compensation's tool bound when the step was proposed (`execution.compensation_tool`).
+        # The version of the compensation's tool bound when the step was proposed (`unwinding.compensation_tool`).
         " LEFT JOIN ledger_tool u ON u.tenant_id = r.tenant_id AND u.id = CASE"
         " WHEN f.compensation_plan->>'tool_id' ~ '^[0-9]{1,18}$' THEN (f.compensation_plan->>'tool_id')::bigint END"
         " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [run_id, checkpoints, run_id, UNWIND_READ_LIMIT])
@@ -425,7 +425,7 @@ def failed(*, run: Run, steps: list, action: Action, attempt: models.Model, chec
 _TOOL_ALSO = (
     "nextval(pg_get_serial_sequence('ledger_action', 'id'))",
     "(SELECT approval_threshold FROM ledger_tenant WHERE ledger_tenant.id = ledger_tool.tenant_id)",
-    # The compensation's twin as `actions.compensation_plan_of` finds it: the version written with this one, or the
+    # The compensation's twin as `proposal.compensation_plan_of` finds it: the version written with this one, or the
     # current version of the named tool.
     "(SELECT ARRAY[twin.id, twin.version] FROM ledger_tool twin WHERE twin.tenant_id = ledger_tool.tenant_id"
     " AND twin.name = ledger_tool.compensation->>'tool' AND CASE"

@@ -21,7 +21,7 @@ from django.db.models import Min, Q
 from django.utils import timezone
 
 from ledger import events
-from ledger.engine import sql
+from ledger.engine import attempts, runstate, sql
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R, Tool
@@ -92,7 +92,6 @@ def release(action_id: int) -> str | None:
     """Claim a held step whose window has ended (by the database's clock), for a worker to execute. Returns the
     lease's owner, or None when it is not ours (stopped, released elsewhere, not due). In a run that stopped meanwhile
     (cancelled, unwinding, before a person) it is skipped instead: nothing runs that nobody is waiting for."""
-    from ledger.engine import execution
 
     owner = new_owner()
     action = Action.objects.select_related("tool").filter(pk=action_id).first()
@@ -108,8 +107,8 @@ def release(action_id: int) -> str | None:
                 return None
             action_transition(action, A.RUNNING, log=audit, actor=RELEASER, where=Q(next_attempt_at__lte=now),
                               attempts=action.attempts + 1, next_attempt_at=None, lease_owner=owner,
-                              lease_expires_at=execution.queued_lease(action.tool))
-            execution.start_attempt(action, owner, log=audit)
+                              lease_expires_at=attempts.queued_lease(action.tool))
+            attempts.start_attempt(action, owner, log=audit)
     except StateConflict:
         return None
     return owner
@@ -160,12 +159,12 @@ def action_stop(*, action_id: int, actor: str, by: str, reason: str = "") -> Act
                           decision_reason=why, next_attempt_at=None)
         if run.status in (R.RUNNING, R.AWAITING_APPROVAL) and not run.cancel_requested_at:
             if not run.pivot_committed:
-                execution.start_unwind(run, why, log=audit, actor=actor)
+                runstate.start_unwind(run, why, log=audit, actor=actor)
                 unwind_now = True
-            elif run.status == R.RUNNING and not execution.run_steps(
-                    run.pk, statuses=[*execution.PENDING, A.RUNNING], forward_only=False):
+            elif run.status == R.RUNNING and not runstate.run_steps(
+                    run.pk, statuses=[*attempts.PENDING, A.RUNNING], forward_only=False):
                 run_transition(run, R.COMPLETED, log=audit, actor=actor, note={"why": why})
-                execution.checkpoint_save(run, "completed", log=audit)
+                runstate.checkpoint_save(run, "completed", log=audit)
                 events.emit("run_finished", run=run)
         events.emit("hold_stopped", action=action, run=run, by=by, actor=actor)
     if unwind_now:

@@ -9,7 +9,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from ledger import events
-from ledger.engine import fastpath, sql
+from ledger.engine import attempts, fastpath, runstate, sql
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
@@ -18,9 +18,9 @@ from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
     Tool,
 )
-from ledger.policy.document import check_plan
+from ledger.policy.law import check_plan
 from ledger.engine import execution, unknowns
-from ledger.engine.actions import check_key
+from ledger.engine.proposal import check_key
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.transitions import action_transition, run_transition
 
@@ -101,7 +101,7 @@ def run_complete(*, run: Run, actor: str) -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.status == R.COMPLETED:
             return run
-        busy = execution.run_steps(run.pk, statuses=[*execution.PENDING, A.RUNNING], forward_only=False)
+        busy = runstate.run_steps(run.pk, statuses=[*attempts.PENDING, A.RUNNING], forward_only=False)
         if busy:
             seq, name, status = busy[0][1], busy[0][3], busy[0][2]
             raise StateConflict(f"step {seq} ({name}) is still {status.replace('_', ' ')}; "
@@ -109,7 +109,7 @@ def run_complete(*, run: Run, actor: str) -> Run:
         if run.status != R.RUNNING:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
         run_transition(run, R.COMPLETED, log=audit, actor=actor)
-        execution.checkpoint_save(run, "completed", log=audit)
+        runstate.checkpoint_save(run, "completed", log=audit)
         events.emit("run_finished", run=run)
     return run
 
@@ -126,11 +126,11 @@ def _complete_in_one_call(run: Run, *, actor: str) -> Run | None:
     checkpoint_id = fastpath.checkpoint_id()
     log = AuditLog(run.tenant_id, head=None)
     log.record(f"run.{R.COMPLETED}", actor=actor, run=completed, status_from=R.RUNNING)
-    log.record("run.checkpoint", actor=execution.SYSTEM, run=completed, label="completed", checkpoint=checkpoint_id)
+    log.record("run.checkpoint", actor=attempts.SYSTEM, run=completed, label="completed", checkpoint=checkpoint_id)
     checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run_id=run.pk, label="completed")
     return fastpath.complete(completed, checkpoint=checkpoint, pending=log.pending,
-                             busy=(*execution.PENDING, A.RUNNING), done=execution.DONE,
-                             unfinished=execution.UNFINISHED)
+                             busy=(*attempts.PENDING, A.RUNNING), done=attempts.DONE,
+                             unfinished=attempts.UNFINISHED)
 
 
 def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
@@ -147,14 +147,14 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
         why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
         audit.record("run.cancel_requested", actor=actor, run=run, reason=reason[:1000])
         if run.status in (R.UNWINDING, R.NEEDS_ATTENTION):
-            execution.skip_pending(run, log=audit, actor=actor, why=why)
+            runstate.skip_pending(run, log=audit, actor=actor, why=why)
             return run
         if run.pivot_committed:
-            execution.skip_pending(run, log=audit, actor=actor, why=why)
-            execution.needs_attention(run, "cancelled_after_pivot", f"The run was {why} after its pivot committed; "
+            runstate.skip_pending(run, log=audit, actor=actor, why=why)
+            runstate.needs_attention(run, "cancelled_after_pivot", f"The run was {why} after its pivot committed; "
                                       "what was done stands and cannot be unwound automatically.", action=None, log=audit)
         else:
-            execution.start_unwind(run, why, log=audit, actor=actor)
+            runstate.start_unwind(run, why, log=audit, actor=actor)
             unwind_now = True
     if unwind_now:
         execution.unwind(run.pk, budget=2.0)
@@ -206,11 +206,11 @@ def run_expire_idle(*, run_id: int) -> bool:
         audit.record("run.idle", actor=IDLE_ACTOR, run=run, idle_timeout=run.idle_timeout_seconds,
                      last_activity=(deadline - timedelta(seconds=run.idle_timeout_seconds)).isoformat())
         if run.pivot_committed:
-            execution.needs_attention(run, "idle_after_pivot", f"The run was {why} after its pivot committed; what "
+            runstate.needs_attention(run, "idle_after_pivot", f"The run was {why} after its pivot committed; what "
                                       "was done stands and cannot be unwound automatically.", action=None,
                                       log=audit, actor=IDLE_ACTOR)
         else:
-            execution.start_unwind(run, why, log=audit, actor=IDLE_ACTOR)  # queues the unwinder after commit
+            runstate.start_unwind(run, why, log=audit, actor=IDLE_ACTOR)  # queues the unwinder after commit
     return True
 
 
@@ -219,7 +219,7 @@ def _steps_to_retry(run: Run):
     pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
     # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
     retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
-        status=A.FAILED, error_class=execution.REFUSED).select_related("tool")
+        status=A.FAILED, error_class=attempts.REFUSED).select_related("tool")
     return retry.filter(pk__in=pending_ids) if pending_ids else retry
 
 
@@ -257,10 +257,10 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
                               lease_expires_at=lease_at_write(queued_seconds(action.tool), row=action),
                               error_class="", error_message="",
                               note={"decision": "the tool did not act: send it again"} if unknown else None)
-            execution.start_attempt(action, owner, log=audit, resend_by=actor if unknown else "")
+            attempts.start_attempt(action, owner, log=audit, resend_by=actor if unknown else "")
             if action.tool.executor != "client":
                 owners.append((action.pk, owner))
-        execution.checkpoint_save(run, "resumed", log=audit)
+        runstate.checkpoint_save(run, "resumed", log=audit)
         events.emit("run_attention_cleared", run=run, resolution="resumed", actor=actor)
         for action_id, owner in owners:
             enqueue("ledger.tasks.execute_action", action_id, owner)
@@ -286,7 +286,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
             action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force})
         run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force},
                        attention_reason="")
-        execution.checkpoint_save(run, "operator_compensate", log=audit)
+        runstate.checkpoint_save(run, "operator_compensate", log=audit)
         events.emit("run_attention_cleared", run=run, resolution="compensated", actor=actor)
     execution.unwind(run.pk, budget=2.0)
     run.refresh_from_db()
@@ -301,9 +301,9 @@ def run_close(*, run: Run, actor: str, reason: str) -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.status != R.NEEDS_ATTENTION:
             raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be closed")
-        execution.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")
+        runstate.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")
         run_transition(run, R.CLOSED, log=audit, actor=actor, note={"reason": reason[:1000]})
-        execution.checkpoint_save(run, "closed", log=audit)
+        runstate.checkpoint_save(run, "closed", log=audit)
         events.emit("run_attention_cleared", run=run, resolution="closed", actor=actor)
         events.emit("run_finished", run=run)
     return run

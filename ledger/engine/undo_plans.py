@@ -5,7 +5,7 @@ tool's record does not give (`$result.id`, say), so no undo can be put together 
 (`read_back_incomplete`). They see the record and complete the undo here: the arguments that could be resolved from
 the step stay as the policy maps them (they are not the person's to change), the others are theirs to fill in,
 and the whole is checked against the undo tool's JSON Schema, as an agent's arguments are. Recorded as their decision
-in the audit chain, the completed arguments are what every later undo of the step uses (`execution.undo_args`).
+in the audit chain, the completed arguments are what every later undo of the step uses (`unwinding.undo_args`).
 """
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from ledger.engine import mapping, sql
+from ledger.engine import attempts, mapping, readback, sql, unwinding
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import dumps as canonical_text
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R, Tool
-from ledger.engine import execution
-from ledger.engine.actions import validate_args
+from ledger.engine.proposal import validate_args
 
 
 @dataclass(frozen=True)
@@ -37,13 +36,13 @@ class UndoDraft:
 
 def undo_draft(step: Action) -> UndoDraft | None:
     """The undo of `step` to complete, or None when it has none (no compensation, or one that is not a twin tool)."""
-    if step.kind != ActionKind.FORWARD or not execution.compensable(step):
+    if step.kind != ActionKind.FORWARD or not attempts.compensable(step):
         return None
     plan = step.compensation_plan
     if not isinstance(plan.get("tool"), str):
         return None
     template = plan.get("args", {})
-    context = execution.context_for(step)
+    context = readback.context_for(step)
     fixed, missing = {}, {}
     if isinstance(template, dict):
         for name, value in template.items():
@@ -53,7 +52,7 @@ def undo_draft(step: Action) -> UndoDraft | None:
                 missing[name] = str(error)
     else:
         missing[""] = "the undo's arguments as a whole come from the step's result"
-    tool = execution.compensation_tool(step.run, plan)
+    tool = unwinding.compensation_tool(step.run, plan)
     prefilled = {name: fixed.get(name) for name in template} if isinstance(template, dict) else {}
     return UndoDraft(tool=tool, template=template, fixed=fixed, missing=missing, prefilled=prefilled)
 
@@ -71,7 +70,7 @@ def undo_plan_check(step: Action, args) -> dict:
         raise ValidationFailed(f"args.{extra[0]} is not one of the undo's arguments ({', '.join(draft.template)}): the "
                                f"plan is completed, not extended", field=f"args.{extra[0]}")
     for name, value in draft.fixed.items():
-        if name not in args or not execution.same_value(args[name], value):
+        if name not in args or not readback.same_value(args[name], value):
             template = canonical_text(draft.template[name])
             raise ValidationFailed(
                 f"args.{name} comes from the step ({template}, which is {canonical_text(value)}) and cannot be changed "

@@ -94,7 +94,7 @@ def refusal_status(status: int) -> bool:
 class ToolOutcome:
     result: Any
     status: int | None = None
-    read_back: Any = None  # an `execution.ReadBack` when the result was read back, not answered
+    read_back: Any = None  # an `readback.ReadBack` when the result was read back, not answered
 
 
 def resolve_url(url: str, **fields: str) -> str:

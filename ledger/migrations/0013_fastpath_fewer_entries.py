@@ -67,7 +67,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > v_checkpoint.id) THEN
         RETURN jsonb_build_object('outcome', 'stale');
     END IF;
-    -- The checkpoint's state as execution.checkpoint_state builds it from the run's forward steps in order.
+    -- The checkpoint's state as runstate.checkpoint_state builds it from the run's forward steps in order.
     SELECT jsonb_build_object(
                'run_status', 'completed', 'pivot_committed', v_run.pivot_committed, 'recovery_mode', 'resume',
                'completed_action_ids',

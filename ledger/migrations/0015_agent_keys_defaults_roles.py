@@ -5,7 +5,7 @@ holds which role is in the audit chain.
 - `Action.key_agent`: the agent among whose keys the action's `Idempotency-Key` is; the key is unique per (tenant,
   agent, key) instead of per (tenant, key), so another agent's key is neither seen nor taken. Rows recorded before
   keep `key_agent` 0 and the key they were sent with (`Action.tool_key` is unchanged for them); their agent still
-  finds them (`actions._replay_of_key`). `unwind_propose` is redefined: its insert conflicts on the new constraint,
+  finds them (`proposal._replay_of_key`). `unwind_propose` is redefined: its insert conflicts on the new constraint,
   and a key that a row from before (`key_agent` 0) holds sends the proposal to the Python path, which decides
   whose it is.
 - `local_part_case_sensitive`, a tenant default (and in its versions): whether `Alice@…` and `alice@…` are two people

@@ -9,7 +9,7 @@ and a step is never sent again on the guess that it was not.
 proposal that waited on the chain head's or the run's lock longer than its lease was inserted already expired, and
 the sweep reclaimed a step its caller was about to send. Now the lease is the same length (the row's lease less the
 moment the caller decided it, `p_at`) from `clock_timestamp()` after the locks; the Python path decides it after the
-same locks (`actions._record`). Nothing else in the function changes, nor its arguments or answers.
+same locks (`proposal._record`). Nothing else in the function changes, nor its arguments or answers.
 """
 import importlib
 

@@ -48,7 +48,7 @@ def _fail(where: str, why: str):
 
 def parse_limits(value: Any, *, where: str) -> list[dict]:
     """A tool's `limits`, validated, as stored on its version: {per, count | sum + max, window (seconds)}."""
-    from ledger.policy.document import _duration, _number
+    from ledger.policy.checks import duration as _duration, number as _number
 
     if value in (None, []):
         return []

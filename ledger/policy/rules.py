@@ -199,7 +199,7 @@ def parse_rules(value: Any, *, where: str) -> list[dict]:
 
 
 def _rule(spec: Any, *, where: str) -> dict:
-    from ledger.policy.document import APPROVALS_REQUIRED
+    from ledger.policy.checks import APPROVALS_REQUIRED
 
     if not isinstance(spec, dict):
         _fail(where, f"must be an object with when and what it does, not {type(spec).__name__}")

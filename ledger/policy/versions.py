@@ -13,7 +13,10 @@ from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import digest
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
-from ledger.policy.document import function_tool, is_function_definition, parse_document, parse_tool, with_inline_twins
+from ledger.policy.functions import function_tool, is_function_definition
+from ledger.policy.document import parse_document
+from ledger.policy.tool_entry import parse_tool
+from ledger.policy.twins import with_inline_twins
 from ledger.api.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",

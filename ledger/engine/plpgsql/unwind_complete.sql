@@ -25,7 +25,7 @@ BEGIN
        FOR NO KEY UPDATE;
     IF NOT FOUND OR NOT v_same THEN RETURN jsonb_build_object('outcome', 'fallback'); END IF;
     -- No step in flight; and the checkpoint's id was drawn before the locks: the run's checkpoints are read in id
-    -- order, so none may have come after it. Its state as execution.checkpoint_state builds it from the run's
+    -- order, so none may have come after it. Its state as runstate.checkpoint_state builds it from the run's
     -- forward steps in order.
     SELECT EXISTS (SELECT 1 FROM ledger_action b WHERE b.run_id = p_run AND b.status = ANY (p_busy)),
            EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > v_checkpoint.id),

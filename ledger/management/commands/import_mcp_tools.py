@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 from ledger.executors import mcp as mcp_upstream
 from ledger.policy import schemas
 from ledger.models import Tenant
-from ledger.policy.document import TOOL_NAME
+from ledger.policy.tool_entry import TOOL_NAME
 
 HEADER = """\
 # A policy proposal from the MCP server {server!r} ({where}), written by

@@ -9,7 +9,7 @@ from ledger.management.commands.policy_check import read_policy_file
 from ledger.models import Risk, Run, Tool
 from ledger.policy.document import parse_document
 from ledger.engine.received import loads
-from ledger.engine.actions import validate_args
+from ledger.engine.proposal import validate_args
 
 
 class Command(BaseCommand):
