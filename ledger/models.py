@@ -2,6 +2,9 @@
 
 Status fields are never assigned directly: each state machine has one transition function in
 `ledger.engine.transitions` that applies an allowed change with a conditional UPDATE and checks the rowcount.
+
+Longer than 500 lines: Django finds an app's models in this module, and the ledger's tables are one schema whose
+state machines name each other; a package of model modules would spread it over files a reader opens together.
 """
 import hashlib
 

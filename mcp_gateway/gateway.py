@@ -9,6 +9,9 @@ policy, approvals, ordering law and content matching, so a call re-sent after a 
 recorded outcome (the MCP request id is never an idempotency key: a reconnecting client sends a new one).
 
 Answers are `Answer`s: a JSON payload, and whether it is a tool error (`isError`) carrying a problem's `code`.
+
+Longer than 500 lines: one answer per outcome of a step, in words for a model, shared by both transports; they
+are read side by side to keep what an agent is told the same for every outcome.
 """
 from __future__ import annotations
 

@@ -3,6 +3,9 @@
 Every statement is derived from the ledger (actions, their snapshots and compensations, the audit
 chain); none comes from a prompt or the model's reasoning, so the page can be shown to the person on
 whose behalf the agent acted. `correction_trail(run)` is also what the API serves.
+
+Longer than 500 lines: every sentence the trail says, for every outcome of a step (done, declined, undone,
+unknown), sits in this one module so that a reader checks them side by side against each other.
 """
 from __future__ import annotations
 

@@ -97,3 +97,16 @@ def test_the_client_imports_nothing_of_the_service():
     wrong = {(name, target) for name, targets in graph().items() if name.startswith("unwind_client")
              for target in targets if not target.startswith("unwind_client")}
     assert wrong == set()
+
+
+LIMIT = 500  # lines; a longer module says why in its docstring ("Longer than 500 lines: ...")
+
+
+def test_no_module_is_longer_than_500_lines_without_saying_why():
+    unexplained = {}
+    for name, path in modules().items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > LIMIT and "Longer than 500 lines:" not in (ast.get_docstring(ast.parse(text)) or ""):
+            unexplained[name] = lines
+    assert unexplained == {}
