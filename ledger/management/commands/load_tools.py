@@ -1,12 +1,9 @@
 import getpass
-import json
-from pathlib import Path
 
-import yaml
 from django.core.management.base import BaseCommand, CommandError
 
+from ledger.management.policy_files import read_policy_file, tenant_named
 from ledger.errors import UnwindError
-from ledger.models import Tenant
 from ledger.policy.document import keys_left_implicit
 from ledger.policy.versions import tools_load
 
@@ -29,22 +26,8 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="tenant slug (default: the file's 'tenant' field)")
 
     def handle(self, *args, file, tenant=None, **options):
-        path = Path(file)
-        if not path.exists():
-            raise CommandError(f"{file}: no such file")
-        text = path.read_text()
-        try:
-            document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise CommandError(f"{file} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-        if not isinstance(document, dict):
-            raise CommandError(f"{file} must hold an object with 'tools' (or 'agentSafety'), not {type(document).__name__}")
-        slug = tenant or document.get("tenant")
-        if not slug:
-            raise CommandError("name the tenant with --tenant or a 'tenant' field in the file")
-        tenant_obj = Tenant.objects.filter(slug=slug).first()
-        if tenant_obj is None:
-            raise CommandError(f"tenant {slug!r} does not exist (create it with: manage.py create_tenant {slug})")
+        document = read_policy_file(file)
+        tenant_obj = tenant_named(tenant, document)
         try:
             tools = tools_load(tenant=tenant_obj, document=document, actor=shell_actor())
         except UnwindError as exc:
@@ -53,4 +36,4 @@ class Command(BaseCommand):
             self.stdout.write(f"  {tool.name:32s} {tool.saga_role:14s} risk={tool.risk:8s} approval={tool.approval}")
         for warning in keys_left_implicit(document):
             self.stderr.write(self.style.WARNING(f"warning: {warning}"))
-        self.stdout.write(self.style.SUCCESS(f"loaded {len(tools)} tool(s) into {slug}"))
+        self.stdout.write(self.style.SUCCESS(f"loaded {len(tools)} tool(s) into {tenant_obj.slug}"))

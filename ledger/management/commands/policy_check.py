@@ -1,38 +1,13 @@
 """`manage.py policy_check FILE --tenant T`: validate a policy file and show what loading it would change."""
 import json
-from pathlib import Path
 
-import yaml
 from django.core.management.base import BaseCommand, CommandError
 
 from ledger.errors import UnwindError
-from ledger.models import POLICY_FIELDS, Tenant, Tool
+from ledger.management.policy_files import read_policy_file, tenant_named
+from ledger.models import POLICY_FIELDS, Tool
 from ledger.policy.document import keys_left_implicit, parse_document
 from ledger.policy.versions import _check_compensation_tools, _check_inline_twins, _check_mcp_servers
-
-
-def read_policy_file(file: str) -> dict:
-    path = Path(file)
-    if not path.exists():
-        raise CommandError(f"{file}: no such file")
-    text = path.read_text()
-    try:
-        document = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise CommandError(f"{file} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    if not isinstance(document, dict):
-        raise CommandError(f"{file} must hold an object with 'tools' (or 'agentSafety'), not {type(document).__name__}")
-    return document
-
-
-def tenant_named(slug: str | None, document: dict) -> Tenant:
-    slug = slug or document.get("tenant")
-    if not slug:
-        raise CommandError("name the tenant with --tenant or a 'tenant' field in the file")
-    tenant = Tenant.objects.filter(slug=slug).first()
-    if tenant is None:
-        raise CommandError(f"tenant {slug!r} does not exist")
-    return tenant
 
 
 def shown(value) -> str:

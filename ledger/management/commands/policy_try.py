@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ledger.engine import decision
 from ledger.errors import UnwindError
-from ledger.management.commands.policy_check import read_policy_file
+from ledger.management.policy_files import read_policy_file
 from ledger.models import Risk, Run, Tool
 from ledger.policy.document import parse_document
 from ledger.engine.received import loads
