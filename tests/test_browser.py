@@ -139,7 +139,7 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
 
     page.get_by_role("link", name="Metrics").click()
     page.wait_for_url("**/console/metrics/")
-    sync_api.expect(page.locator("figure.chart")).to_have_count(6)
+    sync_api.expect(page.locator("figure.chart")).to_have_count(7)  # six of issue 11, and holds and requests (issue 29)
     sync_api.expect(page.locator("#m-frequency")).to_have_text("100%")
     page.shots.take("metrics")
 
