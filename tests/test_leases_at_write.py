@@ -14,7 +14,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Action, Run
-from ledger.engine import attempts, execution
+from ledger.engine import attempts, execution, unwinding
 from ledger.engine.actions import action_approve, action_claim_due, action_reclaim
 from ledger.engine.proposal import action_propose
 from ledger.engine.dispatch import new_owner
@@ -172,5 +172,5 @@ def test_an_undo_claimed_by_the_unwinder(short, settings, fast):
     recorded = Action.objects.get(pk=undo.pk)
     assert recorded.status == "running" and recorded.lease_expires_at == undo.lease_expires_at
     assert_whole_lease(recorded.lease_expires_at, waited_from=started, committed=committed)
-    unwinding = Run.objects.get(pk=run.pk)
-    assert_whole_lease(unwinding.lease_expires_at, waited_from=started, committed=committed, length=1.0)
+    run_row = Run.objects.get(pk=run.pk)
+    assert_whole_lease(run_row.lease_expires_at, waited_from=started, committed=committed, length=1.0)
