@@ -1,8 +1,10 @@
 """What an agent sees for a held step (issue 29): over REST, 202 with hold.executes_at and links.cancel, and cancelling
 stops it; over MCP, the same in words (and unwind_status says it again while it is held)."""
+import pytest
+
 from ledger.models import Action
 from ledger.policy.versions import tool_upsert
-from tests.api_support import effects
+from tests.api_support import assert_problem, effects
 from tests.conftest import in_process_policy
 from tests.test_mcp_gateway import call, gateway, session  # noqa: F401
 
@@ -64,3 +66,45 @@ def test_mcp_says_when_it_runs_and_how_to_stop_it(gateway):  # noqa: F811
     # No worker runs in this test, so nothing releases it: unwind_status answers the same pending words.
     assert status[1]["status"] == "held" and status[1]["message"] == payload["message"]
     assert Action.objects.get(pk=payload["action_id"]).status == "held" and effects("email.send") == []
+
+
+FLIGHT = {"passenger": "Carol", "flight": "TP101", "date": "2026-12-01"}
+HOTEL = {"guest": "Carol", "hotel": "Lisboa Plaza", "nights": 2}
+CHARGE = {"customer": "carol", "amount_cents": 4200}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+def test_a_pivot_or_a_retriable_step_waits_until_an_earlier_held_step_has_run(api, settings, fast,
+                                                                              django_capture_on_commit_callbacks):
+    """A held step may still be stopped, and stopping it unwinds the run: a pivot or retriable step proposed after it
+    would already have acted and could not be undone. So the agent is told to propose it once the held step has run
+    (409 naming it and when it runs), nothing reaches the tool, and afterwards the same call goes through. A step
+    of the same rank may follow (stopping the held one undoes it too). On PostgreSQL both paths: the one-call
+    proposal hands a run with a held step to the Python path, which decides."""
+    from ledger.engine.sweep import sweep
+    import time
+
+    settings.UNWIND_FAST_PATH = fast
+    policy = in_process_policy()["tools"]
+    tool_upsert(tenant=api.world.acme, name="travel.book_flight", spec=dict(policy["travel.book_flight"], hold="1s"),
+                actor="test")
+    tool_upsert(tenant=api.world.acme, name="payments.charge", spec=dict(policy["payments.charge"], approval="auto"),
+                actor="test")
+    run = api.open_run()
+    flight = api.propose(run["id"], "travel.book_flight", FLIGHT)
+    assert flight.status_code == 202 and flight.json()["status"] == "held", flight.content
+    hotel = api.propose(run["id"], "travel.reserve_hotel", HOTEL)  # compensatable after compensatable: may follow
+    assert hotel.status_code in (200, 201) and hotel.json()["status"] == "succeeded", hotel.content
+    for tool, args in (("payments.charge", CHARGE), ("email.send", MAIL)):
+        refused = assert_problem(api.propose(run["id"], tool, args), 409, "ordering_violation")
+        assert refused["rule"] == "after_a_held_step" and refused["conflicts_with"]["seq"] == flight.json()["seq"]
+        assert "held until" in refused["detail"] and "once step" in refused["detail"]
+    assert effects("payments.charge") == [] and effects("email.send") == [] and effects("travel.book_flight") == []
+    assert not Action.objects.filter(run_id=run["id"], tool__name__in=["payments.charge", "email.send"]).exists()
+    time.sleep(1.1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert sweep()["released"] == 1
+    assert len(effects("travel.book_flight")) == 1
+    charged = api.propose(run["id"], "payments.charge", CHARGE)
+    assert charged.status_code in (200, 201) and charged.json()["status"] == "succeeded", charged.content
+    assert len(effects("payments.charge")) == 1

@@ -36,6 +36,29 @@ def roles_it_may_not_follow(tool: Tool) -> list[str]:
     return roles
 
 
+def held_roles_it_must_wait_for(tool: Tool) -> list[str]:
+    """The saga roles of earlier steps that, while they are held (an undo window, engine/holds.py), `tool` may not
+    be proposed after: those of an earlier rank. Until a held step has run it may still be stopped, and a stopped
+    pivot, or a stopped step before it, unwinds the run: a later pivot or retriable step would already have acted
+    and could not be undone. A step of the same rank (a compensatable after a compensatable, a retriable after a
+    retriable) can wait its turn: stopping the earlier one undoes it too, or leaves the run to end without it."""
+    if tool.action_class == ActionClass.READ_ONLY:
+        return []
+    return [role for role, rank in ROLE_RANK.items() if rank < ROLE_RANK[tool.saga_role]]
+
+
+def check_not_after_held(held: list[tuple[int, str, str, str]], *, tool: Tool) -> None:
+    """Refuse `tool` while an earlier step it must wait for (`held_roles_it_must_wait_for`) is held; `held` is
+    (seq, tool, role, when it runs) of the run's held steps."""
+    waits_for = held_roles_it_must_wait_for(tool)
+    for seq, name, role, executes_at in held:
+        if role in waits_for:
+            raise OrderingViolation(
+                f"{tool.name} is {tool.saga_role}, but {name} (step {seq}) is {role} and held until {executes_at}: "
+                f"it may still be stopped, which would undo the run, so propose {tool.name} once step {seq} has run",
+                rule="after_a_held_step", conflicts_with={"seq": seq, "tool": name, "executes_at": executes_at})
+
+
 def check_order(earlier: list[tuple[int, str, str]], *, tool: Tool) -> None:
     """Refuse `tool` if it would break the ordering law after the run's `earlier` (seq, tool, role) steps, naming
     the first earlier step it may not follow (`roles_it_may_not_follow`) and the part of the law it breaks."""

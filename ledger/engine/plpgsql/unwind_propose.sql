@@ -44,7 +44,9 @@ BEGIN
                          AND a.status <> ALL (p_gone) AND NOT (a.status = 'failed' AND a.error_class = 'refused')
                          AND (SELECT t.action_class FROM ledger_tool t WHERE t.id = a.tool_id) <> 'read_only')
            OR EXISTS (SELECT 1 FROM ledger_action a
-                       WHERE a.tenant_id = p_tenant AND a.key_agent = 0 AND a.idempotency_key = p_key),
+                       WHERE a.tenant_id = p_tenant AND a.key_agent = 0 AND a.idempotency_key = p_key)
+           -- A held step in the run (an undo window): whether this one must wait for it is the Python path's to say.
+           OR EXISTS (SELECT 1 FROM ledger_action a WHERE a.run_id = p_run AND a.status = 'held'),
            (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
       INTO v_current, v_twin, v_slug, v_threshold, v_taken, v_dv
       FROM ledger_tenant n WHERE n.id = p_tenant;
