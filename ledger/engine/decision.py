@@ -4,7 +4,7 @@ Decided once, in the proposal's transaction, after the tenant's chain lock and t
 - a rule that holds with `deny`, a rule that cannot be evaluated, or a limit the call would pass refuses the call
   (the first in the policy's order names the refusal; rules before limits);
 - otherwise the risk is the highest of the tool's and of every rule that holds with `risk`, and the approvals
-  needed follow the tenant's threshold for that risk (`policy.approvals_needed`), raised to the largest
+  needed follow the tenant's threshold for that risk (`law.approvals_needed`), raised to the largest
   `approvals_required` of a rule that holds (a rule that asks for people asks whatever the threshold).
 
 What it read and why is recorded on the action (`policy_decision`): the tool's policy version, each rule that held

@@ -4,14 +4,10 @@ for its caller, queued for a worker, or waiting for a person), on PostgreSQL in 
 """
 from __future__ import annotations
 
-import datetime
-
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from ledger import events, tracing
 from ledger.audit.chain import ledger_transaction
@@ -38,9 +34,7 @@ from ledger.errors import (
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool
 from ledger.policy import schemas
-from ledger.policy.law import (
-    approvals_needed, check_not_after_held, check_order, held_roles_it_must_wait_for, roles_it_may_not_follow,
-)
+from ledger.policy.law import approvals_needed, check_not_after_held, check_order, roles_it_may_not_follow
 from ledger.policy.tool_entry import TARGET_FROM_AGENT
 
 IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
@@ -420,29 +414,6 @@ def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str
         [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY, A.FAILED, attempts.REFUSED])
 
 
-def _held_steps_it_must_wait_for(run: Run, tool: Tool) -> list[tuple[int, str, str, str]]:
-    """The run's held steps of a role `tool` must wait for (law.held_roles_it_must_wait_for), earliest first."""
-    roles = held_roles_it_must_wait_for(tool)
-    if not roles:
-        return []
-    rows = sql.fetch_all(
-        "SELECT a.seq, t.name, a.saga_role, a.next_attempt_at FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
-        f" WHERE a.run_id = %s AND a.kind = %s AND a.status = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
-        " ORDER BY a.seq", [run.pk, ActionKind.FORWARD, A.HELD, *roles])
-    return [(seq, name, role, _utc(when)) for seq, name, role, when in rows]
-
-
-def _utc(when) -> str:
-    """A held step's time as a person reads it (SQLite hands the column back as text)."""
-    if isinstance(when, str):
-        when = parse_datetime(when)
-    if when is None:
-        return "its window ends"
-    if timezone.is_naive(when):
-        when = timezone.make_aware(when, datetime.timezone.utc)
-    return f"{when.astimezone(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-
-
 def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, intent, before, actor, inline, queued,
             content_key, repeat_of) -> Proposal:
     with ledger_transaction(run.tenant_id) as audit:
@@ -460,7 +431,7 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}{why}; it accepts no new actions",
                                run_status=run.status)
         check_order(_steps_that_could_conflict(run, tool), tool=tool)
-        check_not_after_held(_held_steps_it_must_wait_for(run, tool), tool=tool)
+        check_not_after_held(holds.steps_it_must_wait_for(run, tool), tool=tool)
         # The tool's rules and limits (ledger/engine/decision.py), counted under the locks just taken.
         decided = decision.decide(tool=tool, run=run, args=args, threshold=threshold) if decision.applies(tool) else None
         required = decided.required if decided else approvals_needed(
