@@ -28,7 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from ledger.engine import sql
-from ledger.errors import ValidationFailed
+from ledger.policy.checks import duration, fail, number
 from ledger.models import ActionKind, ActionStatus as A, Run
 
 MAX_LIMITS = 8
@@ -42,50 +42,44 @@ COUNTED = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDU
            A.COMPENSATING, A.COMPENSATION_FAILED)
 
 
-def _fail(where: str, why: str):
-    raise ValidationFailed(f"{where}: {why}", field=where)
-
-
 def parse_limits(value: Any, *, where: str) -> list[dict]:
     """A tool's `limits`, validated, as stored on its version: {per, count | sum + max, window (seconds)}."""
-    from ledger.policy.checks import duration as _duration, number as _number
-
     if value in (None, []):
         return []
     if not isinstance(value, list):
-        _fail(where, f"must be a list of limits ({{per, count | sum and max, window}}), not {type(value).__name__}")
+        fail(where, f"must be a list of limits ({{per, count | sum and max, window}}), not {type(value).__name__}")
     if len(value) > MAX_LIMITS:
-        _fail(where, f"has {len(value)} limits; a tool has at most {MAX_LIMITS}")
+        fail(where, f"has {len(value)} limits; a tool has at most {MAX_LIMITS}")
     parsed = []
     for index, spec in enumerate(value):
         at = f"{where}[{index}]"
         if not isinstance(spec, dict):
-            _fail(at, f"must be an object like {{per: run, sum: \"args.amount\", max: 1000}}, not {type(spec).__name__}")
+            fail(at, f"must be an object like {{per: run, sum: \"args.amount\", max: 1000}}, not {type(spec).__name__}")
         unknown = set(spec) - LIMIT_KEYS
         if unknown:
-            _fail(f"{at}.{sorted(unknown)[0]}", f"is not a limit setting (known: {', '.join(sorted(LIMIT_KEYS))})")
+            fail(f"{at}.{sorted(unknown)[0]}", f"is not a limit setting (known: {', '.join(sorted(LIMIT_KEYS))})")
         per = spec.get("per")
         if per not in SCOPES:
-            _fail(f"{at}.per", f"must be one of {', '.join(SCOPES)}, not {per!r}")
+            fail(f"{at}.per", f"must be one of {', '.join(SCOPES)}, not {per!r}")
         limit: dict = {"per": per}
         if ("sum" in spec) == ("count" in spec):
-            _fail(at, "counts calls (count: N) or adds up an argument (sum: \"args.amount\" with max): one of them")
+            fail(at, "counts calls (count: N) or adds up an argument (sum: \"args.amount\" with max): one of them")
         if "count" in spec:
             if "max" in spec:
-                _fail(f"{at}.max", "goes with sum; a count limit's number is count itself")
-            limit["count"] = _number(spec["count"], f"{at}.count", minimum=1, maximum=MAX_AMOUNT, integer=True)
+                fail(f"{at}.max", "goes with sum; a count limit's number is count itself")
+            limit["count"] = number(spec["count"], f"{at}.count", minimum=1, maximum=MAX_AMOUNT, integer=True)
         else:
             path = spec["sum"]
             if not isinstance(path, str) or not PATH.match(path):
-                _fail(f"{at}.sum", f"must name a number among the arguments, like \"args.amount\", not {path!r}")
+                fail(f"{at}.sum", f"must name a number among the arguments, like \"args.amount\", not {path!r}")
             if "max" not in spec:
-                _fail(f"{at}.max", "a sum limit needs the most the values may add up to")
+                fail(f"{at}.max", "a sum limit needs the most the values may add up to")
             limit["sum"] = path
-            limit["max"] = _number(spec["max"], f"{at}.max", minimum=0, maximum=MAX_AMOUNT)
+            limit["max"] = number(spec["max"], f"{at}.max", minimum=0, maximum=MAX_AMOUNT)
             if float(limit["max"]).is_integer():
                 limit["max"] = int(limit["max"])
         if "window" in spec:
-            limit["window"] = int(_duration(spec["window"], f"{at}.window", minimum=WINDOW_SECONDS[0],
+            limit["window"] = int(duration(spec["window"], f"{at}.window", minimum=WINDOW_SECONDS[0],
                                             maximum=WINDOW_SECONDS[1]))
         parsed.append(limit)
     return parsed

@@ -26,7 +26,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
-from ledger.errors import ValidationFailed
+from ledger.policy.checks import APPROVALS_REQUIRED, fail
 from ledger.models import RISK_ORDER, Risk
 
 MAX_RULES = 32
@@ -182,55 +182,49 @@ def compiled(text: str):
 
 # --- parsing a tool's rules ---------------------------------------------------------------------------------------
 
-def _fail(where: str, why: str):
-    raise ValidationFailed(f"{where}: {why}", field=where)
-
-
 def parse_rules(value: Any, *, where: str) -> list[dict]:
     """A tool's `rules`, validated and each expression compiled (and cached), as stored on the tool's version."""
     if value in (None, []):
         return []
     if not isinstance(value, list):
-        _fail(where, f"must be a list of rules ({{when, risk | deny | approvals_required, reason}}), not "
+        fail(where, f"must be a list of rules ({{when, risk | deny | approvals_required, reason}}), not "
                      f"{type(value).__name__}")
     if len(value) > MAX_RULES:
-        _fail(where, f"has {len(value)} rules; a tool has at most {MAX_RULES}")
+        fail(where, f"has {len(value)} rules; a tool has at most {MAX_RULES}")
     return [_rule(rule, where=f"{where}[{index}]") for index, rule in enumerate(value)]
 
 
 def _rule(spec: Any, *, where: str) -> dict:
-    from ledger.policy.checks import APPROVALS_REQUIRED
-
     if not isinstance(spec, dict):
-        _fail(where, f"must be an object with when and what it does, not {type(spec).__name__}")
+        fail(where, f"must be an object with when and what it does, not {type(spec).__name__}")
     unknown = set(spec) - RULE_KEYS
     if unknown:
-        _fail(f"{where}.{sorted(unknown)[0]}", f"is not a rule setting (known: {', '.join(sorted(RULE_KEYS))})")
+        fail(f"{where}.{sorted(unknown)[0]}", f"is not a rule setting (known: {', '.join(sorted(RULE_KEYS))})")
     when = spec.get("when")
     if not isinstance(when, str) or not when.strip():
-        _fail(f"{where}.when", "must be a CEL expression over args, run and agent, like \"args.amount > 500\"")
+        fail(f"{where}.when", "must be a CEL expression over args, run and agent, like \"args.amount > 500\"")
     try:
         compiled(when)
     except CompileError as why:
-        _fail(f"{where}.when", str(why))
+        fail(f"{where}.when", str(why))
     rule = {"when": when}
     effects = [key for key in ("risk", "deny", "approvals_required") if key in spec]
     if not effects:
-        _fail(where, "says what it does when it holds: risk, deny or approvals_required")
+        fail(where, "says what it does when it holds: risk, deny or approvals_required")
     if "deny" in spec:
         if len(effects) > 1:
-            _fail(f"{where}.deny", "refuses the call, so it takes no risk or approvals_required beside it")
+            fail(f"{where}.deny", "refuses the call, so it takes no risk or approvals_required beside it")
         rule["deny"] = _text(spec["deny"], f"{where}.deny")
     if "risk" in spec:
         risk = spec["risk"]
         if not isinstance(risk, str) or risk.strip().lower() not in Risk.values:
-            _fail(f"{where}.risk", f"must be one of {', '.join(Risk.values)}, not {risk!r}")
+            fail(f"{where}.risk", f"must be one of {', '.join(Risk.values)}, not {risk!r}")
         rule["risk"] = risk.strip().lower()
     if "approvals_required" in spec:
         count = spec["approvals_required"]
         low, high = APPROVALS_REQUIRED
         if isinstance(count, bool) or not isinstance(count, int) or not low <= count <= high:
-            _fail(f"{where}.approvals_required", f"must be a whole number from {low} to {high}, not {count!r}")
+            fail(f"{where}.approvals_required", f"must be a whole number from {low} to {high}, not {count!r}")
         rule["approvals_required"] = count
     if "reason" in spec:
         rule["reason"] = _text(spec["reason"], f"{where}.reason")
@@ -239,9 +233,9 @@ def _rule(spec: Any, *, where: str) -> dict:
 
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        _fail(where, "must be a sentence a person reads")
+        fail(where, "must be a sentence a person reads")
     if len(value) > MAX_REASON_CHARS:
-        _fail(where, f"is {len(value)} characters long; at most {MAX_REASON_CHARS}")
+        fail(where, f"is {len(value)} characters long; at most {MAX_REASON_CHARS}")
     return value.strip()
 
 
