@@ -15,15 +15,15 @@ lock, so of a stop and a release racing exactly one wins, on SQLite and PostgreS
 from __future__ import annotations
 
 import datetime as dt
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from django.db import connection
 from django.db.models import Min, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ledger import events
 from ledger.engine import attempts, runstate, sql
+from ledger.engine.leases import db_now
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R, Tool
@@ -45,15 +45,6 @@ def window(tool: Tool) -> float | None:
 
 def customer_can_stop(tool: Tool) -> bool:
     return bool((tool.hold or {}).get("customer_can_stop"))
-
-
-def db_now() -> datetime:
-    """The database's clock (PostgreSQL's, shared by every machine; SQLite's is this machine's)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    return timezone.now()
 
 
 # --- holding -------------------------------------------------------------------------------------------------

@@ -30,6 +30,13 @@ def queued_seconds(tool) -> float:
     return tool.timeout_seconds + settings.UNWIND_LEASE_SECONDS
 
 
+def db_now() -> datetime:
+    """The database's clock (PostgreSQL's, shared by every machine; SQLite's is this machine's), as it stands now."""
+    if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
+        return timezone.now()
+    return sql.fetch_one("SELECT clock_timestamp()", [])[0]
+
+
 def lease_at_write(seconds: float | None = None, *, row: models.Model | None = None,
                    model: type[models.Model] | None = None, pk=None) -> datetime:
     """When a lease of `seconds` (UNWIND_LEASE_SECONDS unless told) ends, started now on the database's clock, after
@@ -50,5 +57,5 @@ def lease_at_write(seconds: float | None = None, *, row: models.Model | None = N
         started = sql.fetch_one(f"SELECT clock_timestamp() FROM (SELECT 1 FROM {table} WHERE id = %s"
                                 f" FOR NO KEY UPDATE) locked", [pk])
     if started is None:  # no row to lock (the conditional write that follows finds none either)
-        started = sql.fetch_one("SELECT clock_timestamp()", [])
+        return db_now() + timedelta(seconds=seconds)
     return started[0] + timedelta(seconds=seconds)
