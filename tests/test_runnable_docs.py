@@ -88,6 +88,28 @@ def test_every_runnable_command_runs_as_printed_after_make_demo(tmp_path):
         try:
             demo.wait(timeout=60)  # it stops its web server and worker first, each given 15 s to finish
         except subprocess.TimeoutExpired:
-            os.killpg(demo.pid, signal.SIGKILL)
+            os.killpg(demo.pid, signal.SIGKILL)  # its children are told to stop when it dies
             demo.wait()
         log.close()
+        # Nothing the demo started outlives it: no web server, worker or cluster on the test's database.
+        left = _processes_with(env["DATABASE_URL"], wait=20)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"the demo left processes running: {left}"
+
+
+def _processes_with(value: str, *, wait: float) -> list[int]:
+    """The processes whose environment holds `value`, once `wait` seconds pass without them all gone."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and int(entry.name) != os.getpid():
+                try:
+                    if value.encode() in (entry / "environ").read_bytes():
+                        found.append(int(entry.name))
+                except OSError:
+                    pass  # gone, or not ours
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)

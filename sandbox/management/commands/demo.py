@@ -32,7 +32,7 @@ import yaml
 
 from approvals.models import ApprovalRequest, Notification
 from approvals.services import approval_decide
-from ledger.management.commands.worker import stop_group
+from ledger.management.commands.worker import stop_group, stop_when_parent_dies
 from ledger.models import Agent, Run, Tenant
 from ledger.tenancy import agent_create, membership_set, tenant_create
 from ledger.policy.versions import tool_upsert, tools_load
@@ -84,11 +84,15 @@ class Command(BaseCommand):
         try:
             web_log = open(VAR / "demo-web.log", "w")
             worker_log = open(VAR / "demo-worker.log", "w")
+            # Each in a session of its own (Ctrl-C reaches the demo, which stops them in order), and each told to
+            # stop should the demo itself die without a word (SIGKILL): no server or worker outlives it.
             processes.append(subprocess.Popen(
                 [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                cwd=settings.BASE_DIR, env=env, stdout=web_log, stderr=subprocess.STDOUT, start_new_session=True))
+                cwd=settings.BASE_DIR, env=env, stdout=web_log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=stop_when_parent_dies))
             processes.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=settings.BASE_DIR, env=env,
-                                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True))
+                                              stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+                                              preexec_fn=stop_when_parent_dies))
             self.wait_for(base_url, processes)
             checks, runs, waiting = self.scenarios(base_url, key)
             checks += self.console_checks(base_url, runs)
