@@ -86,6 +86,9 @@ def scratch_databases():
                 server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+ADDED_SINCE_0016 = ["unwind_limits_used"]  # issue 28: the limits counted in the proposal's call
+
+
 @needs_postgres
 @pytest.mark.slow
 def test_a_fresh_database_and_an_upgraded_one_end_with_the_files_definitions(scratch_databases):
@@ -102,7 +105,8 @@ def test_a_fresh_database_and_an_upgraded_one_end_with_the_files_definitions(scr
     assert ends[0] == ends[1]
     assert [name for name, *_ in ends[0]] == sorted(plpgsql.functions())  # each once: no other argument list
     assert fingerprints == [plpgsql.expected_fingerprint()] * 2
-    assert [name for name, *_ in before] == [name for name, *_ in ends[0]]  # 0016 installed the same functions
+    # 0016 installed the same functions but those added since, which the upgrade installs from their files.
+    assert sorted({name for name, *_ in ends[0]} - {name for name, *_ in before}) == ADDED_SINCE_0016
 
     _manage(fresh, "migrate", "--noinput", "ledger", "0016")  # back: 0016's text, whatever the files say now
     with psycopg.connect(fresh) as db:

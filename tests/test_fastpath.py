@@ -163,11 +163,11 @@ def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tool
     before = head_of(tools), proposal_run.next_seq
     stale = "low" if threshold != "low" else "high"
     assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=stale, owner="me",
-                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == "stale"
+                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == ("stale", None)
     assert (head_of(tools), Run.objects.get(pk=run.pk).next_seq) == before
     assert not Action.objects.filter(pk=action_id).exists()
     assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=threshold, owner="me",
-                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == "ok"
+                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == ("ok", None)
     assert Action.objects.get(pk=action_id).seq == before[1] and Attempt.objects.filter(action_id=action_id).exists()
     assert verify_chain(tools.acme.pk).ok
 

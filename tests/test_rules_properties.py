@@ -1,6 +1,6 @@
 """Issue 28, property tests: a proposal's decision by its tool's rules and limits never depends on the order of the
-argument keys, nor on the path that records it (the PostgreSQL one-call path hands such tools to the Python path;
-on SQLite both runs take the Python path, so there it is the key order that is tested)."""
+argument keys, nor on the path that records it (on PostgreSQL the one-call proposal or the Python path; on SQLite
+both runs take the Python path, so there it is the key order that is tested)."""
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from django.utils import timezone
 
@@ -44,23 +45,29 @@ def applies(tool: Tool) -> bool:
     return bool(tool.rules or tool.limits)
 
 
-def context_of(*, run: Run, args: dict, agent_name: str | None = None, reads_agent: bool = True) -> dict:
-    """What an expression sees: the call's arguments, the run's goal, on-behalf-of and step count, the agent (its
-    name read only when a rule reads it)."""
+def context_of(*, run: Run, args: dict, agent_name: str | None = None, reads_agent: bool = True,
+               steps: int | None = None) -> dict:
+    """What an expression sees: the call's arguments, the run's goal, on-behalf-of and step count (`steps`, else as
+    the locked run has it once its step number is taken), the agent (its name read only when a rule reads it)."""
     agent = agent_name if agent_name is not None else run.agent.name if run.agent_id and reads_agent else ""
-    return {"args": args, "run": {"goal": run.goal, "on_behalf_of": run.on_behalf_of, "steps": run.next_seq - 2},
+    steps = run.next_seq - 2 if steps is None else steps
+    return {"args": args, "run": {"goal": run.goal, "on_behalf_of": run.on_behalf_of, "steps": steps},
             "agent": {"name": agent}}
 
 
+def _rules_read(tool: Tool, prefix: str) -> bool:
+    """Whether a rule of the tool reads a value whose path starts with `prefix`."""
+    return any(path.startswith(prefix) for rule in tool.rules for path in tool_rules.compiled(rule["when"])[1].reads)
+
+
 def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bool = True,
-           agent_name: str | None = None) -> Decision:
+           agent_name: str | None = None, steps: int | None = None, used: list | None = None) -> Decision:
     """The decision for a proposal of `tool` with canonical `args` in `run` (locked, its step number taken), under
     the tenant's approval `threshold`. `count_limits` False (policy_try, which reads no ledger): limits are left
-    out; `agent_name` stands for the run's agent there."""
-    reads_agent = any(path.startswith("agent.") for rule in tool.rules
-                      for path in tool_rules.compiled(rule["when"])[1].reads)
+    out; `agent_name` stands for the run's agent there. `steps` and `used`: the run's step count and what each limit
+    had used, as the one-call proposal has them (`in_one_call`)."""
     outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args, agent_name=agent_name,
-                                                          reads_agent=reads_agent))
+                                                          reads_agent=_rules_read(tool, "agent."), steps=steps))
     risk = tool.risk
     extra = 0
     denied = ""
@@ -91,7 +98,7 @@ def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bo
         fired.append(entry)
     counted = []
     if not denied and tool.limits and count_limits:
-        counted = tool_limits.count(tool.limits, tool_name=tool.name, run=run, args=args)
+        counted = tool_limits.count(tool.limits, tool_name=tool.name, run=run, args=args, used=used)
         denied = next((limit.refusal for limit in counted if limit.refusal), "")
     required = approvals_needed(rule=tool.approval, risk=risk, required=tool.approvals_required, threshold=threshold)
     if extra:
@@ -101,6 +108,48 @@ def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bo
     if denied:
         record["denied"] = denied
     return Decision(risk=risk, required=0 if denied else required, denied=denied, record=record)
+
+
+@dataclass
+class OneCall:
+    """What the PostgreSQL one-call proposal needs of a tool's rules and limits, decided before it (`in_one_call`):
+    the decision as it stands but for the limits' counts, the limits to count under its locks with the room each
+    needs, and the step number the rules were decided for when they read `run.steps`."""
+
+    decided: Decision | None  # None: the tool has no rules and no limits
+    limits: list[dict] | None = None
+    step: int | None = None
+
+    def counted(self, used: list | None) -> Decision | None:
+        """The decision once the call counted each limit (`used`, each within its room, so none refuses): what each
+        had used, as `decide` records it and as the call wrote it on the action."""
+        if self.decided is None:
+            return None
+        for entry, value in zip(self.decided.record["limits"], used or []):
+            entry["used"] = tool_limits.plain(Decimal(str(value)))
+        return self.decided
+
+
+def in_one_call(*, tool: Tool, run: Run, args: dict, threshold: str) -> OneCall | None:
+    """The tool's approval rule and its rules decided before the one-call proposal, from the run as its caller read
+    it: None when they refuse the call or ask a person, or a limit refuses it whatever was used (the Python path
+    records why). Otherwise the limits go to the call with their room (`limits.asked`), counted there under the
+    tenant's lock."""
+    if not applies(tool):
+        needed = approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required,
+                                  threshold=threshold)
+        return None if needed else OneCall(decided=None)
+    decided = decide(tool=tool, run=run, args=args, threshold=threshold, count_limits=False, steps=run.next_seq - 1)
+    if decided.denied or decided.required:
+        return None
+    nothing_used = tool_limits.count(tool.limits, tool_name=tool.name, run=run, args=args,
+                                     used=[Decimal(0)] * len(tool.limits))
+    if any(limit.refusal for limit in nothing_used):
+        return None
+    decided.record["limits"] = [limit.as_record() for limit in nothing_used]  # each count filled in by the call
+    rooms = [room for _, room in tool_limits.asked(tool.limits, args)]
+    limits = [{**spec, "room": str(room)} for spec, room in zip(tool_limits.specs(tool.limits), rooms)]
+    return OneCall(decided=decided, limits=limits or None, step=run.next_seq if _rules_read(tool, "run.steps") else None)
 
 
 def policy_words(tool: Tool) -> list[dict]:

@@ -174,7 +174,7 @@ def _call(function: str, arguments: str, params: list) -> tuple:
     defines (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
     in autocommit (one round trip), or in a savepoint inside a transaction the caller already has open, so an error
     rolls back only the call.
-    Returns (outcome, step, defaults_version, next_id, row); an altered function is never called: the outcome is then
+    Returns (outcome, step, defaults_version, next_id, row, used); an altered function is never called: the outcome is then
     "altered", and this process takes the Python path from then on."""
     global _altered
     db = connections[DEFAULT_DB_ALIAS]
@@ -197,8 +197,8 @@ def _call(function: str, arguments: str, params: list) -> tuple:
         if function in _ANSWER_JSON:  # Django reads jsonb as text
             outcome = json.loads(value) if isinstance(value, str) else value
             return (outcome["outcome"], outcome.get("step"), outcome.get("defaults_version"), outcome.get("next_id"),
-                    outcome.get("row"))
-        return value, None, None, None, None
+                    outcome.get("row"), outcome.get("used"))
+        return value, None, None, None, None, None
     _altered = True
     log.error("the engine's PostgreSQL functions differ from those ledger/plpgsql defines: they were not called "
               "with the audit key, and this process takes the Python path from now on. Check who changed them "
@@ -508,11 +508,14 @@ def _twin_checked(tool: Tool, plan: dict) -> tuple[str | None, int | None]:
 
 
 def propose(action: Action, *, matching: tuple, roles: list, gone: list, threshold: str, owner: str,
-            actor: str, event: dict) -> str:
+            actor: str, event: dict, limits: list[dict] | None = None, counted: tuple = (),
+            step: int | None = None) -> tuple[str, list | None]:
     """Record `action` (its id drawn by `current_tool`, or kept), claimed as `owner`, with its attempt and its
-    `forward.proposed` event in one call. Answers "ok"; "stale" when the tool, its twin, the tenant's slug or
-    threshold it was decided from are no longer current; anything else when the Python path decides. Only "ok"
-    wrote anything."""
+    `forward.proposed` event in one call. `limits`: the tool's limits as `unwind_limits_used` counts them, each with
+    the `room` the call needs (`limits.asked`), counted under the call's locks over the steps whose status is in
+    `counted`; `step`: the step number the tool's rules were decided for (they read `run.steps`). Answers ("ok", what
+    each limit had used); "stale" when the tool, its twin, the tenant's slug or threshold it was decided from are no
+    longer current; anything else when the Python path decides. Only "ok" wrote anything."""
     now = timezone.now()
     attempt = Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=now)
     log = audit.AuditLog(action.tenant_id, head=None)
@@ -521,17 +524,19 @@ def propose(action: Action, *, matching: tuple, roles: list, gone: list, thresho
     twin_name, twin_id = _twin_checked(action.tool, action.compensation_plan)
     outcome = _call(
         "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, %s::text, %s::text, %s::text[], "
-        f"%s::text[], %s::text[], %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, {CHAIN_ARGS}",
+        "%s::text[], %s::text[], %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, %s::text, %s::jsonb, "
+        f"%s::text[], %s::bigint, {CHAIN_ARGS}",
         [action.tenant_id, action.run_id, row, _row(attempt, fields=("number", "worker", "started_at")),
          action.idempotency_key, action.content_key, list(matching), roles, gone, threshold, action.tool.created_at,
-         action.tool.tenant.slug, twin_name, twin_id, *_chain(action.tenant_id, log.pending, now)])
+         action.tool.tenant.slug, twin_name, twin_id, action.tool.name,
+         None if limits is None else Jsonb(limits), list(counted), step, *_chain(action.tenant_id, log.pending, now)])
     if outcome[0] != "ok":
-        return outcome[0]
+        return outcome[0], None
     action.seq, action.defaults_version = outcome[1], outcome[2]
     action._state.adding = False
     action._state.db = DEFAULT_DB_ALIAS
     _next_action.keep(outcome[3])
-    return "ok"
+    return "ok", outcome[5]
 
 
 # --- the outcome -------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from ledger.errors import (
 )
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool
-from ledger.policy import schemas
+from ledger.policy import limits as tool_limits, schemas
 from ledger.policy.law import approvals_needed, check_not_after_held, check_order, roles_it_may_not_follow
 from ledger.policy.tool_entry import TARGET_FROM_AGENT
 
@@ -223,7 +223,7 @@ def action_propose(
         # PostgreSQL: the tool as this process kept it, checked by the one call that records the proposal; anything
         # but that plain case is decided again from the tool as it stands now.
         kept = fastpath.kept_tool(run.tenant_id, tool_name)
-        if kept is not None and not decision.applies(kept[0]):  # rules and limits: decided by `_record`
+        if kept is not None:
             try:
                 proposed = _propose(**request, fast=True, read=kept, plain_only=True)
             except UnwindError:
@@ -261,7 +261,7 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
     names_target = tool.target_from == TARGET_FROM_AGENT
     reads_before = bool(target_id and tool.snapshot.get("read") and (
         tool.action_class != ActionClass.READ_ONLY or names_target))
-    if plain_only and (reads_before or decision.applies(tool)):
+    if plain_only and reads_before:
         return None
     # A replay is answered before the target is read. The one-call proposal checks the key itself.
     checked = not fast or reads_before
@@ -287,7 +287,7 @@ def _propose(*, run: Run, tool_name, args, actor: str, target, intent, idempoten
         before = readback.snapshot_fields(tool, state)
     content_key = content_key_of(tool=tool, target_id=target_id, args=clean)
     try:
-        if fast and repeat_of is None and not decision.applies(tool):
+        if fast and repeat_of is None:
             proposed = _propose_in_one_call(
                 run=run, tool=tool, action_id=new_id, threshold=threshold, twin=twin, args=clean, args_text=args_text,
                 args_hash=args_hash, target_id=target_id, key=key, source=source, intent=intent or {}, before=before,
@@ -332,21 +332,26 @@ def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of:
 
 def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_text, args_hash, target_id, key, source, intent,
                          before, actor, inline, queued, content_key) -> Proposal | None:
-    """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse) in one call
-    (ledger/engine/fastpath.py). None: nothing was recorded, and `_record` decides the case."""
-    if approvals_needed(rule=tool.approval, risk=tool.risk, required=tool.approvals_required, threshold=threshold) \
-            or holds.window(tool):
+    """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse, the tool's rules
+    and limits let it through) in one call (ledger/engine/fastpath.py). None: nothing was recorded, and `_record`
+    decides the case."""
+    ruled = decision.in_one_call(tool=tool, run=run, args=args, threshold=threshold)
+    if ruled is None or holds.window(tool):
         return None
     owner = new_owner(held=inline)
-    action = _new_action(run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text,
-                         args_hash=args_hash, content_key=content_key, repeat_of=None, target_id=target_id, key=key,
-                         source=source, required=0, owner=owner, inline=inline, queued=queued, before=before,
-                         intent=intent, twin=twin)
+    action = decision.bind(_new_action(
+        run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text, args_hash=args_hash,
+        content_key=content_key, repeat_of=None, target_id=target_id, key=key, source=source, required=0, owner=owner,
+        inline=inline, queued=queued, before=before, intent=intent, twin=twin), ruled.decided)
     action.pk = action_id
-    if fastpath.propose(action, matching=CONTENT_MATCHES, roles=roles_it_may_not_follow(tool), gone=list(GONE),
-                        threshold=threshold, owner=owner, actor=actor,
-                        event={"tool": tool.name, "key_source": source}) != "ok":
+    outcome, used = fastpath.propose(
+        action, matching=CONTENT_MATCHES, roles=roles_it_may_not_follow(tool), gone=list(GONE), threshold=threshold,
+        owner=owner, actor=actor, event={"tool": tool.name, "key_source": source},
+        limits=ruled.limits, counted=tool_limits.COUNTED, step=ruled.step)
+    if outcome != "ok":
         return None
+    ruled.counted(used)
+    run.next_seq = action.seq + 1  # as the call left it: the caller's next proposal in this run reads it
     action.tool = tool
     return Proposal(action=action, replayed=False, owner="" if tool.executor == Executor.CLIENT else owner)
 

@@ -18,6 +18,7 @@ of the tenant takes first): two proposals racing past a budget are counted one a
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -95,11 +96,12 @@ class Counted:
     refusal: str = ""
 
     def as_record(self) -> dict:
-        return {**self.limit, "used": _plain(self.used), "asks": None if self.asks is None else _plain(self.asks),
+        return {**self.limit, "used": plain(self.used), "asks": None if self.asks is None else plain(self.asks),
                 **({"refused": self.refusal} if self.refusal else {})}
 
 
-def _plain(number: Decimal):
+def plain(number: Decimal):
+    """A Decimal as the record keeps it: an int when whole, else a float."""
     return int(number) if number == number.to_integral_value() else float(number)
 
 
@@ -135,13 +137,28 @@ def _duration_words(seconds: int) -> str:
     return f"{seconds} second{'s' if seconds != 1 else ''}"
 
 
-def _counted(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:
-    """How many of the tool's steps in the limit's scope and window acted or may still act (`count`), or what their
+def specs(limits: list[dict]) -> list[dict]:
+    """The limits as `unwind_limits_used` counts them: [{per, path (the sum's path after "args", or None), window}]."""
+    return [{"per": limit["per"], "path": limit["sum"].split(".")[1:] if "sum" in limit else None,
+             "window": limit.get("window")} for limit in limits]
+
+
+def used_by(limits: list[dict], *, tool_name: str, run: Run, now) -> list[Decimal]:
+    """How many of the tool's steps in each limit's scope and window acted or may still act (`count`), or what their
     values at the limit's path add up to (`sum`: values that are numbers of at least 0; anything else counts 0).
 
-    One statement: the tool's versions by name (the index on tool_id), the scope, the window. PostgreSQL adds the
-    values up as numeric; SQLite's JSON reads them as Python numbers, added up here as Decimals (the same sum)."""
-    where = [f"a.tool_id IN (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = %s AND t.name = %s)",
+    PostgreSQL: one call of `unwind_limits_used` (ledger/engine/plpgsql), the statement `unwind_propose` counts with
+    too. SQLite: one statement per limit, its JSON read as Python numbers, added up here as Decimals (the same sum)."""
+    if connection.vendor == "postgresql":
+        used = sql.fetch_one("SELECT public.unwind_limits_used(%s::bigint, %s::bigint, %s::text, %s::jsonb,"
+                             " %s::text[], %s::timestamptz)",
+                             [run.tenant_id, run.pk, tool_name, json.dumps(specs(limits)), list(COUNTED), now])[0]
+        return [Decimal(value) for value in used]
+    return [_counted_sqlite(limit, tool_name=tool_name, run=run, now=now) for limit in limits]
+
+
+def _counted_sqlite(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:
+    where = ["a.tool_id IN (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = %s AND t.name = %s)",
              "a.kind = %s", f"a.status IN ({', '.join(['%s'] * len(COUNTED))})"]
     params: list = [run.tenant_id, tool_name, ActionKind.FORWARD, *COUNTED]
     if limit["per"] == "run":
@@ -157,45 +174,46 @@ def _counted(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:
     condition = " AND ".join(where)
     if "count" in limit:
         return Decimal(sql.fetch_one(f"SELECT count(*) FROM ledger_action a WHERE {condition}", params)[0])
-    parts = limit["sum"].split(".")[1:]
-    if connection.vendor == "postgresql":
-        path = "{" + ",".join(parts) + "}"
-        total = sql.fetch_one(
-            "SELECT coalesce(sum(CASE WHEN jsonb_typeof(a.args #> %s::text[]) = 'number'"
-            f" THEN greatest((a.args #>> %s::text[])::numeric, 0) END), 0) FROM ledger_action a WHERE {condition}",
-            [path, path, *params])[0]
-        return Decimal(total)
-    path = "$." + ".".join(parts)
+    path = "$." + ".".join(limit["sum"].split(".")[1:])
     values = sql.fetch_all(
         f"SELECT json_extract(a.args, %s) FROM ledger_action a WHERE {condition}"
         " AND json_type(a.args, %s) IN ('integer', 'real')", [path, *params, path])
     return sum((number for (value,) in values for number in [Decimal(str(value))] if number >= 0), Decimal(0))
 
 
-def count(limits: list[dict], *, tool_name: str, run: Run, args: dict) -> list[Counted]:
-    """Each limit as it stands for this call, read from the ledger (inside the caller's locked transaction)."""
+def asked(limits: list[dict], args: dict) -> list[tuple[Decimal | None, Decimal | None]]:
+    """What the call asks of each limit and the room it needs: the most the limit may have used before it and still
+    let it through (`used > room` refuses; the one comparison of both paths, handed to `unwind_propose`). (None,
+    None) for a sum whose value in this call is missing, not a number or below 0: refused, whatever was used."""
     results = []
-    now = timezone.now()
     for limit in limits:
-        used = _counted(limit, tool_name=tool_name, run=run, now=now)
         if "count" in limit:
-            asks = Decimal(1)
-            counted = Counted(limit, used, asks)
-            if used + 1 > limit["count"]:
-                counted.refusal = (f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''} of "
-                                   f"{tool_name} {scope_words(limit)}, and {_plain(used)} already acted or may act")
-            results.append(counted)
+            results.append((Decimal(1), Decimal(limit["count"]) - 1))
             continue
-        path = limit["sum"]
-        asks = amount_of(path, args)
-        counted = Counted(limit, used, asks)
-        name = path.split(".", 1)[1]
-        if asks is None:
-            counted.refusal = (f"the budget on {name} ({_plain(Decimal(str(limit['max'])))} {scope_words(limit)}) "
-                               f"needs {name} to be a number of at least 0, and this call's is not")
-        elif used + asks > Decimal(str(limit["max"])):
-            counted.refusal = (f"the budget on {name} is {limit['max']} {scope_words(limit)}: {_plain(used)} is "
-                               f"already spent or may be, and this call asks {_plain(asks)}")
-        results.append(counted)
+        asks = amount_of(limit["sum"], args)
+        results.append((asks, None if asks is None else Decimal(str(limit["max"])) - asks))
     return results
 
+
+def count(limits: list[dict], *, tool_name: str, run: Run, args: dict, used: list[Decimal] | None = None) -> list[Counted]:
+    """Each limit as it stands for this call, read from the ledger inside the caller's locked transaction (or `used`,
+    as `unwind_propose` counted it under its locks)."""
+    if used is None:
+        used = used_by(limits, tool_name=tool_name, run=run, now=timezone.now())
+    results = []
+    for limit, spent, (asks, room) in zip(limits, used, asked(limits, args)):
+        counted = Counted(limit, spent, asks)
+        if "count" in limit:
+            if spent > room:
+                counted.refusal = (f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''} of "
+                                   f"{tool_name} {scope_words(limit)}, and {plain(spent)} already acted or may act")
+        else:
+            name = limit["sum"].split(".", 1)[1]
+            if asks is None:
+                counted.refusal = (f"the budget on {name} ({plain(Decimal(str(limit['max'])))} {scope_words(limit)}) "
+                                   f"needs {name} to be a number of at least 0, and this call's is not")
+            elif spent > room:
+                counted.refusal = (f"the budget on {name} is {limit['max']} {scope_words(limit)}: {plain(spent)} is "
+                                   f"already spent or may be, and this call asks {plain(asks)}")
+        results.append(counted)
+    return results

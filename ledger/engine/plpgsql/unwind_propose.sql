@@ -1,7 +1,8 @@
 CREATE OR REPLACE FUNCTION unwind_propose(
     p_tenant bigint, p_run bigint, p_action jsonb, p_attempt jsonb, p_key text, p_content_key text,
     p_matching text[], p_roles text[], p_gone text[], p_threshold text, p_tool_written timestamptz, p_slug text,
-    p_twin_name text, p_twin bigint, p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
+    p_twin_name text, p_twin bigint, p_tool_name text, p_limits jsonb, p_counted text[], p_step bigint,
+    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_seq bigint;
@@ -18,6 +19,7 @@ DECLARE
     v_taken boolean;
     v_moved integer;
     v_row ledger_action;
+    v_used numeric[];
 BEGIN
     SELECT h.seq, h.hash, r.status, r.cancel_requested_at IS NOT NULL, r.next_seq
       INTO v_seq, v_prev, v_status, v_cancelled, v_step
@@ -54,10 +56,24 @@ BEGIN
             OR v_slug IS DISTINCT FROM p_slug OR v_threshold IS DISTINCT FROM p_threshold THEN
         RETURN jsonb_build_object('outcome', 'stale');
     END IF;
-    IF v_taken THEN
+    -- The tool's rules were decided for the step number p_step (they read `run.steps`): another step came first.
+    IF v_taken OR v_step IS DISTINCT FROM coalesce(p_step, v_step) THEN
         RETURN jsonb_build_object('outcome', 'fallback');  -- the Python path says which
     END IF;
     v_row := jsonb_populate_record(NULL::ledger_action, p_action);
+    -- The tool's limits, counted under the tenant's chain lock taken above: the call goes on only with the room it
+    -- needs in each (the caller's `limits.asked`, the one comparison); otherwise the Python path counts again and
+    -- refuses it, saying why. What each had used is kept on the action, as the Python path keeps it.
+    IF p_limits IS NOT NULL THEN
+        v_used := unwind_limits_used(p_tenant, p_run, p_tool_name, p_limits, p_counted, p_at);
+        FOR i IN 1 .. coalesce(cardinality(v_used), 0) LOOP
+            IF v_used[i] > (p_limits->(i - 1)->>'room')::numeric THEN
+                RETURN jsonb_build_object('outcome', 'fallback');
+            END IF;
+            v_row.policy_decision := jsonb_set(v_row.policy_decision, ARRAY['limits', (i - 1)::text, 'used'],
+                                               to_jsonb(v_used[i]));
+        END LOOP;
+    END IF;
     -- The lease, as long as the caller made it, runs from now on the database's clock: the locks are held, and
     -- no wait for them has eaten into it.
     v_row.lease_expires_at := clock_timestamp() + (v_row.lease_expires_at - p_at);
@@ -91,6 +107,6 @@ BEGIN
         RETURN jsonb_build_object('outcome', 'fallback');  -- a replay
     END IF;
     -- The id of this caller's next proposal, drawn now: it spares that proposal a read when it comes soon.
-    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv,
+    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'used', to_jsonb(v_used),
                               'next_id', nextval(pg_get_serial_sequence('ledger_action', 'id')));
 END $$;
