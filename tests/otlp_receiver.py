@@ -8,6 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, \
     ExportTraceServiceResponse
 
+from tests.quick_server import QUICK_SHUTDOWN
+
 
 def _value(any_value):
     kind = any_value.WhichOneof("value")
@@ -62,7 +64,7 @@ class OtlpReceiver:
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True).start()
 
     def in_trace(self, trace_id: str) -> list[dict]:
         with self._lock:

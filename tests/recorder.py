@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.quick_server import QUICK_SHUTDOWN
+
 
 class Recorder:
     def __init__(self, *, status: int = 200, delay: float = 0.0):
@@ -45,7 +47,7 @@ class Recorder:
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True).start()
 
     def received(self, path: str) -> list[bytes]:
         return [body for body, where in zip(self.bodies, self.paths) if where == path]

@@ -23,6 +23,7 @@ from ledger.policy import registry
 from ledger.executors.call import ToolError, ToolRefused
 from ledger.models import Action, AuditEvent, Run
 from ledger.engine.sweep import sweep
+from tests.quick_server import QUICK_SHUTDOWN
 
 # In-process tools (registered in code, as a deployer would): a refusal is ToolRefused, or a ToolError with a 4xx.
 PAY = "tests.test_refusals_http.pay"
@@ -72,7 +73,7 @@ class SeatWorld:
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True).start()
 
     def answer(self, path: str, body: dict) -> tuple[int, dict]:
         if path == "/seats/book":

@@ -24,6 +24,7 @@ from ledger.tenancy import membership_set
 from ledger.policy.versions import tool_upsert, tools_load
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.helpers import act, open_run
+from tests.quick_server import QUICK_SHUTDOWN
 
 SECRET = "slack-signing-secret-for-tests"
 CHARGE = {"customer": "cus_ana", "amount_cents": 48200, "currency": "EUR"}
@@ -64,7 +65,7 @@ class FakeSlack(BaseHTTPRequestHandler):
 def slack_api(settings):
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSlack)
     server.calls, server.down = [], False
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True)
     thread.start()
     settings.UNWIND_SLACK_BOT_TOKEN = "xoxb-test-token"
     settings.UNWIND_SLACK_SIGNING_SECRET = SECRET

@@ -18,6 +18,7 @@ import requests
 from django.db import connection
 
 from ledger.models import Action, Tool
+from tests.quick_server import QUICK_SHUTDOWN
 
 MARKER: dict[str, Path] = {}
 
@@ -67,7 +68,7 @@ class Listener:
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.origin = f"http://127.0.0.1:{self.port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True).start()
 
     def close(self):
         self.server.shutdown()

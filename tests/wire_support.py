@@ -17,6 +17,7 @@ from django.core.cache import cache
 
 from tests.api_support import basic
 from tests.conftest import World, seed_sandboxes
+from tests.quick_server import QUICK_SHUTDOWN
 
 
 class ToolService:
@@ -55,7 +56,7 @@ class ToolService:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs=QUICK_SHUTDOWN, daemon=True)
         self.thread.start()
 
     def answer(self, path: str, body: object, status: int = 200) -> str:
