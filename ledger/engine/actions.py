@@ -10,7 +10,7 @@ from ledger.audit.chain import ledger_transaction
 from ledger.canonical import canonical, storable
 from ledger.engine import attempts, holds, outcomes, runstate, sql
 from ledger.engine.dispatch import enqueue, new_owner
-from ledger.engine.leases import lease_at_write, queued_seconds
+from ledger.engine.leases import db_now, lease_at_write, queued_seconds
 from ledger.engine.transitions import action_transition, run_transition
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.executors.call import ToolError, ToolOutcome
@@ -100,7 +100,7 @@ def action_reject(*, action: Action, reason: str, actor: str, expired: bool = Fa
 def action_reclaim(action_id: int) -> str | None:
     """Crash recovery: take over an action whose lease expired. Returns the new owner, or None if not ours."""
     owner = new_owner()
-    now = timezone.now()
+    now = db_now()  # the clock the lease was written on, whatever this machine's says
     action = Action.objects.select_related("tool").get(pk=action_id)
     if action.status != A.RUNNING or action.lease_expires_at is None or action.lease_expires_at >= now:
         return None
@@ -160,7 +160,7 @@ def action_claim_due(action_id: int) -> str | None:
     try:
         with ledger_transaction(action.tenant_id) as audit:
             action_transition(action, A.RUNNING, log=audit, actor="system:sweeper",
-                              where=Q(next_attempt_at__lte=timezone.now()), attempts=action.attempts + 1,
+                              where=Q(next_attempt_at__lte=db_now()), attempts=action.attempts + 1,
                               next_attempt_at=None, lease_owner=owner,
                               lease_expires_at=lease_at_write(queued_seconds(action.tool), row=action))
             attempts.start_attempt(action, owner, log=audit)

@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledger.audit.chain import AuditLog
-from ledger.engine import sql
+from ledger.engine import leases, sql
 from ledger.engine.leases import queued_seconds
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionStatus as A, Attempt, CompensationStrategy, Run, Tool
@@ -93,12 +93,12 @@ def settles_at(action: Action):
     if previous is None:
         return None
     until = (previous.sent_at or previous.started_at) + timedelta(seconds=2 * action.tool.timeout_seconds + 1)
-    return until if until > timezone.now() else None
+    return until if until > leases.db_now() else None  # sent_at is the database's clock
 
 
-MARK_SENT = ("UPDATE ledger_attempt SET sent_at = %s WHERE action_id = %s AND number = %s AND finished_at IS NULL"
+MARK_SENT = ("UPDATE ledger_attempt SET sent_at = {now} WHERE action_id = %s AND number = %s AND finished_at IS NULL"
              " AND EXISTS (SELECT 1 FROM ledger_action WHERE id = %s AND status = %s AND lease_owner = %s"
-             " AND lease_expires_at > %s)")
+             " AND lease_expires_at > {now})")
 
 
 def mark_sent(action: Action, owner: str) -> bool:
@@ -107,9 +107,9 @@ def mark_sent(action: Action, owner: str) -> bool:
     its lease must not send after the sweep has already handed the step to someone else). The sweep's reclaim
     closes the same attempt row (`actions.action_reclaim`), so one of the two waits for the other: either the
     attempt was sent under a lease still held, or it was never sent and is sent again."""
-    now = timezone.now()
+    now, at = leases.now_in_sql()  # the lease was written on the database's clock: judged on it too
     with connection.cursor() as cursor:
-        cursor.execute(MARK_SENT, [now, action.pk, action.attempts, action.pk, A.RUNNING, owner, now])
+        cursor.execute(MARK_SENT.format(now=now), [*at, action.pk, action.attempts, action.pk, A.RUNNING, owner, *at])
         return cursor.rowcount == 1
 
 

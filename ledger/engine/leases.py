@@ -13,6 +13,10 @@ lease here, inside its transaction, just before the write:
 
 The one-call functions do the same from `clock_timestamp()` after their locks, moving the lease their caller made
 (from `p_at`) to start then (ledger/engine/plpgsql/unwind_propose.sql, unwind_compensated.sql).
+
+What is written on the database's clock is judged on it (`db_now`, `now_in_sql`): the sweep's view of what is due,
+a takeover's check, a due retry's claim, the sent mark's fence, and the deadlines of retries and read-backs. A
+machine whose clock runs ahead or late then shifts nothing (tests/test_clock_skew.py).
 """
 from __future__ import annotations
 
@@ -35,6 +39,15 @@ def db_now() -> datetime:
     if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
         return timezone.now()
     return sql.fetch_one("SELECT clock_timestamp()", [])[0]
+
+
+def now_in_sql() -> tuple[str, list]:
+    """The database's clock inside a statement: ("clock_timestamp()", []) on PostgreSQL, where every machine shares
+    it; on SQLite this machine's, as a parameter. Deadlines are judged on the clock that wrote them: a process
+    whose clock runs late must not find a lease it lost still its own (`attempts.mark_sent`)."""
+    if connections[DEFAULT_DB_ALIAS].vendor != "postgresql":
+        return "%s", [timezone.now()]
+    return "clock_timestamp()", []
 
 
 def lease_at_write(seconds: float | None = None, *, row: models.Model | None = None,

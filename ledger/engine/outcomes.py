@@ -14,7 +14,7 @@ from django.utils import timezone
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.engine import attempts, failpoints, fastpath, mapping, readback, runstate, sql, unwinding
-from ledger.engine.leases import lease_at_write
+from ledger.engine.leases import db_now, lease_at_write
 from ledger.engine.transitions import action_transition, moved, run_transition
 from ledger.errors import StateConflict
 from ledger.executors.call import ToolError, ToolOutcome
@@ -202,7 +202,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
         with ledger_transaction(action.tenant_id) as audit:
             attempts.finish_attempt(action, readback.UNANSWERED_LAST_TRY, latency_ms=latency_ms, error=error, log=audit)
             action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note, where=Q(lease_owner=owner),
-                              next_attempt_at=timezone.now() + timedelta(seconds=action.tool.timeout_seconds + 1),
+                              next_attempt_at=db_now() + timedelta(seconds=action.tool.timeout_seconds + 1),
                               max_attempts=action.attempts + 1, lease_owner="", lease_expires_at=None,
                               error_class=error.error_class, error_message=error.message[:2000])
         return True
@@ -234,7 +234,7 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
                 attempts.start_attempt(action, owner, log=audit)
             else:
                 action_transition(action, A.RETRY_SCHEDULED, log=audit, actor=actor, note=note,
-                                  next_attempt_at=timezone.now() + timedelta(seconds=delay), lease_owner="",
+                                  next_attempt_at=db_now() + timedelta(seconds=delay), lease_owner="",
                                   lease_expires_at=None, error_class=error.error_class, error_message=error.message[:2000])
             return True
         if answers_refusal(action, error):

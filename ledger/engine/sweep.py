@@ -8,10 +8,9 @@ from __future__ import annotations
 import logging
 
 from django.db.models import Min, Q
-from django.utils import timezone
 
 from ledger import events, tracing
-from ledger.engine import holds
+from ledger.engine import holds, leases
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 from ledger.engine.actions import action_claim_due, action_reclaim
 from ledger.engine.dispatch import enqueue
@@ -23,7 +22,9 @@ BATCH = 200
 
 @tracing.task(tracing.SWEEP)
 def sweep() -> dict:
-    now = timezone.now()
+    # What is due is judged on the database's clock, which wrote the leases and deadlines and which every machine
+    # shares: a sweeper whose own clock runs ahead must not take over a lease that is still running.
+    now = leases.db_now()
     counts = {"reclaimed": 0, "retried": 0, "released": 0, "unwinds": 0, "idle": 0}
     expired = Action.objects.filter(status=A.RUNNING, lease_expires_at__lt=now).values_list("pk", flat=True)[:BATCH]
     for action_id in list(expired):
