@@ -23,6 +23,8 @@ BEGIN
                        THEN ARRAY(SELECT jsonb_array_elements_text(v_limit->'path')) END;
         v_since := CASE WHEN jsonb_typeof(v_limit->'window') = 'number'
                         THEN p_at - make_interval(secs => (v_limit->>'window')::double precision) END;
+        -- One statement per scope, alike but for it: each gets a plan of its own (a run's steps by the run's index;
+        -- an OR of the scopes in one statement would read every step of the tool for a run's limit).
         IF v_limit->>'per' = 'run' THEN
             SELECT sum(CASE WHEN v_path IS NULL THEN 1 WHEN jsonb_typeof(x.v) = 'number' THEN greatest(x.v::numeric, 0) END)
               INTO v_used
