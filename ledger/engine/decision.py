@@ -7,6 +7,10 @@ Decided once, in the proposal's transaction, after the tenant's chain lock and t
   needed follow the tenant's threshold for that risk (`law.approvals_needed`), raised to the largest
   `approvals_required` of a rule that holds (a rule that asks for people asks whatever the threshold).
 
+On PostgreSQL's one-call proposal (`in_one_call`) the rules are decided before the call, from the run as the request
+read it, and the call counts the limits under the same locks, going on only with the room each needs; what it
+cannot take (a refusal, a person asked, a step count that moved) the Python path decides as above.
+
 What it read and why is recorded on the action (`policy_decision`): the tool's policy version, each rule that held
 (or could not be decided) with the values it read, each limit with what was used and what the call asked. The
 approval request carries it to the page, the email, the Slack message and the MCP answer (`sentences`).
@@ -41,7 +45,7 @@ class Decision:
 
 
 def applies(tool: Tool) -> bool:
-    """Whether the tool's policy has rules or limits (the PostgreSQL one-call proposal takes only those without)."""
+    """Whether the tool's policy has rules or limits (`decide`; before PostgreSQL's one-call proposal, `in_one_call`)."""
     return bool(tool.rules or tool.limits)
 
 
@@ -61,11 +65,11 @@ def _rules_read(tool: Tool, prefix: str) -> bool:
 
 
 def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bool = True,
-           agent_name: str | None = None, steps: int | None = None, used: list | None = None) -> Decision:
+           agent_name: str | None = None, steps: int | None = None) -> Decision:
     """The decision for a proposal of `tool` with canonical `args` in `run` (locked, its step number taken), under
     the tenant's approval `threshold`. `count_limits` False (policy_try, which reads no ledger): limits are left
-    out; `agent_name` stands for the run's agent there. `steps` and `used`: the run's step count and what each limit
-    had used, as the one-call proposal has them (`in_one_call`)."""
+    out; `agent_name` stands for the run's agent there. `steps`: the run's step count as the one-call proposal has it
+    (`in_one_call`)."""
     outcomes = tool_rules.evaluate(tool.rules, context_of(run=run, args=args, agent_name=agent_name,
                                                           reads_agent=_rules_read(tool, "agent."), steps=steps))
     risk = tool.risk
@@ -98,7 +102,7 @@ def decide(*, tool: Tool, run: Run, args: dict, threshold: str, count_limits: bo
         fired.append(entry)
     counted = []
     if not denied and tool.limits and count_limits:
-        counted = tool_limits.count(tool.limits, tool_name=tool.name, run=run, args=args, used=used)
+        counted = tool_limits.count(tool.limits, tool_name=tool.name, run=run, args=args)
         denied = next((limit.refusal for limit in counted if limit.refusal), "")
     required = approvals_needed(rule=tool.approval, risk=risk, required=tool.approvals_required, threshold=threshold)
     if extra:
