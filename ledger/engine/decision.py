@@ -151,8 +151,7 @@ def in_one_call(*, tool: Tool, run: Run, args: dict, threshold: str) -> OneCall 
     if any(limit.refusal for limit in nothing_used):
         return None
     decided.record["limits"] = [limit.as_record() for limit in nothing_used]  # each count filled in by the call
-    rooms = [room for _, room in tool_limits.asked(tool.limits, args)]
-    limits = [{**spec, "room": str(room)} for spec, room in zip(tool_limits.specs(tool.limits), rooms)]
+    limits = [{**spec, "room": str(limit.room)} for spec, limit in zip(tool_limits.specs(tool.limits), nothing_used)]
     return OneCall(decided=decided, limits=limits or None, step=run.next_seq if _rules_read(tool, "run.steps") else None)
 
 

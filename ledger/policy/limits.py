@@ -88,11 +88,13 @@ def parse_limits(value: Any, *, where: str) -> list[dict]:
 
 @dataclass
 class Counted:
-    """One limit as it stands for a proposal: `used` before it, what it `asks`, and the `refusal` if over."""
+    """One limit as it stands for a proposal: `used` before it, what it `asks`, the `room` it needs (`asked`), and
+    the `refusal` if over."""
 
     limit: dict
     used: Decimal
     asks: Decimal | None
+    room: Decimal | None = None
     refusal: str = ""
 
     def as_record(self) -> dict:
@@ -196,13 +198,13 @@ def asked(limits: list[dict], args: dict) -> list[tuple[Decimal | None, Decimal 
 
 
 def count(limits: list[dict], *, tool_name: str, run: Run, args: dict, used: list[Decimal] | None = None) -> list[Counted]:
-    """Each limit as it stands for this call, read from the ledger inside the caller's locked transaction (or `used`,
-    as `unwind_propose` counted it under its locks)."""
+    """Each limit as it stands for this call, read from the ledger inside the caller's locked transaction; or from
+    `used` when given (zeros: what the call asks whatever was used, before the one-call proposal, `decision.in_one_call`)."""
     if used is None:
         used = used_by(limits, tool_name=tool_name, run=run, now=timezone.now())
     results = []
     for limit, spent, (asks, room) in zip(limits, used, asked(limits, args)):
-        counted = Counted(limit, spent, asks)
+        counted = Counted(limit, spent, asks, room)
         if "count" in limit:
             if spent > room:
                 counted.refusal = (f"at most {limit['count']} call{'s' if limit['count'] != 1 else ''} of "
