@@ -7,6 +7,7 @@ Longer than 500 lines: Django finds an app's models in this module, and the ledg
 state machines name each other; a package of model modules would spread it over files a reader opens together.
 """
 import hashlib
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -536,6 +537,56 @@ class AuditEvent(models.Model):
             models.Index(fields=["action_ref", "seq"], name="audit_action"),
         ]
         ordering = ["tenant_id", "seq"]
+
+
+class ExactNumber(models.Field):
+    """PostgreSQL's `numeric` with no precision or scale: a sum of any arguments' values, to their last digit."""
+
+    def db_type(self, connection):
+        return "numeric"
+
+    def from_db_value(self, value, expression, connection):
+        return None if value is None else Decimal(str(value))
+
+    def get_prep_value(self, value):
+        return None if value is None else Decimal(str(value))
+
+
+class LimitMeasure(models.Model):
+    """What the database keeps running totals of, for a tool's limits per agent or per tenant (PostgreSQL only).
+
+    One row per (tenant, tool name, scope, measure): `path` is the summed argument ("amount" for `sum:
+    "args.amount"`), empty for a count. `unwind_limits_used` (ledger/engine/plpgsql) adds it, and fills its totals
+    from the ledger, the first time it counts such a limit, under the tenant's chain lock; from then on the triggers
+    on ledger_action (migration 0022) keep them. Deleting a row makes the next count build it again. SQLite counts
+    by reading the steps and keeps none."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tool_name = models.CharField(max_length=120)
+    per = models.CharField(max_length=8)  # agent | tenant: a run's few steps are read, never totalled
+    path = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "tool_name", "per", "path"],
+                                               name="limit_measure_unique")]
+
+
+class LimitTotal(models.Model):
+    """A measure's total in one scope and one time bucket: what the steps created in [bucket, bucket + span) that
+    acted or may still act add up to (`span` 60, 3600 or 86400 seconds, buckets aligned to the Unix epoch; span 0:
+    all time, bucket at the epoch). `scope`: the run's agent id (0 for a run no agent opened), or 0 per tenant.
+    A window's count is an exact read of the steps in its first partial minute, then whole minutes, hours and days."""
+
+    measure = models.ForeignKey(LimitMeasure, on_delete=models.CASCADE, related_name="+", db_index=False)
+    scope = models.BigIntegerField()
+    span = models.PositiveIntegerField()
+    bucket = models.DateTimeField()
+    value = ExactNumber(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["measure", "scope", "span", "bucket"],
+                                               name="limit_total_unique")]
 
 
 class AuditHead(models.Model):

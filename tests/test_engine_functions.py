@@ -86,7 +86,9 @@ def scratch_databases():
                 server.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-ADDED_SINCE_0016 = ["unwind_limits_used"]  # issue 28: the limits counted in the proposal's call
+# Issue 28: the limits counted in the proposal's call, and the running totals per agent and per tenant they read.
+ADDED_SINCE_0016 = ["unwind_limit_bucket", "unwind_limit_measure", "unwind_limit_share", "unwind_limit_totals_forget",
+                    "unwind_limit_totals_keep", "unwind_limits_used"]
 
 
 @needs_postgres

@@ -116,6 +116,20 @@ def test_the_same_call_again_while_held_is_in_flight_not_a_second_step(tools):
     assert Action.objects.filter(run=run, tool__name="payments.charge").count() == 1 and first.status == "held"
 
 
+def test_a_held_step_holds_its_share_of_a_limit_and_gives_it_back_when_stopped(tools):
+    """A held step will act when its window ends: a limit counts it (issue 28), or an agent could queue past it."""
+    from ledger.engine.decision import PolicyDenied
+
+    hold(tools, "travel.reserve_hotel", "30s", limits=[{"per": "agent", "count": 1}])
+    first = act(open_run(tools, goal="one"), "travel.reserve_hotel", {"guest": "Carol", "hotel": "A", "nights": 1})
+    assert first.status == "held"
+    second_run = open_run(tools, goal="two")
+    with pytest.raises(PolicyDenied, match="at most 1 call of travel.reserve_hotel per agent, and 1 already"):
+        act(second_run, "travel.reserve_hotel", {"guest": "Carol", "hotel": "B", "nights": 1})
+    holds.action_stop(action_id=first.pk, actor="agent:booker", by="agent")
+    assert act(second_run, "travel.reserve_hotel", {"guest": "Carol", "hotel": "C", "nights": 1}).status == "held"
+
+
 # --- stopped before the window ends ----------------------------------------------------------------------------
 
 def test_an_operator_stops_a_held_pivot_and_earlier_steps_are_undone_newest_first(tools,

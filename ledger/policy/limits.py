@@ -7,14 +7,16 @@
 
 A limit counts the tool's forward steps (by name, every version) in its scope (`per`: the run, the run's agent, the
 tenant), within `window` when it has one (else for all time), that acted or may still act: waiting for approval,
-approved, running, scheduled to retry, succeeded, with an unknown outcome, compensating, or whose undo failed. A
-step that was refused, rejected, expired, skipped, failed or compensated did nothing that stands, so it gives its
-share back. `count: N` lets at most N such steps be; `sum: "args.<path>", max: M` lets their values at that path add
+approved, held (waiting out its tool's undo window), running, scheduled to retry, succeeded, with an unknown
+outcome, compensating, or whose undo failed. A step that was refused, rejected, expired, skipped, failed or
+compensated did nothing that stands, so it gives its share back. `count: N` lets at most N such steps be; `sum: "args.<path>", max: M` lets their values at that path add
 up to at most M (the new call's value included), each a number of at least 0: a call whose value is missing, not a
 number or below 0 is refused.
 
 Counted inside the proposal's transaction, after the tenant's chain lock (`ledger_transaction`, which every writer
 of the tenant takes first): two proposals racing past a budget are counted one after the other, and only one wins.
+On PostgreSQL a limit per agent or per tenant reads running totals that triggers keep as steps move (migration
+0022, `unwind_limits_used`), so its cost does not grow with the traffic it limits; SQLite reads the steps.
 """
 from __future__ import annotations
 
@@ -39,7 +41,9 @@ WINDOW_SECONDS = (1, 366 * 86400)
 MAX_AMOUNT = 10**15
 PATH = re.compile(r"^args(\.[A-Za-z][A-Za-z0-9]*(_[A-Za-z0-9]+)*)+$")  # KT splits on "__": no part holds one
 # Steps that acted or may still act: they hold their share of a limit.
-COUNTED = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.LOST,
+# On PostgreSQL the triggers that keep the running totals per agent and per tenant hold the same list (migration
+# 0022 and any later one that changes it); tests/test_limit_totals.py fails when the two differ.
+COUNTED = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.HELD, A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.LOST,
            A.COMPENSATING, A.COMPENSATION_FAILED)
 
 

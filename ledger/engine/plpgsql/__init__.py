@@ -21,6 +21,7 @@ FOLDER = Path(__file__).resolve().parent
 PREFIX = "unwind_"  # every function whose name starts so (in schema public) is one of the engine's: `fastpath.TRUST`
 
 _HEAD = re.compile(r"CREATE OR REPLACE FUNCTION (unwind_[a-z_]+)\(")
+_TRIGGER = re.compile(r"\)\s*RETURNS trigger\b")
 _SETTING = re.compile(r"\bSET ([a-z_]+) = ([a-z_0-9]+)\b")
 
 
@@ -30,6 +31,11 @@ class Function:
     text: str  # the statement, as the file holds it
     body: str  # between the $$: what pg_proc.prosrc holds
     config: str | None  # the settings as pg_proc.proconfig lists them, joined by ","; None without any
+
+    @property
+    def trigger(self) -> bool:
+        """A trigger's function (`RETURNS trigger`, no arguments): a migration creates the trigger that calls it."""
+        return bool(_TRIGGER.search(self.text.partition("$$")[0]))
 
 
 def parse(name: str, text: str) -> Function:
@@ -80,6 +86,7 @@ def install(connection, wanted: dict[str, Function] | None = None) -> list[str]:
     than once (another argument list), is dropped and created from its file, so a file may change a function's
     arguments or answer along with its body; a function of the engine's prefix without a file is dropped (the guard
     fingerprints every one). Arguments changed with the body left as it was are not seen, here or by the guard.
+    A trigger's function (no arguments) is replaced in place instead, keeping the trigger a migration made on it.
     One transaction: callers see the old functions or the new ones. Returns the names installed or dropped."""
     from django.db import transaction
 
@@ -93,6 +100,10 @@ def install(connection, wanted: dict[str, Function] | None = None) -> list[str]:
         for name in sorted(set(held) | set(wanted)):
             rows, function = held.get(name, []), wanted.get(name)
             if function and len(rows) == 1 and rows[0][:2] == (function.body, function.config):
+                continue
+            if function and function.trigger and len(rows) == 1:
+                cursor.execute(function.text)  # a trigger's function is replaced in place: dropping it drops the trigger
+                changed.append(name)
                 continue
             for *_, signature in rows:
                 cursor.execute(f"DROP FUNCTION {signature}")  # as pg_catalog names it: public.unwind_…(its types)
