@@ -177,6 +177,21 @@ def test_a_file_that_changes_the_arguments_replaces_the_function(db, tmp_path):
 
 
 @needs_postgres
+def test_a_triggers_changed_function_is_replaced_and_its_triggers_stay(db, tmp_path):
+    """Dropping a trigger's function would fail (or, with CASCADE, drop the trigger that keeps the limits' totals):
+    an edited `unwind_limit_totals_keep` is replaced in place, and its triggers call the new body."""
+    changed = edited(tmp_path, "unwind_limit_totals_keep", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
+    assert changed["unwind_limit_totals_keep"].trigger and not changed["unwind_succeed"].trigger
+    triggers = "SELECT count(*) FROM pg_trigger WHERE tgfoid = 'public.unwind_limit_totals_keep'::regproc"
+    assert sql.fetch_one(triggers, []) == (2,)
+    assert plpgsql.install(connection, changed) == ["unwind_limit_totals_keep"]
+    assert sql.fetch_one(triggers, []) == (2,)
+    assert "-- edited in its file" in sql.fetch_one(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'unwind_limit_totals_keep'", [])[0]
+    assert installed_fingerprint() == plpgsql.fingerprint(changed)
+
+
+@needs_postgres
 def test_what_has_no_file_is_dropped(db):
     """A function named like the engine's that no file defines (planted, or one a file no longer holds), and a second
     argument list of one that a file defines: both dropped, the file's own left alone."""

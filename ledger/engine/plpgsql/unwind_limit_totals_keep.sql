@@ -8,6 +8,10 @@ DECLARE
     v_row record;
     v_sign integer;
 BEGIN
+    -- Most tenants keep no totals: one look at the index, and out.
+    IF NOT EXISTS (SELECT FROM ledger_limitmeasure m WHERE m.tenant_id IN (NEW.tenant_id, OLD.tenant_id)) THEN
+        RETURN NULL;
+    END IF;
     FOREACH v_sign IN ARRAY ARRAY[-1, 1] LOOP
         IF v_sign = -1 THEN  -- what the step held before: taken back
             CONTINUE WHEN TG_OP <> 'UPDATE' OR OLD.kind <> 'forward' OR NOT OLD.status = ANY (TG_ARGV);
