@@ -6,7 +6,9 @@ made after the totals were first built (recorded, moved in or out of the counted
 changed, a run's agent changed), for any window and any moment. The triggers that keep them hold their own list of
 the counted statuses (migration 0022): a status they disagree on with limits.COUNTED fails here.
 
-The steps are written straight to the table, as any writer might: the triggers, not the engine, keep the totals.
+The steps are written straight to the table, with the policy decision the engine records for a tool with such
+limits: the triggers, not the engine, keep the totals. What the engine adds: a tool version that drops a limit
+drops its totals, and one that adds it again counts from the ledger.
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ TOOL = "travel.reserve_hotel"
 BASE = datetime(2026, 11, 20, 9, 59, 30, 250000, tzinfo=dt_timezone.utc)
 WINDOWS = [None, 1, 45, 60, 90, 3600, 3600 + 61, 86400, 86400 + 3600 * 5 + 17, 3 * 86400]
 AMOUNTS = [0, 1, 2.5, 0.01, 1000, 123456789.123456789, -5, "12", None, True, {"nested": 1}]
+
+
+# As the engine records a step whose tool has limits per agent and per tenant: the trigger on a new step reads it.
+DECIDED = {"limits": [{"per": "agent", "count": 10**6}, {"per": "tenant", "sum": "args.amount", "max": 10**12}]}
 
 
 def _limits(window):
@@ -74,7 +80,7 @@ class Ledger:
         seq = len(self.steps) + 1
         step = Action.objects.create(tenant_id=run.tenant_id, run=run, seq=seq, tool=self.tool,
                                      saga_role=self.tool.saga_role, risk="low", args=args, args_hash="-",
-                                     idempotency_key=f"step-{seq}", status=status)
+                                     idempotency_key=f"step-{seq}", status=status, policy_decision=DECIDED)
         Action.objects.filter(pk=step.pk).update(created_at=self.now - timedelta(seconds=seconds_ago))
         self.steps.append(step.pk)
 
@@ -139,6 +145,34 @@ AGO = st.one_of(st.integers(0, 4 * 86400),
                 st.builds(lambda window, off: max(0, window + off), st.sampled_from([w for w in WINDOWS if w]),
                           st.integers(-90, 90)))
 LATER = st.one_of(st.sampled_from([0, 1, 29, 59, 61, 3599, 3601]), st.integers(-120, 3 * 86400))
+def test_a_limit_dropped_and_added_again_counts_what_was_proposed_meanwhile(tools):
+    """Steps proposed while the tool had no limit per tenant carry none in their policy decision, and no trigger
+    counts them: the version that dropped the limit dropped its totals, so the version that adds it back builds them
+    from the ledger."""
+    from ledger.policy.versions import tool_upsert
+    from tests.conftest import in_process_policy
+    from tests.helpers import act
+
+    def policy(limits):
+        spec = dict(in_process_policy()["tools"][TOOL], limits=limits)
+        tool_upsert(tenant=tools.acme, name=TOOL, spec=spec, actor="user:ada")
+
+    budget = [{"per": "tenant", "sum": "args.nights", "max": 100}]
+    policy(budget)
+    run = open_run(tools, goal="budget")
+    act(run, TOOL, {"guest": "G", "hotel": "H1", "nights": 3})
+    assert LimitMeasure.objects.filter(tool_name=TOOL).count() == 1
+    policy([])
+    assert not LimitMeasure.objects.filter(tool_name=TOOL).exists()
+    act(run, TOOL, {"guest": "G", "hotel": "H2", "nights": 4})  # no limit: counted by no trigger
+    policy(budget)
+    third = act(run, TOOL, {"guest": "G", "hotel": "H3", "nights": 5})
+    assert third.policy_decision["limits"][0]["used"] == 7
+    assert limits.used_by(budget_limits := [{"per": "tenant", "sum": "args.nights", "max": 100}], tool_name=TOOL,
+                          run=run, now=third.created_at) == [reference(budget_limits[0], run=run, now=third.created_at)]
+    assert limits.used_by(budget_limits, tool_name=TOOL, run=run, now=third.created_at) == [Decimal(12)]
+
+
 STEP = st.tuples(st.just("add"), st.integers(0, 2), st.sampled_from(AMOUNTS), st.sampled_from(ActionStatus.values), AGO)
 MOVE = st.tuples(st.just("move"), st.integers(0, 40), st.sampled_from(ActionStatus.values))
 ARGS = st.tuples(st.just("args"), st.integers(0, 40), st.sampled_from(AMOUNTS))

@@ -1,9 +1,9 @@
 """Running totals for limits per agent and per tenant (issue 28), kept by triggers on PostgreSQL.
 
 A limit per agent or per tenant read every step of its scope and window: its cost grew with the traffic it limits.
-On PostgreSQL it now reads totals (ledger_limittotal, per measure, scope and time bucket) that two triggers keep:
-on ledger_action, a forward step recorded in, moving into or out of, the statuses that count (or changed while in
-them) moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops the totals per
+On PostgreSQL it now reads totals (ledger_limittotal, per measure, scope and time bucket) that triggers keep: on
+ledger_action, a forward step recorded in (with such a limit in its policy decision), moving into or out of, the
+statuses that count (or changed while in them) moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops the totals per
 agent, to be built again (`unwind_limit_totals_forget`). Their functions live in ledger/engine/plpgsql like the
 engine's others; a trigger's function is replaced in place there, so these triggers stay.
 
@@ -23,8 +23,13 @@ _IN = "({})".format(", ".join(f"'{status}'" for status in COUNTED))
 _ARGS = ", ".join(f"'{status}'" for status in COUNTED)
 
 TRIGGERS = [
+    # Only a step whose own policy has a limit per agent or per tenant (its `policy_decision` lists them) can be
+    # recorded while such totals exist: a tenant's measures are those of its tools' current versions (ledger/policy/
+    # versions.py drops the others). Any other step costs no call of a function (an empty one costs ~35 µs here).
     "CREATE TRIGGER ledger_action_limit_totals_insert AFTER INSERT ON ledger_action FOR EACH ROW"
-    f" WHEN (NEW.kind = 'forward' AND NEW.status IN {_IN})"
+    f" WHEN (NEW.kind = 'forward' AND NEW.status IN {_IN}"
+    """ AND (NEW.policy_decision -> 'limits' @> '[{"per": "agent"}]'"""
+    """ OR NEW.policy_decision -> 'limits' @> '[{"per": "tenant"}]'))"""
     f" EXECUTE FUNCTION unwind_limit_totals_keep({_ARGS})",
     "CREATE TRIGGER ledger_action_limit_totals_update AFTER UPDATE ON ledger_action FOR EACH ROW"
     f" WHEN ((OLD.kind = 'forward' AND OLD.status IN {_IN}) IS DISTINCT FROM (NEW.kind = 'forward' AND NEW.status IN {_IN})"

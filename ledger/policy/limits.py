@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ledger.engine import sql
 from ledger.policy.checks import duration, fail, number
-from ledger.models import ActionKind, ActionStatus as A, Run
+from ledger.models import ActionKind, ActionStatus as A, LimitMeasure, LimitTotal, Run
 
 MAX_LIMITS = 8
 LIMIT_KEYS = {"per", "sum", "count", "max", "window"}
@@ -161,6 +161,21 @@ def used_by(limits: list[dict], *, tool_name: str, run: Run, now) -> list[Decima
                              [run.tenant_id, run.pk, tool_name, json.dumps(specs(limits)), list(COUNTED), now])[0]
         return [Decimal(value) for value in used]
     return [_counted_sqlite(limit, tool_name=tool_name, run=run, now=now) for limit in limits]
+
+
+def keep_totals_of(limits: list[dict], *, tenant_id: int, tool_name: str) -> int:
+    """Drop the running totals (PostgreSQL's, migration 0022) that the tool's new current version's `limits` no
+    longer read, when the version is written (under the tenant's chain lock). A tenant's totals are then those of
+    its tools' current limits only: what lets the trigger on a new step look only at steps whose own policy has such
+    a limit, and what makes a limit added again count from the ledger, not from totals that missed steps. Returns
+    how many were dropped."""
+    read = {(limit["per"], limit["sum"].split(".", 1)[1] if "sum" in limit else "") for limit in limits}
+    stale = [pk for pk, per, path in LimitMeasure.objects.filter(tenant_id=tenant_id, tool_name=tool_name)
+             .values_list("pk", "per", "path") if (per, path) not in read]
+    if stale:
+        LimitTotal.objects.filter(measure_id__in=stale).delete()
+        LimitMeasure.objects.filter(pk__in=stale).delete()
+    return len(stale)
 
 
 def _counted_sqlite(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:

@@ -15,6 +15,7 @@ from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import POLICY_FIELDS, Executor, Tenant, TenantPolicyVersion, Tool
 from ledger.policy.functions import function_tool, is_function_definition
 from ledger.policy.document import parse_document
+from ledger.policy.limits import keep_totals_of
 from ledger.policy.tool_entry import parse_tool
 from ledger.policy.twins import with_inline_twins
 from ledger.api.selectors import policy_of_version
@@ -70,6 +71,7 @@ def _write_version(*, tenant: Tenant, name: str, fields: dict, actor: str, audit
         version = current.version + 1
     tool = Tool.objects.create(tenant=tenant, name=name, version=version, is_current=True, actor=actor[:160],
                                **{key: fields[key] for key in POLICY_FIELDS if key in fields})
+    keep_totals_of(tool.limits, tenant_id=tenant.pk, tool_name=name)
     changed = [] if current is None else sorted(
         key for key in POLICY_FIELDS if getattr(current, key) != getattr(tool, key))
     extra = {"via": via} if via else {}
