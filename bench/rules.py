@@ -109,6 +109,12 @@ def _fill_window(tenant, agent, tool_name: str, count: int) -> int:
                         if field.column not in ("id", "run_id", "seq", "idempotency_key", "content_key", "created_at",
                                                 "status"))
     with connection.cursor() as cursor:
+        # Written in one transaction, the steps would leave one version of each total they move per step, all dead
+        # at once, as a day of proposals never does: the tool's totals are dropped first, and built from the steps
+        # at the first proposal (a warm-up), as when a limit is added.
+        cursor.execute("DELETE FROM ledger_limittotal WHERE measure_id IN (SELECT id FROM ledger_limitmeasure"
+                       " WHERE tenant_id = %s AND tool_name = %s)", [tenant.pk, tool_name])
+        cursor.execute("DELETE FROM ledger_limitmeasure WHERE tenant_id = %s AND tool_name = %s", [tenant.pk, tool_name])
         cursor.execute(f"INSERT INTO ledger_run ({run_columns}, status) SELECT {run_columns}, 'completed'"
                        " FROM ledger_run, generate_series(1, %s) WHERE id = %s RETURNING id",
                        [-(-count // PER_RUN), run.pk])
@@ -119,12 +125,6 @@ def _fill_window(tenant, agent, tool_name: str, count: int) -> int:
             " now() - make_interval(secs => 86000.0 * i / %s), 'succeeded'"
             " FROM ledger_action, generate_series(1, %s) i WHERE id = %s",
             [runs, PER_RUN, PER_RUN, count, count, step.pk])
-        # Written in one transaction, the steps left one version of each total they moved per step, all dead at
-        # once, as a day of proposals never does: the totals are built again from them at the first proposal (a
-        # warm-up), as after a policy that adds the limit.
-        cursor.execute("DELETE FROM ledger_limittotal WHERE measure_id IN (SELECT id FROM ledger_limitmeasure"
-                       " WHERE tenant_id = %s AND tool_name = %s)", [tenant.pk, tool_name])
-        cursor.execute("DELETE FROM ledger_limitmeasure WHERE tenant_id = %s AND tool_name = %s", [tenant.pk, tool_name])
         # A day's steps come with autovacuum's statistics of them; these came in a second, and PostgreSQL would plan
         # (and cache) its reads of them as of a table of a few rows until it next analyzes it.
         cursor.execute("ANALYZE ledger_action")

@@ -424,6 +424,11 @@ class Action(models.Model):
         help_text="Who stopped it while it was held (ledger/engine/holds.py): agent, operator, approver or customer.")
     # What its tool's rules and limits decided and why (ledger/engine/decision.py): null for a tool without them.
     policy_decision = models.JSONField(null=True, blank=True)
+    totalled = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Its tool keeps running totals for a limit per agent or per tenant (PostgreSQL; migration 0022): "
+                  "set when it is proposed under such a limit, or when such totals are built. Only such a step's "
+                  "moves call the triggers that keep them.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -556,10 +561,11 @@ class LimitMeasure(models.Model):
     """What the database keeps running totals of, for a tool's limits per agent or per tenant (PostgreSQL only).
 
     One row per (tenant, tool name, scope, measure): `path` is the summed argument ("amount" for `sum:
-    "args.amount"`), empty for a count. `unwind_limits_used` (ledger/engine/plpgsql) adds it, and fills its totals
-    from the ledger, the first time it counts such a limit, under the tenant's chain lock; from then on the triggers
-    on ledger_action (migration 0022) keep them. Deleting a row makes the next count build it again. SQLite counts
-    by reading the steps and keeps none."""
+    "args.amount"`), empty for a count. `unwind_limit_measure` (ledger/engine/plpgsql) adds it and fills its totals
+    from the ledger, under the tenant's chain lock, when a tool version with such a limit is written (`limits.
+    keep_totals_of`, which drops those no current version reads) or, if missing, when a limit counts; from then on
+    the triggers on ledger_action (migration 0022) keep them. Deleting a row makes the next count build it again.
+    SQLite counts by reading the steps and keeps none."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
     tool_name = models.CharField(max_length=120)

@@ -2,13 +2,13 @@
 
 What must hold: the totals say exactly what reading the steps says (this file's `reference`: the steps of the tool
 in the scope and window whose status is in limits.COUNTED, counted or added up in Python), whatever moves the steps
-made after the totals were first built (recorded, moved in or out of the counted statuses, their arguments or time
-changed, a run's agent changed), for any window and any moment. The triggers that keep them hold their own list of
-the counted statuses (migration 0022): a status they disagree on with limits.COUNTED fails here.
+made after the totals were first built (recorded, moved in or out of the counted statuses, a run's agent changed),
+for any window and any moment. The triggers that keep them hold their own list of the counted statuses (migration
+0022): a status they disagree on with limits.COUNTED fails here.
 
-The steps are written straight to the table, with the policy decision the engine records for a tool with such
+The steps are written straight to the table, marked `totalled` as the engine marks a step of a tool with such
 limits: the triggers, not the engine, keep the totals. What the engine adds: a tool version that drops a limit
-drops its totals, and one that adds it again counts from the ledger.
+drops its totals, and one that adds it again builds them from the ledger and marks the steps proposed meanwhile.
 """
 from __future__ import annotations
 
@@ -31,10 +31,6 @@ TOOL = "travel.reserve_hotel"
 BASE = datetime(2026, 11, 20, 9, 59, 30, 250000, tzinfo=dt_timezone.utc)
 WINDOWS = [None, 1, 45, 60, 90, 3600, 3600 + 61, 86400, 86400 + 3600 * 5 + 17, 3 * 86400]
 AMOUNTS = [0, 1, 2.5, 0.01, 1000, 123456789.123456789, -5, "12", None, True, {"nested": 1}]
-
-
-# As the engine records a step whose tool has limits per agent and per tenant: the trigger on a new step reads it.
-DECIDED = {"limits": [{"per": "agent", "count": 10**6}, {"per": "tenant", "sum": "args.amount", "max": 10**12}]}
 
 
 def _limits(window):
@@ -78,10 +74,15 @@ class Ledger:
         run = self.runs[run]
         args = {"guest": "G", "hotel": "H", "nights": 1, **({} if amount is None else {"amount": amount})}
         seq = len(self.steps) + 1
-        step = Action.objects.create(tenant_id=run.tenant_id, run=run, seq=seq, tool=self.tool,
-                                     saga_role=self.tool.saga_role, risk="low", args=args, args_hash="-",
-                                     idempotency_key=f"step-{seq}", status=status, policy_decision=DECIDED)
-        Action.objects.filter(pk=step.pk).update(created_at=self.now - timedelta(seconds=seconds_ago))
+        created_at = Action._meta.get_field("created_at")
+        created_at.auto_now_add = False  # recorded at the moment the example says, as the engine records it at its own
+        try:
+            step = Action.objects.create(tenant_id=run.tenant_id, run=run, seq=seq, tool=self.tool,
+                                         saga_role=self.tool.saga_role, risk="low", args=args, args_hash="-",
+                                         idempotency_key=f"step-{seq}", status=status, totalled=True,
+                                         created_at=self.now - timedelta(seconds=seconds_ago))
+        finally:
+            created_at.auto_now_add = True
         self.steps.append(step.pk)
 
     def check(self, window, *, later: int = 0) -> None:
@@ -122,9 +123,14 @@ def test_a_compensation_never_counts(tools):
     ledger = Ledger(tools)
     ledger.check(None)
     ledger.add(0, 3, ActionStatus.SUCCEEDED, 5)
-    Action.objects.filter(pk=ledger.steps[0]).update(kind=ActionKind.COMPENSATION)
+    Action.objects.filter(pk=ledger.steps[0]).update(kind=ActionKind.COMPENSATION)  # as if recorded as one
+    LimitTotal.objects.all().delete()
+    LimitMeasure.objects.all().delete()  # built again from the ledger: the fill skips it
     ledger.check(None)
-    assert limits.used_by(_limits(None), tool_name=TOOL, run=ledger.runs[0], now=ledger.now)[0] == 0
+    ledger.add(0, 4, ActionStatus.SUCCEEDED, 5)
+    Action.objects.filter(pk=ledger.steps[0]).update(status=ActionStatus.COMPENSATED)  # a move of no forward step
+    ledger.check(None)
+    assert limits.used_by(_limits(None), tool_name=TOOL, run=ledger.runs[0], now=ledger.now)[:3:2] == [1, 4]
 
 
 def test_a_run_whose_agent_changed_is_counted_for_its_new_agent(tools):
@@ -166,23 +172,25 @@ def test_a_limit_dropped_and_added_again_counts_what_was_proposed_meanwhile(tool
     assert not LimitMeasure.objects.filter(tool_name=TOOL).exists()
     act(run, TOOL, {"guest": "G", "hotel": "H2", "nights": 4})  # no limit: counted by no trigger
     policy(budget)
+    second = Action.objects.get(run=run, seq=2)
+    assert second.totalled  # marked when the totals were built again
     third = act(run, TOOL, {"guest": "G", "hotel": "H3", "nights": 5})
     assert third.policy_decision["limits"][0]["used"] == 7
     assert limits.used_by(budget_limits := [{"per": "tenant", "sum": "args.nights", "max": 100}], tool_name=TOOL,
                           run=run, now=third.created_at) == [reference(budget_limits[0], run=run, now=third.created_at)]
     assert limits.used_by(budget_limits, tool_name=TOOL, run=run, now=third.created_at) == [Decimal(12)]
+    Action.objects.filter(pk=second.pk).update(status=ActionStatus.COMPENSATED)  # gives its 4 back
+    assert limits.used_by(budget_limits, tool_name=TOOL, run=run, now=third.created_at) == [Decimal(8)]
 
 
 STEP = st.tuples(st.just("add"), st.integers(0, 2), st.sampled_from(AMOUNTS), st.sampled_from(ActionStatus.values), AGO)
 MOVE = st.tuples(st.just("move"), st.integers(0, 40), st.sampled_from(ActionStatus.values))
-ARGS = st.tuples(st.just("args"), st.integers(0, 40), st.sampled_from(AMOUNTS))
-WHEN = st.tuples(st.just("when"), st.integers(0, 40), AGO)
 AGENT = st.tuples(st.just("agent"), st.integers(0, 2), st.integers(0, 2))
 READ = st.tuples(st.just("read"), st.sampled_from(WINDOWS), LATER)
 
 
 @needs_postgres
-@given(ops=st.lists(st.one_of(STEP, STEP, MOVE, ARGS, WHEN, AGENT, READ), min_size=1, max_size=30),
+@given(ops=st.lists(st.one_of(STEP, STEP, MOVE, AGENT, READ), min_size=1, max_size=30),
        last=st.lists(st.tuples(st.sampled_from(WINDOWS), LATER), min_size=1, max_size=4),
        start=st.integers(0, 2 * 3600 * 1000))
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -196,14 +204,9 @@ def test_the_totals_say_what_reading_the_steps_says(tools, ops, last, start):
                 ledger.add(*values)
             elif kind == "read":
                 ledger.check(values[0], later=values[1])
-            elif ledger.steps and kind in ("move", "args", "when"):
+            elif ledger.steps and kind == "move":
                 step = ledger.steps[values[0] % len(ledger.steps)]
-                if kind == "move":
-                    Action.objects.filter(pk=step).update(status=values[1])
-                elif kind == "args":
-                    Action.objects.filter(pk=step).update(args={"amount": values[1]} if values[1] is not None else {})
-                else:
-                    Action.objects.filter(pk=step).update(created_at=ledger.now - timedelta(seconds=values[1]))
+                Action.objects.filter(pk=step).update(status=values[1])
             elif kind == "agent":
                 run = ledger.runs[values[0]]
                 Run.objects.filter(pk=run.pk).update(agent=ledger.agents[values[1]])

@@ -238,6 +238,7 @@ def bind(action: Action, decided: Decision | None) -> Action:
         return action
     action.risk = decided.risk
     action.policy_decision = decided.record
+    action.totalled = any(limit["per"] != "run" for limit in action.tool.limits)  # migration 0022's triggers
     if decided.denied:
         action.status, action.attempts, action.approvals_required = A.FAILED, 0, 0
         action.lease_owner, action.lease_expires_at = "", None

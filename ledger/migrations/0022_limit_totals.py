@@ -2,8 +2,8 @@
 
 A limit per agent or per tenant read every step of its scope and window: its cost grew with the traffic it limits.
 On PostgreSQL it now reads totals (ledger_limittotal, per measure, scope and time bucket) that triggers keep: on
-ledger_action, a forward step recorded in (with such a limit in its policy decision), moving into or out of, the
-statuses that count (or changed while in them) moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops the totals per
+ledger_action, a forward step of a tool with such totals (`totalled`) recorded in, or moving into or out of, the
+statuses that count moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops the totals per
 agent, to be built again (`unwind_limit_totals_forget`). Their functions live in ledger/engine/plpgsql like the
 engine's others; a trigger's function is replaced in place there, so these triggers stay.
 
@@ -22,20 +22,16 @@ COUNTED = ("planned", "awaiting_approval", "approved", "held", "running", "retry
 _IN = "({})".format(", ".join(f"'{status}'" for status in COUNTED))
 _ARGS = ", ".join(f"'{status}'" for status in COUNTED)
 
+# A call of a trigger's function costs ~35 µs here even when it returns at once, and a WHEN clause that reads several
+# columns of each moved row cost part 1's saga 4-5 % (bench/ab.py): only a step marked `totalled` (its tool keeps
+# such totals; ledger/engine/decision.bind, unwind_limit_measure) calls them, and an update only when its status
+# crosses in or out of the counted ones. A step's other columns that the totals read never change once recorded.
 TRIGGERS = [
-    # Only a step whose own policy has a limit per agent or per tenant (its `policy_decision` lists them) can be
-    # recorded while such totals exist: a tenant's measures are those of its tools' current versions (ledger/policy/
-    # versions.py drops the others). Any other step costs no call of a function (an empty one costs ~35 µs here).
     "CREATE TRIGGER ledger_action_limit_totals_insert AFTER INSERT ON ledger_action FOR EACH ROW"
-    f" WHEN (NEW.kind = 'forward' AND NEW.status IN {_IN}"
-    """ AND (NEW.policy_decision -> 'limits' @> '[{"per": "agent"}]'"""
-    """ OR NEW.policy_decision -> 'limits' @> '[{"per": "tenant"}]'))"""
+    f" WHEN (NEW.totalled AND NEW.kind = 'forward' AND NEW.status IN {_IN})"
     f" EXECUTE FUNCTION unwind_limit_totals_keep({_ARGS})",
-    "CREATE TRIGGER ledger_action_limit_totals_update AFTER UPDATE ON ledger_action FOR EACH ROW"
-    f" WHEN ((OLD.kind = 'forward' AND OLD.status IN {_IN}) IS DISTINCT FROM (NEW.kind = 'forward' AND NEW.status IN {_IN})"
-    f" OR (NEW.kind = 'forward' AND NEW.status IN {_IN} AND (OLD.args IS DISTINCT FROM NEW.args"
-    " OR OLD.tool_id IS DISTINCT FROM NEW.tool_id OR OLD.run_id IS DISTINCT FROM NEW.run_id"
-    " OR OLD.tenant_id IS DISTINCT FROM NEW.tenant_id OR OLD.created_at IS DISTINCT FROM NEW.created_at)))"
+    "CREATE TRIGGER ledger_action_limit_totals_update AFTER UPDATE OF status ON ledger_action FOR EACH ROW"
+    f" WHEN (OLD.totalled AND OLD.kind = 'forward' AND (OLD.status IN {_IN}) <> (NEW.status IN {_IN}))"
     f" EXECUTE FUNCTION unwind_limit_totals_keep({_ARGS})",
     "CREATE TRIGGER ledger_run_limit_totals_agent AFTER UPDATE OF agent_id ON ledger_run FOR EACH ROW"
     " WHEN (OLD.agent_id IS DISTINCT FROM NEW.agent_id) EXECUTE FUNCTION unwind_limit_totals_forget()",
@@ -96,6 +92,11 @@ class Migration(migrations.Migration):
         migrations.AddConstraint(
             model_name='limittotal',
             constraint=models.UniqueConstraint(fields=('measure', 'scope', 'span', 'bucket'), name='limit_total_unique'),
+        ),
+        migrations.AddField(
+            model_name='action',
+            name='totalled',
+            field=models.BooleanField(db_default=False, default=False, help_text="Its tool keeps running totals for a limit per agent or per tenant (PostgreSQL; migration 0022): set when it is proposed under such a limit, or when such totals are built. Only such a step's moves call the triggers that keep them."),
         ),
         migrations.RunPython(create_triggers, drop_triggers),
     ]

@@ -163,19 +163,23 @@ def used_by(limits: list[dict], *, tool_name: str, run: Run, now) -> list[Decima
     return [_counted_sqlite(limit, tool_name=tool_name, run=run, now=now) for limit in limits]
 
 
-def keep_totals_of(limits: list[dict], *, tenant_id: int, tool_name: str) -> int:
-    """Drop the running totals (PostgreSQL's, migration 0022) that the tool's new current version's `limits` no
-    longer read, when the version is written (under the tenant's chain lock). A tenant's totals are then those of
-    its tools' current limits only: what lets the trigger on a new step look only at steps whose own policy has such
-    a limit, and what makes a limit added again count from the ledger, not from totals that missed steps. Returns
-    how many were dropped."""
+def keep_totals_of(limits: list[dict], *, tenant_id: int, tool_name: str) -> None:
+    """Make the running totals (PostgreSQL's, migration 0022) those the tool's new current version's `limits` read,
+    when the version is written, under the tenant's chain lock: the totals it no longer reads are dropped, and those
+    of a limit per agent or per tenant it adds are built from the ledger now (`unwind_limit_measure`), in the policy
+    write rather than in the first proposal that counts them. A tenant's totals are then those of its tools' current
+    limits only: what lets the trigger on a new step look only at steps whose own policy has such a limit, and what
+    makes a limit added again count from the ledger, not from totals that missed steps."""
     read = {(limit["per"], limit["sum"].split(".", 1)[1] if "sum" in limit else "") for limit in limits}
     stale = [pk for pk, per, path in LimitMeasure.objects.filter(tenant_id=tenant_id, tool_name=tool_name)
              .values_list("pk", "per", "path") if (per, path) not in read]
     if stale:
         LimitTotal.objects.filter(measure_id__in=stale).delete()
         LimitMeasure.objects.filter(pk__in=stale).delete()
-    return len(stale)
+    if connection.vendor == "postgresql":
+        for spec in specs([limit for limit in limits if limit["per"] != "run"]):
+            sql.fetch_one("SELECT public.unwind_limit_measure(%s::bigint, %s::text, %s::text, %s::text[], %s::text[])",
+                          [tenant_id, tool_name, spec["per"], spec["path"], list(COUNTED)])
 
 
 def _counted_sqlite(limit: dict, *, tool_name: str, run: Run, now) -> Decimal:

@@ -1,9 +1,10 @@
 CREATE OR REPLACE FUNCTION unwind_limit_totals_keep() RETURNS trigger LANGUAGE plpgsql AS $$
--- The trigger on ledger_action (migration 0022) that keeps the running totals of the tool's limits per agent and
--- per tenant (ledger_limittotal; unwind_limit_measure says what they hold): a forward step recorded in, or moved
--- into, one of the counted statuses (the trigger's arguments, TG_ARGV: ledger/policy/limits.py's COUNTED) adds its
--- share to each of its tool's measures, in its bucket of each span; one moved out of them takes it back; one whose
--- arguments, tool, run or time changed while counted moves its share. The triggers' WHEN clauses call it only then.
+-- The triggers on ledger_action (migration 0022) that keep the running totals of the tool's limits per agent and
+-- per tenant (ledger_limittotal; unwind_limit_measure says what they hold): a forward step marked `totalled` that
+-- is recorded in, or moves into, one of the counted statuses (the trigger's arguments, TG_ARGV: ledger/policy/
+-- limits.py's COUNTED) adds its share to each of its tool's measures, in its bucket of each span; one that moves out
+-- of them takes it back. The triggers' WHEN clauses call it only then. A step's arguments, tool, run, kind and time
+-- never change once recorded (nothing in the engine writes them again).
 DECLARE
     v_row record;
     v_sign integer;
