@@ -3,9 +3,10 @@
 A limit per agent or per tenant read every step of its scope and window: its cost grew with the traffic it limits.
 On PostgreSQL it now reads totals (ledger_limittotal, per measure, scope and time bucket) that triggers keep: on
 ledger_action, a forward step of a tool with such totals (`totalled`) recorded in, or moving into or out of, the
-statuses that count moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops the totals per
-agent, to be built again (`unwind_limit_totals_forget`). Their functions live in ledger/engine/plpgsql like the
-engine's others; a trigger's function is replaced in place there, so these triggers stay.
+statuses that count moves its share (`unwind_limit_totals_keep`); on ledger_run, a run whose agent changed drops
+the totals per agent, to be built again (`unwind_limit_totals_forget`). Their functions live in
+ledger/engine/plpgsql like the engine's others; a trigger's function is replaced in place there, so these triggers
+stay.
 
 COUNTED is ledger/policy/limits.py's list as this migration made it (the trigger's WHEN and its arguments, so the
 function holds no copy); tests/test_limit_totals.py fails when the two differ, and a change of it is a new
@@ -23,7 +24,7 @@ _IN = "({})".format(", ".join(f"'{status}'" for status in COUNTED))
 _ARGS = ", ".join(f"'{status}'" for status in COUNTED)
 
 # A call of a trigger's function costs ~35 µs here even when it returns at once, and a WHEN clause that reads several
-# columns of each moved row cost part 1's saga 4-5 % (bench/ab.py): only a step marked `totalled` (its tool keeps
+# columns of each moved row cost part 1's saga 5-7 % (bench/ab.py): only a step marked `totalled` (its tool keeps
 # such totals; ledger/engine/decision.bind, unwind_limit_measure) calls them, and an update only when its status
 # crosses in or out of the counted ones. A step's other columns that the totals read never change once recorded.
 TRIGGERS = [

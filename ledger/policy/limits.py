@@ -9,9 +9,9 @@ A limit counts the tool's forward steps (by name, every version) in its scope (`
 tenant), within `window` when it has one (else for all time), that acted or may still act: waiting for approval,
 approved, held (waiting out its tool's undo window), running, scheduled to retry, succeeded, with an unknown
 outcome, compensating, or whose undo failed. A step that was refused, rejected, expired, skipped, failed or
-compensated did nothing that stands, so it gives its share back. `count: N` lets at most N such steps be; `sum: "args.<path>", max: M` lets their values at that path add
-up to at most M (the new call's value included), each a number of at least 0: a call whose value is missing, not a
-number or below 0 is refused.
+compensated did nothing that stands, so it gives its share back. `count: N` lets at most N such steps be; `sum:
+"args.<path>", max: M` lets their values at that path add up to at most M (the new call's value included), each a
+number of at least 0: a call whose value is missing, not a number or below 0 is refused.
 
 Counted inside the proposal's transaction, after the tenant's chain lock (`ledger_transaction`, which every writer
 of the tenant takes first): two proposals racing past a budget are counted one after the other, and only one wins.
