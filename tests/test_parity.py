@@ -380,7 +380,7 @@ def _lost_tools(world):
 # Each scenario, what it needs first, and the functions its fast run must call (else it would compare the Python path
 # with itself): every function but open_run, propose and succeed, which every scenario calls.
 OPEN = {"unwind_open_run", "unwind_propose", "unwind_succeed"}
-READERS = {"unwind_limits_used"}  # both paths count a tool's limits with it on PostgreSQL (it writes only totals)
+READERS = {"unwind_limits_used"}  # both paths count limits with it on PostgreSQL (it writes only totals, marks)
 UNDO = OPEN | {"unwind_compensated"}
 SCENARIOS = {
     "ok": (ok_saga, None, OPEN | {"unwind_complete"}),
