@@ -18,7 +18,6 @@ from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
 from ledger.audit.chain import ledger_transaction, recording
-from ledger.policy.display import money_in
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
 from ledger.engine.actions import action_approve, action_reject
@@ -91,9 +90,10 @@ def approvers(tenant_id: int) -> list:
 
 
 def what_it_is(action: Action) -> str:
-    """A subject's name for the step: the tool and, where its display hint names amounts, those amounts as money
-    ("payments.charge, €920.00"), so an inbox or the outbox list says what a request is about unopened."""
-    return ", ".join([action.tool.name, *money_in(action.args, action.tool.display)])
+    """A subject's name for the step: the tool and what it is about in money ("payments.charge, €920.00";
+    "payments.refund, €610.00" for the refund of that charge: approvals/surfaces.py, `amounts`), so an inbox or the
+    outbox list says what a request is about unopened."""
+    return ", ".join([action.tool.name, *surfaces.amounts(action)])
 
 
 def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict) -> Notification | None:
