@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.engine import holds
+from ledger.engine import holds, moves
 from ledger.api import selectors as ledger_selectors
 from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionStatus, Role, Run, RunStatus
@@ -131,7 +131,7 @@ def _item_context(access, item: RecoveryItem, *, undo_form: UndoPlanForm | None 
         "timeline": selectors.run_timeline(run),
         "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,
         "role": access.roles.get(item.tenant_id),
-        "operations": {op: label for op, label in operations_for(item).items() if op != "resume" or not cannot_resume},
+        "operations": operations_for(item) if item.status == ItemStatus.OPEN else {},
         "cannot_resume": cannot_resume,
         "reopened": (RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exclude(pk=item.pk).first()
                      if item.status == ItemStatus.RESOLVED else None),
@@ -153,11 +153,13 @@ def _resolve_form(item: RecoveryItem, operation: str, data=None) -> ResolveForm:
 
 
 def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
+    move = operations_for(item).get(operation)
     return {
         "unknown_steps": list(unknown_steps(item.run)) if operation == "compensate" else [],
-        "item": item, "run": item.run, "operation": operation, "label": operations_for(item)[operation], "form": form,
-        "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
-        "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
+        "item": item, "run": item.run, "operation": operation, "move": move,
+        "label": move.label if move else OPERATIONS[operation], "form": form,
+        "plans": [selectors.dress(a) for a in move.undoes] if move and operation == "compensate" else [],
+        "retries": move.touching(moves.RETRY, moves.RESEND) if move and operation == "resume" else [],
         "checkpoint": item.run.checkpoints.order_by("-id").first(),
     }
 
@@ -181,6 +183,11 @@ def item_resolve(request, pk: int, operation: str):
                 return render(request, "recovery/_refusal_panel.html", {"refusal": moved_on, "item": item}, status=409)
             context = _item_context(access, item) | {"refusal": moved_on}
             return render(request, "recovery/item.html", context, status=409)
+        if operation not in operations_for(item):
+            refused = f"Refused: {moves.run_moves(item.run).get(moves.OPERATOR, operation).refusal}."
+            if request.htmx:
+                return render(request, "recovery/_refusal_panel.html", {"refusal": refused, "item": item}, status=409)
+            return render(request, "recovery/item.html", _item_context(access, item) | {"refusal": refused}, status=409)
         template = "recovery/_confirm_panel.html" if request.htmx else "recovery/confirm.html"
         return render(request, template, _confirm_context(item, operation, _resolve_form(item, operation)))
     if request.method != "POST":

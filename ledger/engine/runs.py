@@ -19,7 +19,7 @@ from ledger.models import (
     Tool,
 )
 from ledger.policy.law import check_plan
-from ledger.engine import execution, unknowns
+from ledger.engine import execution, moves, unknowns
 from ledger.engine.proposal import check_key
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.transitions import action_transition, run_transition
@@ -214,24 +214,9 @@ def run_expire_idle(*, run_id: int) -> bool:
     return True
 
 
-def _steps_to_retry(run: Run):
-    checkpoint = run.checkpoints.order_by("-id").first()
-    pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
-    # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
-    retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
-        status=A.FAILED, error_class=attempts.REFUSED).select_related("tool")
-    return retry.filter(pk__in=pending_ids) if pending_ids else retry
-
-
 def resume_refusal(run: Run) -> str:
-    """Why resuming this run that needs attention cannot work ("" when it can): what `run_resume` refuses with,
-    and what the console says instead of offering it."""
-    if run.cancel_requested_at and not run.pivot_committed:
-        return f"run {run.pk} was cancelled; compensate or close it instead"
-    if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() \
-            and not _steps_to_retry(run).exists():
-        return "this run stopped while being unwound; compensate it (retry the failed compensations) or close it"
-    return ""
+    """Why resuming this run cannot work ("" when it can): the moves model's sentence (ledger/engine/moves.py)."""
+    return moves.run_moves(run).get(moves.OPERATOR, "resume").refusal
 
 
 def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
@@ -239,12 +224,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     owners = []
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be resumed")
-        refusal = resume_refusal(run)
-        if refusal:
-            raise StateConflict(refusal)
-        retry = _steps_to_retry(run)
+        retry = moves.require(run, moves.OPERATOR, "resume").touching(moves.RETRY, moves.RESEND)
         run_transition(run, R.RUNNING, log=audit, actor=actor, note={"reason": reason[:1000]}, attention_reason="")
         for action in retry:
             owner = new_owner()
@@ -275,8 +255,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
     """
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be compensated")
+        moves.require(run, moves.OPERATOR, "compensate")
         if unknown:
             unknowns.decide_unknown(run, unknown, actor=actor, log=audit)
         for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
@@ -299,8 +278,7 @@ def run_close(*, run: Run, actor: str, reason: str) -> Run:
         raise ValidationFailed("closing a run needs a reason", field="reason")
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be closed")
+        moves.require(run, moves.OPERATOR, "close")
         runstate.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")
         run_transition(run, R.CLOSED, log=audit, actor=actor, note={"reason": reason[:1000]})
         runstate.checkpoint_save(run, "closed", log=audit)
