@@ -444,26 +444,52 @@ def _failure_cause(action, comp, events, company: str) -> str:
 
 
 def _why_corrected(run, events, forward, company: str) -> str:
-    """Why the run was unwound, when it had changed something: a declined or failed step, a cancellation, a person.
-
-    A run that changed nothing was not corrected: its steps say why they were not taken, and nothing more.
-    """
+    """Why the run was unwound, when it had changed something: the cause its `run.unwinding` event records (a typed
+    fact, ledger/engine/runstate.py UNWIND_CAUSES), told for who decided. A run that changed nothing was not
+    corrected: its steps say why they were not taken, and nothing more."""
     started = next((e for e in events if e.kind == "run.unwinding"), None)
     if started is None or not any(a.status in HAD_EFFECT for a in forward):
         return ""
-    stopped = next((a for a in reversed(forward) if a.status in STOPPED_BY), None)
-    cancelled = next((e for e in events if e.kind == "run.cancel_requested"), None)
-    if stopped is not None:
-        return f"Why it was corrected: a later step {STOPPED_BY[stopped.status]}, so we began undoing the changes made before it."
-    if cancelled is not None and cancelled.actor.startswith("user:"):
-        note = cancelled.data.get("reason")
-        return f"Why it was corrected: {person_at('operator', company)} cancelled it{f' ({note})' if note else ''}."
-    if cancelled is not None:
+    cause, data = _unwind_cause(started, events, forward), started.data
+    person = person_at("operator", company)
+    note = data.get("reason") or ""
+    then = "so we began undoing the changes made before it"
+    if cause == "stopped":
+        by = data.get("by") or next((a.stopped_by for a in forward if a.stopped_by), "")
+        who = {"customer": "you", "agent": "the assistant"}.get(by) or person_at(by, company)
+        return f"Why it was corrected: {who} stopped a later step before it was taken, {then}."
+    if cause == "cancelled":
+        cancelled = next((e for e in events if e.kind == "run.cancel_requested"), None)
+        reason = cancelled.data.get("reason") if cancelled is not None else ""
+        if cancelled is not None and cancelled.actor.startswith("user:"):
+            return f"Why it was corrected: {person} cancelled it{f' ({reason})' if reason else ''}."
         return "Why it was corrected: the agent stopped before it finished."
-    if started.actor.startswith("user:"):
-        reason = started.data.get("reason") or ""
-        return f"Why it was corrected: {person_at('operator', company)} decided to undo it{f' ({reason})' if reason else ''}."
-    return "Why it was corrected: a step could not be completed."
+    if cause == "operator":
+        return f"Why it was corrected: {person} decided to undo it{f' ({note})' if note else ''}."
+    return "Why it was corrected: " + {
+        "failed": f"a later step could not be completed, {then}.",
+        "rejected": f"{person_at('approver', company)} declined a later step, {then}.",
+        "expired": f"a later step was not approved in time, {then}.",
+        "voided": f"the rules for a later step changed before it was approved, {then}.",
+        "idle": "the assistant stopped working on it before it finished, so we began undoing the changes it had made; "
+                "nothing had failed.",
+    }[cause]
+
+
+def _unwind_cause(started, events, forward) -> str:
+    """The cause on the event; for an event written before causes were recorded, the same fact read from the run."""
+    if started.data.get("cause"):
+        return started.data["cause"]
+    if started.actor == "system:idle":
+        return "idle"
+    if "why" not in started.data:
+        return "operator"
+    if any(e.kind == "run.cancel_requested" for e in events):
+        return "cancelled"
+    if any(a.stopped_by for a in forward):
+        return "stopped"
+    stopped = next((a for a in reversed(forward) if a.status in STOPPED_BY), None)
+    return {A.REJECTED: "rejected", A.EXPIRED: "expired"}.get(stopped.status if stopped else None, "failed")
 
 
 def _reviews(events, actions, say, company: str) -> list[str]:
@@ -474,6 +500,13 @@ def _reviews(events, actions, say, company: str) -> list[str]:
     by_id = {a.pk: a for a in actions}
     people: list[str] = []
     for event in events:
+        stopper = (event.data or {}).get("stopped_by") if event.kind == "forward.skipped" else None
+        if stopper in ("customer", "operator", "approver"):
+            # A person stopped a held step: told once by the step's own statement (`_not_done`), listed here.
+            person = "you" if stopper == "customer" else person_at(stopper, company)
+            if person not in people:
+                people.append(person)
+            continue
         if not event.actor.startswith("user:"):
             continue
         action = by_id.get(event.action_ref)

@@ -142,7 +142,7 @@ TABLE = {
     "declined": (declined, "compensated", "Everything the agent changed has been undone.", [
         ("changed", "We created an HR account for Carol Diaz (carol@company.com)."),
         ("not_done", DECLINED),
-        ("corrected", "Why it was corrected: a later step was declined, so we began undoing the changes made "
+        ("corrected", "Why it was corrected: a reviewer at Acme declined a later step, so we began undoing the changes made "
                       "before it."),
         ("restored", UNDONE_USER)]),
     "declined as the first step": (declined_first, "compensated",
@@ -194,7 +194,7 @@ TABLE = {
         ("reviewed", rf"An operator at Acme reviewed it and closed it as handled {WHEN} \(the customer asked for "
                      r"urgent\)\.")]),
 }
-# The reviewer of a declined step is named in its own statement, and also in "Who reviewed it".
+# The reviewer of a declined step is named in its own statement, and also in "Who decided".
 REVIEWED_BY = {"declined": ["a reviewer at Acme"], "declined as the first step": ["a reviewer at Acme"],
                "closed by an operator": ["an operator at Acme"]}
 

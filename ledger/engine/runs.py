@@ -154,7 +154,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
             runstate.needs_attention(run, "cancelled_after_pivot", f"The run was {why} after its pivot committed; "
                                       "what was done stands and cannot be unwound automatically.", action=None, log=audit)
         else:
-            runstate.start_unwind(run, why, log=audit, actor=actor)
+            runstate.start_unwind(run, why, log=audit, actor=actor, cause="cancelled")
             unwind_now = True
     if unwind_now:
         execution.unwind(run.pk, budget=2.0)
@@ -210,7 +210,7 @@ def run_expire_idle(*, run_id: int) -> bool:
                                       "was done stands and cannot be unwound automatically.", action=None,
                                       log=audit, actor=IDLE_ACTOR)
         else:
-            runstate.start_unwind(run, why, log=audit, actor=IDLE_ACTOR)  # queues the unwinder after commit
+            runstate.start_unwind(run, why, log=audit, actor=IDLE_ACTOR, cause="idle")  # queues the unwinder after commit
     return True
 
 
@@ -263,7 +263,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
                 Action.objects.filter(pk=forward.pk).update(compensation_plan=dict(forward.compensation_plan, force=True))
                 Action.objects.filter(compensates=forward).update(compensation_plan={"strategy": "none", "force": True})
             action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force})
-        run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force},
+        run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force, "cause": "operator"},
                        attention_reason="")
         runstate.checkpoint_save(run, "operator_compensate", log=audit)
         events.emit("run_attention_cleared", run=run, resolution="compensated", actor=actor)
