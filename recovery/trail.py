@@ -476,6 +476,21 @@ def _why_corrected(run, events, forward, company: str) -> str:
     }[cause]
 
 
+def consequence_words(move, *, doing: str) -> str:
+    """What else a move does besides its own step, for the person the run acted for ("Stopping it also undoes what
+    was done before it: we booked flight TP101 …"), from the moves model's plan; "" when it touches nothing else."""
+    from ledger.engine import moves
+
+    undone = [_quiet(_step(a)) for a in move.touching(moves.UNDO)]
+    called_off = [_proposed(a) for a in move.touching(moves.CALL_OFF)]
+    parts = []
+    if undone:
+        parts.append(f"{doing} also undoes what was done before it: {'; '.join(undone)}.")
+    if called_off:
+        parts.append(f"{'It' if undone else doing} also calls off what was still to come: {'; '.join(called_off)}.")
+    return " ".join(parts)
+
+
 def _unwind_cause(started, events, forward) -> str:
     """The cause on the event; for an event written before causes were recorded, the same fact read from the run."""
     if started.data.get("cause"):

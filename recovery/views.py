@@ -85,7 +85,8 @@ def queue(request):
     page = Paginator(items, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form, "filters": filters, "page": page, "counts": counts, "access": access,
-        "held": list(holds.held_steps(tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN]),
+        "held": stops.with_stop_moves(list(holds.held_steps(
+            tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN])),
         "total": sum(c["n"] for c in counts), "can_bulk": access.operates_anywhere,
         "operable": {tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)},
         "now": timezone.now(),
@@ -332,10 +333,14 @@ def run_detail(request, pk: int):
 
 def run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
     can_share = access.can_operate(run.tenant_id)
+    timeline = selectors.run_timeline(run)
+    for action in timeline["actions"]:
+        if action.status == "held":
+            action.stop_move = moves.stop_move(run, timeline["actions"], action, moves.OPERATOR)
     return render(request, "recovery/run.html", {
-        "can_stop": can_share, "stoppable": [a.pk for a in run.actions.filter(status="held")
-                                             if stops.stopper_role(request.user, a)],
-        "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
+        "can_stop": can_share, "stoppable": [a.pk for a in timeline["actions"] if a.status == "held"
+                                             and stops.stopper_role(request.user, a)],
+        "run": run, "timeline": timeline, "trail": correction_trail(run),
         "share_days": share_max_age() / 86400, "share_links": trail_links_active(run), "can_share": can_share,
         "new_link_url": new_link_url, "can_send": can_share and "@" in run.on_behalf_of,
     })

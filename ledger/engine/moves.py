@@ -135,6 +135,12 @@ def stop_consequences(run: Run, actions: list[Action], step: Action) -> tuple[Co
         Consequence(CALL_OFF, a) for a in waiting_steps(actions, but=step))
 
 
+def stop_move(run: Run, actions: list[Action], step: Action, actor: str) -> Move:
+    """Stopping the held `step` (who may is the caller's question, recovery/stops.py): what it does to the run."""
+    return Move(actor, "stop", True, consequences=stop_consequences(run, actions, step), action_id=step.pk,
+                label="Stop it")
+
+
 # --- the moves --------------------------------------------------------------------------------------------------
 
 def run_moves(run: Run, actions: list[Action] | None = None) -> RunMoves:
@@ -146,10 +152,7 @@ def run_moves(run: Run, actions: list[Action] | None = None) -> RunMoves:
     moves.moves += _agent_moves(run, actions)
     for step in forward_steps(actions):
         if step.status == A.HELD:
-            consequences = stop_consequences(run, actions, step)
-            for actor in (OPERATOR, APPROVER, CUSTOMER):
-                moves.moves.append(Move(actor, "stop", True, consequences=consequences, action_id=step.pk,
-                                        label="Stop it"))
+            moves.moves += [stop_move(run, actions, step, actor) for actor in (OPERATOR, APPROVER, CUSTOMER)]
         if step.status == A.AWAITING_APPROVAL:
             moves.moves.append(Move(APPROVER, "approve", True, action_id=step.pk, label="Approve"))
             moves.moves.append(Move(APPROVER, "reject", True, action_id=step.pk, label="Reject",
