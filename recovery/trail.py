@@ -94,7 +94,7 @@ def correction_trail(run: Run) -> dict:
                 say("not_undone", f"This cannot be taken back: {_quiet(step)}.")
                 say("corrected", f"Instead, a correction was made: {_quiet(_step(comp))}.")
             else:
-                say("restored", _restored(action, comp))
+                say("restored", _restored(action, comp) + _overwritten(action, events, company))
         elif action.status == A.COMPENSATION_FAILED:
             not_undone += 1
             say("not_undone", f"This could not be undone: {_quiet(step)}. "
@@ -395,6 +395,28 @@ def _restored(action, comp) -> str:
     return _sentence(f"we undid this step: {_proposed(action)}")
 
 
+def _overwritten(action, events, company: str) -> str:
+    """For an undo a person forced over someone else's later change (drift): what of theirs it overwrote, and who
+    decided. "" for an undo that overwrote nothing."""
+    if not (action.compensation_plan or {}).get("force"):
+        return ""
+    current = _drifted(action, events)
+    theirs = [f"{_human(field)}: {_value(action, field, value)}" for field, value in current.items()
+              if isinstance(action.after, dict) and action.after.get(field) != value]
+    what = f" ({', '.join(theirs)})" if theirs else ""
+    return (f" This replaced a later change someone else had made{what}: {person_at('operator', company)} "
+            "decided to overwrite it.")
+
+
+def _drifted(action, events) -> dict:
+    """What the target held when an undo of `action` refused to overwrite it (the drift check's reading)."""
+    undos = {e.action_ref for e in events if e.kind == "compensation.proposed" and e.data.get("compensates") == action.pk}
+    current = next((e.data.get("current") for e in reversed(events)
+                    if e.kind == "compensation.failed" and "current" in e.data
+                    and (e.action_ref in undos or not undos)), None)
+    return current if isinstance(current, dict) else {}
+
+
 def _has_no_undo(action) -> bool:
     return action.compensation_plan.get("strategy") in (None, "", CompensationStrategy.NONE)
 
@@ -427,9 +449,7 @@ def _not_done(action, declined, company: str) -> str:
 
 def _failure_cause(action, comp, events, company: str) -> str:
     if comp is not None and comp.error_class == "drift":
-        current = next((e.data.get("current") for e in reversed(events)
-                        if e.action_ref == comp.pk and e.kind == "compensation.failed" and "current" in e.data), None)
-        current = current if isinstance(current, dict) else {}
+        current = _drifted(action, events)
         now = [f"{_human(field)} is now {_value(action, field, current[field])}"
                for field in _fields(action.tool, current)
                if isinstance(action.after, dict) and action.after.get(field) != current[field]]

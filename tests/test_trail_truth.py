@@ -119,7 +119,7 @@ NO_REVIEW = "No person needed to review this: it was handled automatically, by t
 # case -> (status, headline, [(kind, exact text or regex)])
 TABLE = {
     "succeeded": (succeeded, "completed", "The agent finished the task; nothing needed to be corrected.", [
-        ("changed", "We charged €920.00 to your card."),
+        ("changed", "We took a card payment of €920.00."),
         ("reviewed", NO_REVIEW)]),
     "compensated": (onboarding_compensated, "compensated", "Everything the agent changed has been undone.", [
         ("changed", "We created an HR account for Ashu Kumar (ashu@company.com)."),
@@ -153,7 +153,7 @@ TABLE = {
         ("reviewed", NO_REVIEW)]),
     "refused by the ordering law": (refused_by_the_ordering_law, "completed",
                                     "The agent finished the task; nothing needed to be corrected.", [
-        ("changed", "We charged €920.00 to your card."),
+        ("changed", "We took a card payment of €920.00."),
         ("reviewed", NO_REVIEW)]),
     "failed before any effect": (email_correction_run, "compensated",
                                  "The agent's changes were undone, except 1 that could not be taken back and was "
@@ -286,6 +286,6 @@ def test_the_guard_catches_a_declined_step_told_as_done(tools, django_capture_on
     with pytest.raises(AssertionError, match="internal id"):
         assert_true_for_a_customer(old.replace("92000 cents", "€920.00"), run, tools)
     with pytest.raises(AssertionError, match="told as done"):
-        assert_true_for_a_customer("We charged €920.00 to your card.", run, tools)
+        assert_true_for_a_customer("We took a card payment of €920.00.", run, tools)
     with pytest.raises(AssertionError, match="staff login"):
         assert_true_for_a_customer("alice declined this step.", run, tools)
