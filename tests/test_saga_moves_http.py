@@ -16,7 +16,6 @@ import requests
 from django.utils import timezone
 
 from ledger.engine.runs import run_expire_idle
-from ledger.errors import ValidationFailed
 from ledger.models import Action, AuditEvent, Run
 from ledger.policy import describe
 from recovery.models import CustomerRequest, RecoveryItem

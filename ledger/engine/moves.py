@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ledger.engine import attempts
-from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Run, RunStatus as R
+from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R
 
 AGENT, APPROVER, OPERATOR, CUSTOMER = "agent", "approver", "operator", "customer"
 # Forward steps in these statuses mean the run has begun to be undone: the forward path is closed.

@@ -12,7 +12,7 @@ from ledger import events
 from ledger.engine import attempts, fastpath, runstate, sql
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
-from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
+from ledger.errors import IdempotencyMismatch, ValidationFailed
 from ledger.engine.leases import lease_at_write, queued_seconds
 from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
@@ -101,13 +101,7 @@ def run_complete(*, run: Run, actor: str) -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.status == R.COMPLETED:
             return run
-        busy = runstate.run_steps(run.pk, statuses=[*attempts.PENDING, A.RUNNING], forward_only=False)
-        if busy:
-            seq, name, status = busy[0][1], busy[0][3], busy[0][2]
-            raise StateConflict(f"step {seq} ({name}) is still {status.replace('_', ' ')}; "
-                                "wait for it before completing the run")
-        if run.status != R.RUNNING:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
+        moves.require(run, moves.AGENT, "complete")
         run_transition(run, R.COMPLETED, log=audit, actor=actor)
         runstate.checkpoint_save(run, "completed", log=audit)
         events.emit("run_finished", run=run)
@@ -140,8 +134,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.cancel_requested_at:
             return run
-        if run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
-            raise StateConflict(f"run {run.pk} is already {run.status}; there is nothing to cancel")
+        moves.require(run, moves.AGENT, "cancel")
         Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
         run.cancel_requested_at = timezone.now()
         why = f"cancelled by {actor}" + (f": {reason}" if reason else "")

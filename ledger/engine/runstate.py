@@ -90,7 +90,7 @@ def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str, cause: str, s
     if cause not in UNWIND_CAUSES:
         raise ValueError(f"unknown unwind cause {cause!r}")
     skip_pending(run, log=log, actor=actor, why=why, forward_only=True)
-    fact = {"why": why[:500], "cause": cause, **({"step": step.pk} if step is not None else {}), **({"by": by} if by else {})}
+    fact = {"why": why[:500], "cause": cause, **({"for_action": step.pk} if step is not None else {}), **({"by": by} if by else {})}
     run_transition(run, R.UNWINDING, log=log, actor=actor, note=fact, attention_detail=why[:4000])
     checkpoint_save(run, "unwind_started", log=log)
     enqueue_unwind_after(run)
