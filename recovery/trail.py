@@ -401,8 +401,8 @@ def _overwritten(action, events, company: str) -> str:
     if not (action.compensation_plan or {}).get("force"):
         return ""
     current = _drifted(action, events)
-    theirs = [f"{_human(field)}: {_value(action, field, value)}" for field, value in current.items()
-              if isinstance(action.after, dict) and action.after.get(field) != value]
+    theirs = [f"{_human(field)}: {_value(action, field, current[field])}" for field in _fields(action.tool, current)
+              if isinstance(action.after, dict) and action.after.get(field) != current[field]]
     what = f" ({', '.join(theirs)})" if theirs else ""
     return (f" This replaced a later change someone else had made{what}: {person_at('operator', company)} "
             "decided to overwrite it.")
