@@ -19,6 +19,7 @@ import re
 import requests
 
 from ledger.executors import signing
+from sandbox import demo_law
 from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, Unwound
 
 
@@ -287,4 +288,4 @@ def waiting_in_the_inbox(ctx: Context) -> int:
     return 0
 
 
-SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules]
+SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules, demo_law.the_law_on_every_button]
