@@ -263,6 +263,10 @@ UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
 UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
+# Hold notices (recovery/hold_notices.py) go only to the tenant's known customer addresses, and at most this many
+# per agent within the window (seconds), counted in the database under the tenant's chain lock.
+UNWIND_HOLD_NOTICES_PER_AGENT = env_int("UNWIND_HOLD_NOTICES_PER_AGENT", 20, minimum=0)
+UNWIND_HOLD_NOTICE_WINDOW = env_int("UNWIND_HOLD_NOTICE_WINDOW", 3600, minimum=1)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
 UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
