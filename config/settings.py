@@ -284,6 +284,9 @@ UNWIND_SLACK_API_URL = env_str("UNWIND_SLACK_API_URL", "https://slack.com/api/")
 # Unwind as an MCP server (/mcp, `manage.py mcp`; docs/mcp.md). A session's run is opened with this idle timeout (at
 # most the tenant's run_idle_timeout): a session left idle that long is unwound by the worker's sweep.
 UNWIND_MCP_SESSION_IDLE = env_int("UNWIND_MCP_SESSION_IDLE", 900, minimum=60)
+# Open MCP sessions per agent (mcp_gateway/sessions.py): an initialize past it ends the agent's least recently used
+# session. The sweep removes ended sessions, and idle ones (UNWIND_MCP_SESSION_IDLE) whose run is no longer open.
+UNWIND_MCP_MAX_SESSIONS_PER_AGENT = env_int("UNWIND_MCP_MAX_SESSIONS_PER_AGENT", 50, minimum=1)
 # The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 
