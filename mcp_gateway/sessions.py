@@ -4,7 +4,8 @@ Each `initialize` over HTTP writes a session row (mcp_gateway/http.py), so one k
 the table without end. Two things bound it:
 
 - **A cap per agent.** An agent holds at most UNWIND_MCP_MAX_SESSIONS_PER_AGENT open HTTP sessions. Opening one more
-  ends the agent's least recently used session (its row is deleted): that session's id then answers 404 "Session not
+  ends the agent's least recently used session (its row is deleted; so are the sessions it ended with DELETE, so
+  rows do not pile up even without a worker): that session's id then answers 404 "Session not
   found", which the MCP spec tells a client to answer with a new `initialize`, and its run, if any, stays as it is
   (take it up with `unwind_begin {run_id}`; the idle sweep unwinds it otherwise). The new session is never refused:
   a client that crashed without ending its sessions (no DELETE) can always reconnect, and whoever loops on
@@ -50,6 +51,9 @@ def session_open(*, agent: Agent) -> McpSession:
             McpSession.objects.filter(pk__in=held).delete()
             log.info("mcp: agent %s opened a session past its cap of %s; ended %s least recently used",
                      agent.pk, cap, len(held))
+        # Sessions the agent ended (DELETE) go now too: a loop of initialize and DELETE leaves at most one behind,
+        # with or without a worker to sweep.
+        McpSession.objects.filter(agent=agent, transport=McpSession.HTTP, ended_at__isnull=False).delete()
     return session
 
 

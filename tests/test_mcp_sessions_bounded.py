@@ -67,6 +67,18 @@ def test_1500_initializes_from_one_key_leave_at_most_the_cap_open(gateway, setti
     assert rpc(url, gateway.world.other_key, bystander, "ping").status_code == 200
 
 
+def test_a_loop_of_initialize_and_delete_leaves_no_pile_of_ended_sessions(gateway, settings):  # noqa: F811
+    settings.UNWIND_MCP_MAX_SESSIONS_PER_AGENT = 5
+    url, key = gateway.url, gateway.world.key
+    http = requests.Session()
+    for _ in range(200):
+        session_id = initialize(http, url, key)
+        assert http.delete(url, headers=headers_for(key, session_id), timeout=30).status_code == 204
+    # No sweep ran: the last one ended is the only row left.
+    assert McpSession.objects.filter(agent=gateway.world.agent).count() == 1
+    assert McpSession.objects.get().ended_at is not None
+
+
 def test_initializes_sent_at_once_never_leave_more_than_the_cap(gateway, settings):  # noqa: F811
     """Each open is counted under a lock on the agent's row: two opens at once cannot each see only the other's
     predecessor and both stay (without the lock, PostgreSQL kept all six of a round)."""
