@@ -25,11 +25,13 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from approvals.services import notify
 from ledger.audit.chain import ledger_transaction
 from ledger.models import Action, Run
 from ledger.policy.display import money_in
 from recovery.customers import known_recipient
 from recovery.models import HoldNotice
+from recovery.trail import _first_sentence, _lower_first, _sentence, new_share_link, trail_share_url
 
 ACTOR = "system:hold"
 NOTIFIED, NOT_NOTIFIED = "hold.customer_notified", "hold.customer_not_notified"
@@ -38,8 +40,6 @@ NOTIFIED, NOT_NOTIFIED = "hold.customer_notified", "hold.customer_not_notified"
 def notice_words(action: Action) -> str:
     """What the step will do, for the customer: "We are about to charge a customer's card (€42.00)." From the
     tool's description and its amounts as money; never the agent's own text."""
-    from recovery.trail import _first_sentence, _lower_first, _sentence
-
     what = _lower_first(_first_sentence(action.tool.description)) or "take a step on your behalf"
     amounts = money_in(action.args, action.tool.display)
     return _sentence(f"we are about to {what}" + (f" ({', '.join(amounts)})" if amounts else ""))
@@ -55,9 +55,6 @@ def hold_notice_send(*, action: Action, run: Run) -> HoldNotice:
     """Decide the notice for a held step the customer may stop, and send it (an outbox row) or record why not.
 
     Runs in the engine's transaction (re-entered here, so under the tenant's chain lock either way)."""
-    from approvals.services import notify
-    from recovery.trail import new_share_link, trail_share_url
-
     with ledger_transaction(run.tenant_id) as audit:
         recipient, why = known_recipient(tenant_id=run.tenant_id, address=run.on_behalf_of or "")
         if recipient is not None:
