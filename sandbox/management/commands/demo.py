@@ -36,6 +36,8 @@ from ledger.management.commands.worker import stop_group, stop_when_parent_dies
 from ledger.models import Agent, Run, Tenant
 from ledger.tenancy import agent_create, membership_set, tenant_create
 from ledger.policy.versions import tool_upsert, tools_load
+from recovery.customers import known_customer_add
+from recovery.models import KnownCustomerAddress
 
 TENANT = "demo"
 PEOPLE = [  # username, role, password (demo only: printed on the terminal), what to try with it
@@ -44,6 +46,7 @@ PEOPLE = [  # username, role, password (demo only: printed on the terminal), wha
     ("viewer", "viewer", "viewer-demo", "reads runs and trails, decides nothing"),
 ]
 ADMIN = ("admin", "superuser", "admin-demo", "/admin/: tools, policy versions, keys")
+DEMO_CUSTOMER = "carol@company.com"
 VAR = Path(settings.BASE_DIR) / "var"
 DEMO_DATABASE = VAR / "demo.sqlite3"
 MAIL_DIR = VAR / "demo-mail"
@@ -146,6 +149,10 @@ class Command(BaseCommand):
             membership_set(tenant=tenant, user=user, role=role)
         if not User.objects.filter(username=ADMIN[0]).exists():
             User.objects.create_superuser(ADMIN[0], f"{ADMIN[0]}@demo.example", ADMIN[2])
+        # Hold notices go only to addresses the tenant knows (recovery/customers.py): Carol is the demo's customer.
+        if not KnownCustomerAddress.objects.filter(tenant=tenant, address=DEMO_CUSTOMER).exists():
+            known_customer_add(tenant=tenant, address=DEMO_CUSTOMER, note="the demo's customer",
+                               user=User.objects.get(username=ADMIN[0]))
         from sandbox.services import sandbox_reset
 
         sandbox_reset(tenant=tenant)
