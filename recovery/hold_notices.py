@@ -45,6 +45,20 @@ def notice_words(action: Action) -> str:
     return _sentence(f"we are about to {what}" + (f" ({', '.join(amounts)})" if amounts else ""))
 
 
+def also_words(action: Action, run: Run) -> str:
+    """What else stopping the step does (the moves model's plan), in the tools' own descriptions, never the agent's
+    text: "Stopping it also undoes 2 earlier steps: book a flight; reserve a hotel room." "" when nothing else."""
+    from ledger.engine import moves
+
+    actions = list(run.actions.select_related("tool").order_by("seq"))
+    move = moves.stop_move(run, actions, next(a for a in actions if a.pk == action.pk), moves.CUSTOMER)
+    undone = [_lower_first(_first_sentence(a.tool.description)) or "an earlier step" for a in move.undoes]
+    if not undone:
+        return ""
+    steps = "an earlier step" if len(undone) == 1 else f"{len(undone)} earlier steps"
+    return f"Stopping it also undoes {steps} of this request: {'; '.join(undone)}."
+
+
 def notices_sent_recently(*, tenant_id: int, agent_id: int | None) -> int:
     """Notices the agent's runs sent within the window (runs without an agent count together)."""
     since = timezone.now() - timedelta(seconds=settings.UNWIND_HOLD_NOTICE_WINDOW)
@@ -75,7 +89,8 @@ def hold_notice_send(*, action: Action, run: Run) -> HoldNotice:
                subject=f"{company} is about to act on your request (reference {run.pk})",
                template="recovery/email/hold_notice",
                context={"run": run, "company": company, "url": trail_share_url(token),
-                        "executes_at": action.next_attempt_at, "words": notice_words(action)})
+                        "executes_at": action.next_attempt_at, "words": notice_words(action),
+                        "also": also_words(action, run)})
         notice = HoldNotice.objects.create(
             tenant_id=run.tenant_id, run=run, action=action, agent_id=run.agent_id, sent=True, sent_to=recipient,
             why=f"The customer was notified at {recipient}, a known customer address, with the trail's link.")
