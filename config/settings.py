@@ -324,9 +324,12 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
-# Throttle counters live in the cache: per process by default, shared by every web process with Redis.
+# Throttle counters live in the cache: per process by default, shared by every web process with Redis. A Redis
+# that stops answering lets requests through unthrottled (ledger/api/auth.py, AgentKeyThrottle); its timeouts keep
+# an unreachable host from holding each request for the operating system's connect timeout.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL}
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL,
+                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
     if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
