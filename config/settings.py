@@ -386,12 +386,29 @@ MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddlewar
 # UNWIND_LOG_FORMAT=json: one JSON object a line, with trace_id, span_id, run_id and action_id where they apply.
 LOG_FORMAT = env_choice("UNWIND_LOG_FORMAT", "plain", ("plain", "json"))
 
+# Every handler redacts link and share tokens, secret query parameters, keys and Slack's secrets from each line
+# (ledger/log_redaction.py): a 4xx on an approval link used to log the link, which anyone reading the log could use.
+# Django's own handlers (django.utils.log.DEFAULT_LOGGING: runserver's request lines, the DEBUG console, mail to
+# ADMINS) are defined again here, as Django defines them, so that they redact too.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "ledger.log_redaction.RedactSecrets"},
+                "require_debug_true": {"()": "django.utils.log.RequireDebugTrue"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-                   "json": {"()": "ledger.tracing.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+                   "json": {"()": "ledger.tracing.JsonFormatter"},
+                   "django.server": {"()": "django.utils.log.ServerFormatter", "format": "[{server_time}] {message}",
+                                     "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
+                 "django.console": {"class": "logging.StreamHandler", "level": "INFO",
+                                    "filters": ["require_debug_true", "redact"]},
+                 "django.server": {"class": "logging.StreamHandler", "level": "INFO", "formatter": "django.server",
+                                   "filters": ["redact"]},
+                 "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR",
+                                 "filters": ["require_debug_false", "redact"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
-    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False}},
+    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False},
+                "django": {"handlers": ["django.console", "mail_admins"], "level": "INFO"},
+                "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}},
 }

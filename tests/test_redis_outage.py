@@ -13,11 +13,9 @@ killed (SIGKILL) mid-run and started again on the same port.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -32,16 +30,15 @@ import requests
 from ledger.models import Action, Run
 from ledger.tenancy import agent_create
 from sandbox.selectors import world_state
+from tests.live_processes import Served
 from tests.quick_server import QUICK_SHUTDOWN
-from tests.test_g05_crash_safety import database_url
 from tests.test_serving import free_port
 from unwind_client import Unwind
 
 pytest_plugins = ["tests.api_fixtures"]
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+live = [pytest.mark.slow,
+        pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")]
 
-ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = str(Path(sys.executable).parent / "gunicorn")
 RATE = 20  # requests a minute per agent key: small enough to reach, large enough for a run's own requests
 
 
@@ -71,44 +68,11 @@ class RedisServer:
             self.process.wait(10)
 
 
-class Gunicorn:
-    """The README's production command on the test database, with Redis as throttle cache and broker."""
-
-    def __init__(self, redis_url: str, log: Path):
-        self.port, self.log, self.process = free_port(), log, None
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = dict(os.environ, DATABASE_URL=database_url(), PYTHONPATH=str(ROOT), DEBUG="0",
-                        UNWIND_REDIS_URL=redis_url, UNWIND_TASKS_SYNC="0", UNWIND_THROTTLE_RATE=f"{RATE}/min",
-                        UNWIND_BASE_URL=self.url, UNWIND_SANDBOX="1")
-
-    def start(self) -> Gunicorn:
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                [GUNICORN, "config.wsgi", "-w", "4", "-b", f"127.0.0.1:{self.port}", "--timeout", "60"],
-                cwd=ROOT, env=self.env, start_new_session=True, stdout=log, stderr=log)
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/healthz", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.3)
-        raise AssertionError(f"gunicorn did not start: {self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-
 @pytest.fixture
 def outage(api, tmp_path):
     cache = RedisServer(tmp_path).start()
-    server = Gunicorn(cache.url, tmp_path / "gunicorn.log")
+    server = Served("gunicorn", tmp_path / "gunicorn.log", UNWIND_REDIS_URL=cache.url, UNWIND_TASKS_SYNC="0",
+                    UNWIND_THROTTLE_RATE=f"{RATE}/min")
     try:
         yield api.world, cache, server.start()
     finally:
@@ -127,6 +91,8 @@ def flood(url: str, key: str, *, until_refused: bool, limit: int = 200) -> list[
     return statuses
 
 
+@live[0]
+@live[1]
 def test_a_run_completes_across_a_redis_outage_and_nothing_answers_500(outage):
     world, cache, server = outage
     _, flooder = agent_create(tenant=world.acme, name="flooder")
