@@ -277,11 +277,14 @@ def on_policy_changed(*, retired: Tool, current: Tool, actor: str) -> None:
 
 def is_requester(request: ApprovalRequest, user) -> bool:
     """Separation of duties: whoever asked for the action, or on whose behalf it acts, cannot approve it, under any
-    spelling of their address (`approvals.addresses`: parsed, domain case-folded, local part as the tenant says)."""
+    spelling of their address (`approvals.addresses`: NFKC, parsed, the domain without its trailing dot and through
+    IDNA, the sub-address and the local part's case as the tenant's defaults say)."""
     if request.requested_by == actor_of(user):
         return True
+    tenant = request.tenant
     return names_person(request.run.on_behalf_of, username=user.get_username(), email=user.email,
-                        local_part_case_sensitive=request.tenant.local_part_case_sensitive)
+                        local_part_case_sensitive=tenant.local_part_case_sensitive,
+                        subaddress_separators=tenant.subaddress_separators)
 
 
 def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: str = "") -> ApprovalRequest:

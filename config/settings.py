@@ -331,9 +331,12 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
-# Throttle counters live in the cache: per process by default, shared by every web process with Redis.
+# Throttle counters live in the cache: per process by default, shared by every web process with Redis. A Redis
+# that stops answering lets requests through unthrottled (ledger/api/auth.py, AgentKeyThrottle); its timeouts keep
+# an unreachable host from holding each request for the operating system's connect timeout.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL}
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL,
+                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
     if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
@@ -391,12 +394,29 @@ MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddlewar
 # UNWIND_LOG_FORMAT=json: one JSON object a line, with trace_id, span_id, run_id and action_id where they apply.
 LOG_FORMAT = env_choice("UNWIND_LOG_FORMAT", "plain", ("plain", "json"))
 
+# Every handler redacts link and share tokens, secret query parameters, keys and Slack's secrets from each line
+# (ledger/log_redaction.py): a 4xx on an approval link used to log the link, which anyone reading the log could use.
+# Django's own handlers (django.utils.log.DEFAULT_LOGGING: runserver's request lines, the DEBUG console, mail to
+# ADMINS) are defined again here, as Django defines them, so that they redact too.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "ledger.log_redaction.RedactSecrets"},
+                "require_debug_true": {"()": "django.utils.log.RequireDebugTrue"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-                   "json": {"()": "ledger.tracing.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+                   "json": {"()": "ledger.tracing.JsonFormatter"},
+                   "django.server": {"()": "django.utils.log.ServerFormatter", "format": "[{server_time}] {message}",
+                                     "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
+                 "django.console": {"class": "logging.StreamHandler", "level": "INFO",
+                                    "filters": ["require_debug_true", "redact"]},
+                 "django.server": {"class": "logging.StreamHandler", "level": "INFO", "formatter": "django.server",
+                                   "filters": ["redact"]},
+                 "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR",
+                                 "filters": ["require_debug_false", "redact"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
-    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False}},
+    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False},
+                "django": {"handlers": ["django.console", "mail_admins"], "level": "INFO"},
+                "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}},
 }
