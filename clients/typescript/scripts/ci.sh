@@ -4,7 +4,7 @@
 # when DATABASE_URL says so). Without Node.js it says so and passes, unless TS_REQUIRED=1 (CI) makes that a failure.
 # Installs (npm ci) and builds only what is missing or stale, so parallel runs after one install share it.
 set -eu
-cd "$(dirname "$0")/.."
+cd "${0%/*}/.."
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1 ||
    [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 18 ]; then
   echo "== TypeScript client: NOT TESTED: Node.js 18+ and npm are needed (apt-get install nodejs npm)"
