@@ -49,8 +49,10 @@ demo-check: $(STAMP)
 
 test-deps: $(TEST_STAMP)
 
+# Then the TypeScript client's own tests on a live server, when Node.js is present (TS=0 skips them).
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@[ "$(TS)" = 0 ] || PYTHON=$(CURDIR)/$(BIN)/python sh clients/typescript/scripts/ci.sh
 
 run: migrate
 	$(BIN)/python manage.py runserver $(PORT)

@@ -263,6 +263,10 @@ UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
 UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
+# Hold notices (recovery/hold_notices.py) go only to the tenant's known customer addresses, and at most this many
+# per agent within the window (seconds), counted in the database under the tenant's chain lock.
+UNWIND_HOLD_NOTICES_PER_AGENT = env_int("UNWIND_HOLD_NOTICES_PER_AGENT", 20, minimum=0)
+UNWIND_HOLD_NOTICE_WINDOW = env_int("UNWIND_HOLD_NOTICE_WINDOW", 3600, minimum=1)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
 UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
@@ -280,6 +284,9 @@ UNWIND_SLACK_API_URL = env_str("UNWIND_SLACK_API_URL", "https://slack.com/api/")
 # Unwind as an MCP server (/mcp, `manage.py mcp`; docs/mcp.md). A session's run is opened with this idle timeout (at
 # most the tenant's run_idle_timeout): a session left idle that long is unwound by the worker's sweep.
 UNWIND_MCP_SESSION_IDLE = env_int("UNWIND_MCP_SESSION_IDLE", 900, minimum=60)
+# Open MCP sessions per agent (mcp_gateway/sessions.py): an initialize past it ends the agent's least recently used
+# session. The sweep removes ended sessions, and idle ones (UNWIND_MCP_SESSION_IDLE) whose run is no longer open.
+UNWIND_MCP_MAX_SESSIONS_PER_AGENT = env_int("UNWIND_MCP_MAX_SESSIONS_PER_AGENT", 50, minimum=1)
 # The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 
@@ -324,9 +331,12 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
-# Throttle counters live in the cache: per process by default, shared by every web process with Redis.
+# Throttle counters live in the cache: per process by default, shared by every web process with Redis. A Redis
+# that stops answering lets requests through unthrottled (ledger/api/auth.py, AgentKeyThrottle); its timeouts keep
+# an unreachable host from holding each request for the operating system's connect timeout.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL}
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL,
+                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
     if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
@@ -370,6 +380,7 @@ SPECTACULAR_SETTINGS = {
         "RiskEnum": "ledger.models.Risk",
         "ActionKindEnum": "ledger.models.ActionKind",
         "StatementKindEnum": "recovery.api.STATEMENT_KINDS",
+        "RecoveryItemStatusEnum": "recovery.models.ItemStatus",
     },
 }
 
@@ -383,12 +394,29 @@ MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddlewar
 # UNWIND_LOG_FORMAT=json: one JSON object a line, with trace_id, span_id, run_id and action_id where they apply.
 LOG_FORMAT = env_choice("UNWIND_LOG_FORMAT", "plain", ("plain", "json"))
 
+# Every handler redacts link and share tokens, secret query parameters, keys and Slack's secrets from each line
+# (ledger/log_redaction.py): a 4xx on an approval link used to log the link, which anyone reading the log could use.
+# Django's own handlers (django.utils.log.DEFAULT_LOGGING: runserver's request lines, the DEBUG console, mail to
+# ADMINS) are defined again here, as Django defines them, so that they redact too.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "ledger.log_redaction.RedactSecrets"},
+                "require_debug_true": {"()": "django.utils.log.RequireDebugTrue"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-                   "json": {"()": "ledger.tracing.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+                   "json": {"()": "ledger.tracing.JsonFormatter"},
+                   "django.server": {"()": "django.utils.log.ServerFormatter", "format": "[{server_time}] {message}",
+                                     "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
+                 "django.console": {"class": "logging.StreamHandler", "level": "INFO",
+                                    "filters": ["require_debug_true", "redact"]},
+                 "django.server": {"class": "logging.StreamHandler", "level": "INFO", "formatter": "django.server",
+                                   "filters": ["redact"]},
+                 "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR",
+                                 "filters": ["require_debug_false", "redact"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
-    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False}},
+    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False},
+                "django": {"handlers": ["django.console", "mail_admins"], "level": "INFO"},
+                "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}},
 }

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision
 from approvals.services import actor_of, role_of
-from ledger.engine import holds
+from ledger.engine import holds, moves
 from ledger.errors import NotFound, PermissionDenied
 from ledger.models import ROLE_ORDER, Action, ActionKind, ActionStatus, Role, Run
 from recovery.models import TrailShareLink
@@ -44,14 +44,28 @@ def _live_link(token: str) -> TrailShareLink | None:
 
 def customer_stoppable(run: Run) -> list[Action]:
     """The run's held steps the person it acts for may stop, soonest first, each with `customer_words`: what it
-    would do, in the trail's words."""
-    from recovery.trail import _proposed, _sentence
+    would do, and `also_words`: what else stopping it does (the moves model's plan, in the trail's words)."""
+    from recovery.trail import _proposed, _sentence, consequence_words
 
-    held = [action for action in Action.objects.filter(run=run, kind=ActionKind.FORWARD, status=ActionStatus.HELD)
-            .select_related("tool").order_by("next_attempt_at", "seq") if holds.customer_can_stop(action.tool)]
+    actions = list(run.actions.select_related("tool").order_by("seq"))
+    offered = moves.run_moves(run, actions)
+    held = sorted((a for a in actions if a.kind == ActionKind.FORWARD and a.status == ActionStatus.HELD
+                   and holds.customer_can_stop(a.tool)), key=lambda a: (a.next_attempt_at, a.seq))
     for action in held:
         action.customer_words = _sentence(f"we are about to {_proposed(action)}")
+        action.also_words = consequence_words(offered.get(moves.CUSTOMER, "stop", action.pk), doing="Stopping it")
     return held
+
+
+def with_stop_moves(steps: list[Action], *, actor: str = moves.OPERATOR) -> list[Action]:
+    """Attach to each held step `stop_move`: what stopping it does (ledger/engine/moves.py), reading the runs' steps
+    in one query whatever the number of steps."""
+    by_run: dict[int, list[Action]] = {}
+    for action in Action.objects.filter(run_id__in={s.run_id for s in steps}).select_related("tool").order_by("seq"):
+        by_run.setdefault(action.run_id, []).append(action)
+    for step in steps:
+        step.stop_move = moves.stop_move(step.run, by_run.get(step.run_id, []), step, actor)
+    return steps
 
 
 def stop_as_customer(*, token: str, action_id: int) -> Action:
@@ -71,29 +85,11 @@ def stop_as_customer(*, token: str, action_id: int) -> Action:
     return holds.action_stop(action_id=action.pk, actor=who[:160], by="customer")
 
 
-HOLD_NOTICE_ACTOR = "system:hold"
-
-
 def on_action_held(*, action: Action, run: Run) -> None:
-    """A step the customer may stop is held in a run acting for an email address: send them the trail's link and
-    the deadline (an outbox row in the engine's transaction, with the new link and its audit event)."""
-    from django.core.exceptions import ValidationError
-    from django.core.validators import validate_email
+    """A step the customer may stop is held: send the person the run acts for the trail's link and the deadline, if
+    the tenant knows that address and the agent is within its bound of notices; else record why not
+    (recovery/hold_notices.py). An outbox row in the engine's transaction, with the new link and its audit events."""
+    from recovery.hold_notices import hold_notice_send
 
-    from approvals.services import notify
-    from recovery.trail import _proposed, _sentence, new_share_link, trail_share_url
-
-    if not holds.customer_can_stop(action.tool):
-        return
-    recipient = (run.on_behalf_of or "").strip()
-    try:
-        validate_email(recipient)
-    except ValidationError:
-        return
-    token = new_share_link(run=run, actor=HOLD_NOTICE_ACTOR, sent_to=recipient)
-    company = run.tenant.name
-    notify(tenant_id=run.tenant_id, kind="hold_notice", recipients=[recipient],
-           subject=f"{company} is about to act on your request (reference {run.pk})",
-           template="recovery/email/hold_notice",
-           context={"run": run, "company": company, "url": trail_share_url(token),
-                    "executes_at": action.next_attempt_at, "words": _sentence(f"we are about to {_proposed(action)}")})
+    if holds.customer_can_stop(action.tool):
+        hold_notice_send(action=action, run=run)

@@ -2,6 +2,8 @@
 
 Each scenario returns a list of Checks: what was expected, what the ledger and the sandbox world
 say, and whether they agree. `manage.py demo --check` exits non-zero when any check disagrees.
+The last run is left waiting for a person's decision on its charge (`waiting_in_the_inbox`); its agent
+waits for that decision in a thread of its own and finishes the run after it, whenever it comes.
 
 The demo reads and steers the demo tenant's sandbox world as its operator (HTTP Basic), and plays the
 other systems that change the world behind the agent's back with tool calls signed for the tenant, as
@@ -9,6 +11,7 @@ Unwind signs its own.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -19,7 +22,8 @@ import re
 import requests
 
 from ledger.executors import signing
-from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, Unwound
+from sandbox.crawl import login
+from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, UnwindClientError, Unwound
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Check:
 @dataclass
 class Context:
     base_url: str
+    key: str  # the demo agent's API key
     client: Unwind
     approve: Callable[[int, bool, str], None]  # (action_id, approve?, reason) as a person would
     tenant: str  # the demo tenant's slug: the sandbox world the scenarios act in
@@ -273,8 +278,19 @@ def charge_rules(ctx: Context) -> None:
     ctx.expect(s, "run ends", "completed", ctx.run_status(run.id))
 
 
-def waiting_in_the_inbox(ctx: Context) -> int:
-    """A charge left for a person to approve or reject in the inbox."""
+@dataclass
+class Waiting:
+    """The demo's last run, left for a person to decide its charge, and what its agent saw once they had."""
+
+    run_id: int
+    action_id: int
+    approval_id: int
+    finished: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""  # "completed", or why the agent had nothing left to do
+
+
+def waiting_in_the_inbox(ctx: Context) -> Waiting | None:
+    """A charge left for a person to approve or reject in the inbox; its agent waits for them in the background."""
     run = ctx.client.run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "LH1169", "date": "2027-01-08"})
     run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Adlon", "nights": 2})
@@ -283,8 +299,137 @@ def waiting_in_the_inbox(ctx: Context) -> int:
                 intent={"goal": "pay for the Berlin trip", "reasoning": "flight and hotel are booked", "confidence": 0.88})
     except ApprovalPending as pending:
         ctx.runs["5 inbox"] = run.id
-        return pending.action_id
-    return 0
+        waiting = Waiting(run_id=run.id, action_id=pending.action_id, approval_id=pending.approval_id)
+        threading.Thread(target=finish_after_the_decision, args=(Unwind(ctx.base_url, ctx.key), waiting),
+                         name="demo-agent", daemon=True).start()
+        return waiting
+    return None
 
 
-SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules]
+def finish_after_the_decision(agent: Unwind, waiting: Waiting) -> None:
+    """The Berlin run's agent, with a client of its own: it waits as long as it takes for a person to decide its
+    charge. Approved, the charge runs and the agent completes the run, so its trail says the task is done. Rejected
+    (or expired), Unwind unwinds the hotel and the flight by the saga law, and the agent has nothing left to do.
+    A demo stopped meanwhile ends the wait (the server is gone); the run is left as it stands."""
+    try:
+        agent.settle(agent.wait_for(waiting.action_id, timeout=None), timeout=None)
+        agent.get_run(waiting.run_id).complete()
+        waiting.outcome = "completed"
+    except Rejected as refused:
+        waiting.outcome = f"{refused.action.get('status')}: {refused.reason}; Unwind unwinds the run"
+    except Unwound as failed:
+        waiting.outcome = f"the charge did not go through ({failed.error_class or failed.action.get('status')}); " \
+                          f"the run is {failed.run_status}"
+    except UnwindClientError as gone:
+        waiting.outcome = f"stopped waiting: {gone}"
+    finally:
+        waiting.finished.set()
+
+
+def approved_in_the_inbox(ctx: Context, waiting: Waiting | None, approver: tuple[str, str],
+                          operator: tuple[str, str]) -> None:
+    """What the README invites (demo --check does it): the approver approves the waiting €920.00 charge on its page,
+    the demo's agent completes its run, and the run's correction trail, opened from a share link, says so."""
+    s = "5 inbox"
+    if waiting is None:
+        ctx.expect(s, "a charge waits in the inbox", True, False)
+        return
+    person = login(ctx.base_url, *approver)
+    page = f"{ctx.base_url}/approvals/{waiting.approval_id}/"
+    ctx.expect(s, "the €920.00 charge waits on its page", True, "€920.00" in person.get(page, timeout=10).text)
+    answer = person.post(f"{page}decide/", data={"csrfmiddlewaretoken": person.cookies.get("csrftoken", ""),
+                                                 "decision": "approve"},
+                         headers={"Referer": page}, timeout=30, allow_redirects=False)
+    ctx.expect(s, "approved on its page", 302, answer.status_code)
+    waiting.finished.wait(timeout=30)
+    ctx.expect(s, "the agent completes its run", "completed", waiting.outcome or "still waiting after 30 s")
+    ctx.expect(s, "run ends", "completed", ctx.run_status(waiting.run_id))
+    charge = ctx.client.action(waiting.action_id).get("result") or {}
+    ctx.expect(s, "charge captured", "captured", charge.get("status"))
+    staff = login(ctx.base_url, *operator)
+    run_page = f"{ctx.base_url}/console/runs/{waiting.run_id}/"
+    staff.get(run_page, timeout=10)
+    shared = staff.post(f"{run_page}trail/links/", data={"csrfmiddlewaretoken": staff.cookies.get("csrftoken", "")},
+                        headers={"Referer": run_page}, timeout=10)
+    link = re.search(r"https?://[^\s\"<]+/console/trail/[A-Za-z0-9_-]{43}/", shared.text)
+    trail = requests.get(link.group(0), timeout=10).text if link else ""
+    said = [words for words in ("The agent finished the task", "still working") if words in trail]
+    ctx.expect(s, "her trail says the task is done", ["The agent finished the task"], said)
+
+
+# --- issue 38: every button obeys the saga law, every sentence matches what happened ------------------------
+
+def half_undone(ctx: Context) -> None:
+    """Seed 001 with undoing failing too: Resume is refused (409), the undos are retried instead."""
+    s = "7 law"
+    ctx.fault("licenses.revoke", mode="status", status=503, times=0)
+    ctx.fault("email.send", mode="status", status=504, times=0)
+    run = ctx.client.run(goal="Onboard Bea Rossi (bea@company.com)", on_behalf_of="hr@company.com")
+    ctx.runs[s] = run.id
+    user = run.act("hr.create_user", {"email": "bea@company.com", "name": "Bea Rossi"})
+    run.act("licenses.provision", {"user_id": user["id"], "sku": "workspace-standard"})
+    try:
+        run.act("email.send", {"to": "bea@home.example", "subject": "Welcome", "body": "Hi Bea!"})
+    except Unwound:
+        pass
+    ctx.expect(s, "half-undone run waits for a person", "needs_attention", ctx.run_status(run.id))
+    ctx.sandbox("POST", "faults/clear", tool="email.send")
+    items = requests.get(f"{ctx.base_url}/api/v1/recovery-items", params={"run": run.id}, auth=ctx.operator,
+                         timeout=10).json()["results"]
+    item = items[0]["id"] if items else 0
+    resumed = requests.post(f"{ctx.base_url}/api/v1/recovery-items/{item}/resume", json={"reason": "try again"},
+                            auth=ctx.operator, timeout=20)
+    ctx.expect(s, "Resume after undoing began", 409, resumed.status_code)
+    detail = requests.get(f"{ctx.base_url}/api/v1/recovery-items/{item}", auth=ctx.operator, timeout=10).json()
+    offered = {move["name"]: move for move in detail.get("moves", [])}
+    ctx.expect(s, "what the item offers instead", "Retry the failed undos",
+               offered.get("compensate", {}).get("label"))
+    sent = ctx.sandbox("GET", "email/messages?to=bea@home.example")["results"]
+    ctx.expect(s, "no welcome email for the deleted account", 0, len(sent))
+    ctx.sandbox("POST", "faults/clear", tool="licenses.revoke")
+    requests.post(f"{ctx.base_url}/api/v1/recovery-items/{item}/compensate", json={"reason": "revoke works again"},
+                  auth=ctx.operator, timeout=20)
+    ctx.expect(s, "retrying the undos settles it", "compensated", ctx.run_status(run.id))
+
+
+def stop_says_what_it_undoes(ctx: Context) -> None:
+    """Carol's Stop on a held email before the pivot: the page says it also cancels the flight, then that she
+    decided."""
+    s = "7 law"
+    ctx.hold("email.send", HOLD)
+    run = ctx.client.run(goal="Flight to Porto", on_behalf_of="carol@company.com")
+    run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1947", "date": "2027-02-03"})
+    try:
+        run.act("email.send", {"to": "carol@company.com", "subject": "Your Porto flight", "body": "Booked."},
+                timeout=0)
+        ctx.expect(s, "Porto confirmation", "held", "sent at once")
+        return
+    except InFlight as held:
+        link = ctx.notice_link(run.id)
+        page = requests.get(link, timeout=10) if link else None
+        said = "Stopping it also undoes what was done before it: we booked flight TP1947 on 2027-02-03 for Carol."
+        ctx.expect(s, "the Stop button says it also cancels the flight", True, bool(page) and said in page.text)
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text) if page else None
+        form = re.search(r'<form method="post" action="([^"]+/stop/\d+/)"', page.text) if page else None
+        if token and form:
+            requests.post(ctx.base_url + form.group(1), data={"csrfmiddlewaretoken": token.group(1)},
+                          cookies=page.cookies, headers={"Referer": link}, timeout=20)
+        try:
+            held.wait(timeout=20)
+        except Rejected:
+            pass
+    finally:
+        ctx.hold("email.send", None)
+    ctx.expect(s, "the flight is cancelled with it", "compensated", ctx.run_status(run.id))
+    trail = requests.get(link, timeout=10).text if link else ""
+    ctx.expect(s, "her trail says she decided", True,
+               "you stopped a later step before it was taken" in trail and "No person needed" not in trail)
+
+
+def the_law_on_every_button(ctx: Context) -> None:
+    """A refused Resume, and a Stop that says what else it undoes (issue 38)."""
+    half_undone(ctx)
+    stop_says_what_it_undoes(ctx)
+
+
+SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules, the_law_on_every_button]

@@ -95,9 +95,6 @@ def test_the_refund_email_shows_the_amount_and_labels_only_the_agents_words(live
         assert UNWIND_GOAL not in agents
         assert "<strong>€610.00</strong> (of step 3, which this undoes)" in html
         assert "What the agent wrote</strong> (its words" not in html and "Step goal" not in html
-    # The agent's own charge still reads as it did: its arguments, labelled as the agent's.
-    charge = [m for m in smtp.messages if "payments.charge" in m["Subject"]]
-    assert charge and "What the agent wrote (its words" in body_parts(charge[0])[0]
     assert refund.status == "pending"
 
 
@@ -117,8 +114,6 @@ def test_the_refund_slack_post_shows_the_amount_and_labels_only_the_agents_words
     assert "*Arguments Unwind will send* (worked out from step 3" in said
     assert "Unwind is undoing step 3 (`payments.charge`, €610.00)" in said
     assert "*Run goal (as the agent wrote it)*\n>Trip to Madrid" in said
-    charge = [p for p in posts if "payments.charge`*" in p]
-    assert charge and "€610.00" in charge[0] and "as the agent sent them" in charge[0]
 
 
 def test_a_refund_shows_its_own_amount_when_its_arguments_name_one(tools):

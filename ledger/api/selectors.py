@@ -205,7 +205,8 @@ def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
 def tenant_policy_versions(*, tenant_id: int) -> list[PolicyVersion]:
     """The tenant's changed defaults, newest first; the first against those it was created with (version 0, stored
     since issue 31; the model's defaults for a tenant without it)."""
-    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive")
+    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
+              "subaddress_separators")
     created_with = {name: Tenant._meta.get_field(name).get_default() for name in fields}
     versions = list(TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("version"))
     if versions and versions[0].version == 0:

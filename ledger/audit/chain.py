@@ -57,7 +57,7 @@ TOOL_POLICY_FIELDS = (
     "on_refusal", "describe", "display", "hold", "rules", "limits",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
-                          "local_part_case_sensitive", "customer_requests_seconds")
+                          "local_part_case_sensitive", "customer_requests_seconds", "subaddress_separators")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
@@ -66,7 +66,7 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
                "local_part_case_sensitive": False,
                "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": "",
-               "customer_requests_seconds": 0,
+               "customer_requests_seconds": 0, "subaddress_separators": "+",
                "rules": [], "limits": [], "policy_decision": None}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)

@@ -162,9 +162,10 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                 "approval TTL, idle timeout) cannot be checked, and were removed behind the "
                                 "services' back")
     live = Tenant.objects.filter(pk=tenant_id).values_list(
-        "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive").first()
+        "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
+        "subaddress_separators").first()
     if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds,
-                latest.local_part_case_sensitive):
+                latest.local_part_case_sensitive, latest.subaddress_separators):
         raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
                                 "changed behind the services' back")
 
