@@ -185,9 +185,11 @@ def _execute(action: Action, *, owner: str, budget: float | None, started: float
             return action
         except ToolError as error:
             latency = (time.monotonic() - t0) * 1000
-            delay = attempts.backoff_delay(action.tool, action.attempts)
+            delay = attempts.retry_delay(action, error)
+            attempts.keep_trying(action, error, owner=owner, delay=delay)
             remaining = None if budget is None else budget - (time.monotonic() - started)
-            inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining)
+            inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining) \
+                and not attempts.patient(action, error)
             retried = outcomes.settling(action, owner, "recording the tool's error", None, lambda: outcomes.record_failure(
                 action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner))
             if retried is True and inline:
@@ -274,10 +276,12 @@ def drift_detected(compensation: Action) -> bool:
     try:
         current = readback.snapshot_fields(forward.tool, readback.read_target(forward.tool, forward.target_id))
     except ToolError as error:
-        outcomes.record_failure(compensation, ToolError(f"drift check could not read the target: {error.message}",
-                                               transient=error.transient, status=error.status),
-                       latency_ms=None, retry_inline=False, delay=attempts.backoff_delay(compensation.tool, compensation.attempts),
-                       owner=compensation.lease_owner)
+        unread = ToolError(f"drift check could not read the target: {error.message}", transient=error.transient,
+                           status=error.status)
+        delay = attempts.retry_delay(compensation, unread)
+        attempts.keep_trying(compensation, unread, owner=compensation.lease_owner, delay=delay)
+        outcomes.record_failure(compensation, unread, latency_ms=None, retry_inline=False, delay=delay,
+                                owner=compensation.lease_owner)
         return True
     if current == forward.after:
         return False
