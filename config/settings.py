@@ -254,6 +254,12 @@ UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, min
 UNWIND_DEFAULT_MAX_ATTEMPTS = env_int("UNWIND_DEFAULT_MAX_ATTEMPTS", 3, minimum=1)
 UNWIND_DEFAULT_BACKOFF = env_float("UNWIND_DEFAULT_BACKOFF", 0.2, minimum=0)
 UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
+# Waiting for a tool that is down (ledger/engine/attempts.py, `patient`): an undo, or a step whose call never left (a
+# refused connection), is tried again with a backoff from UNWIND_PATIENT_BACKOFF seconds, doubling, capped at
+# UNWIND_MAX_BACKOFF, for as long as UNWIND_RETRY_PATIENCE seconds from its first attempt (past the tool's own
+# retry.max_attempts) before a person is asked. 0 asks at once, after the tool's own attempts.
+UNWIND_PATIENT_BACKOFF = env_float("UNWIND_PATIENT_BACKOFF", 5.0, minimum=0)
+UNWIND_RETRY_PATIENCE = env_float("UNWIND_RETRY_PATIENCE", 900.0, minimum=0)
 # How many approval requests an agent may have waiting for people at once, in one run and across its runs: one
 # agent cannot flood the approvers. A proposal past either bound is refused (429 too_many_open_approvals) with
 # nothing recorded; counted in the database, under the tenant's chain lock, so every web process agrees.
