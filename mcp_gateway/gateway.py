@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -29,7 +29,7 @@ from django.utils import timezone
 from ledger.engine import decision, sql
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
-from ledger.api import inline, links
+from ledger.api import inline, links, waits
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
     ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
@@ -501,6 +501,18 @@ def progress(caller: Caller, answer: Answer, bound: float) -> Iterator[tuple[flo
     while waited < bound:
         step = min(PROGRESS_EVERY, bound - waited)
         if wait_slice(caller, answer.waiting, step):
+            return
+        waited += step
+        yield waited, bound, answer.payload.get("message", "waiting")
+
+
+async def progress_on_loop(answer: Answer, bound: float) -> AsyncIterator[tuple[float, float, str]]:
+    """`progress` on the event loop (the ASGI server): the step's settling is watched with every other wait of the
+    web process (ledger/api/waits.py), so waiting holds no thread and no database connection."""
+    waited = 0.0
+    while waited < bound:
+        step = min(PROGRESS_EVERY, bound - waited)
+        if await waits.until_settled(answer.waiting, time.monotonic() + step):
             return
         waited += step
         yield waited, bound, answer.payload.get("message", "waiting")
