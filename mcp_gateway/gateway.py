@@ -1,5 +1,6 @@
 """What an MCP session does in the ledger: the synchronous half of the gateway, shared by both transports (the HTTP
-endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads).
+endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads). The one exception is
+`progress_on_loop`: `unwind_status {wait}` under the ASGI server waits on its event loop (ledger/api/waits.py).
 
 An MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
 first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
