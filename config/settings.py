@@ -167,6 +167,13 @@ DATABASES = {
         "DATABASE_URL", env_str("DATABASE_URL", "sqlite:///var/unwind.sqlite3"), base_dir=BASE_DIR
     )
 }
+# The ASGI web server's PostgreSQL connections per process, from a pool (psycopg_pool, Django's `pool` option; applied
+# by config/asgi.py, so worker processes, which fork, keep their own connections). Under ASGI every request runs in a
+# thread of its own: without a bound a burst of requests opens as many connections as it has requests, and PostgreSQL
+# refuses everyone past max_connections; with it, a request beyond the pool waits for a connection, up to
+# UNWIND_DB_POOL_TIMEOUT seconds (then 503 with Retry-After). 0: no pool.
+UNWIND_DB_POOL = env_int("UNWIND_DB_POOL", 0, minimum=0)
+UNWIND_DB_POOL_TIMEOUT = env_float("UNWIND_DB_POOL_TIMEOUT", 20.0, minimum=0.1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- production safety: passwords (issue 13): all four of Django's checks, for every form that sets one ---------
@@ -265,6 +272,10 @@ UNWIND_RETRY_PATIENCE = env_float("UNWIND_RETRY_PATIENCE", 900.0, minimum=0)
 # nothing recorded; counted in the database, under the tenant's chain lock, so every web process agrees.
 UNWIND_MAX_OPEN_APPROVALS_PER_RUN = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_RUN", 5, minimum=1)
 UNWIND_MAX_OPEN_APPROVALS_PER_AGENT = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_AGENT", 20, minimum=1)
+# How many waits (GET /api/v1/actions/{id}/wait, MCP unwind_status {wait}) one agent key, or one person, may have
+# open at once; one more answers 429 too_many_waits with Retry-After. Counted in the database (ledger.WaitSlot), so
+# every web process agrees (ledger/api/waits.py).
+UNWIND_MAX_WAITS_PER_AGENT = env_int("UNWIND_MAX_WAITS_PER_AGENT", 20, minimum=1)
 UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.

@@ -134,6 +134,25 @@ class Agent(models.Model):
         return f"{self.tenant.slug}/{self.name}"
 
 
+class WaitSlot(models.Model):
+    """One of a caller's waits open at once (`GET /api/v1/actions/{id}/wait`, MCP `unwind_status {wait}`): at most
+    UNWIND_MAX_WAITS_PER_AGENT per caller, numbered 0 to the bound less one, so that every web process counts the
+    same ones (ledger/api/waits.py). A slot is taken by inserting its number or by a conditional UPDATE of one whose
+    `until` has passed, and given back by setting its `until` in the past; a process killed mid-wait leaves slots
+    that free themselves at their `until`. UNLOGGED on PostgreSQL (migration 0023): a slot lives for one wait."""
+
+    holder = models.CharField(max_length=40, help_text="Whose wait: agent:<id> or user:<id>.")
+    number = models.PositiveIntegerField()
+    until = models.DateTimeField(help_text="When the wait ends at the latest, on the database's clock.")
+    token = models.CharField(max_length=32, help_text="Who took it: only its taker gives it back.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["holder", "number"], name="wait_slot_unique_number")]
+
+    def __str__(self):
+        return f"{self.holder} wait {self.number}"
+
+
 class DeployKey(models.Model):
     """A pipeline's credential for pushing reviewed tools and policy: not an agent, so it can never act.
 
