@@ -233,7 +233,7 @@ def approval_void(*, request: ApprovalRequest, reason: str, actor: str) -> bool:
         audit.record("approval.voided", actor=actor, action=action, request=request.pk, tool=action.tool.name,
                      version=action.tool.version, reason=reason[:1000], rows=[request])
         if action.status == ActionStatus.AWAITING_APPROVAL:
-            action_reject(action=action, reason=f"approval voided: {reason}", actor=actor)
+            action_reject(action=action, reason=f"approval voided: {reason}", actor=actor, voided=True)
     return True
 
 

@@ -15,6 +15,7 @@ from approvals import selectors
 from approvals.forms import DecisionForm, InboxFilterForm
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
 from approvals.services import approval_decide, require_role
+from ledger.engine import moves
 from ledger.errors import UnwindError
 from ledger.models import Action, ActionStatus, Role, RunStatus
 
@@ -78,6 +79,8 @@ def detail_context(request, approval: ApprovalRequest, *, form: DecisionForm | N
         "state": selectors.decision_state(approval, request.user),
         "steps": selectors.run_steps(approval.run_id),
         "may_stop": selectors.may_stop_held(approval, request.user),
+        "reject_move": moves.run_moves(approval.run).get(moves.APPROVER, "reject", approval.action_id)
+        if approval.status == "pending" else None,
         "form": form or DecisionForm(),
         "error": error,
         "notice": notice,

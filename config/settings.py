@@ -370,6 +370,7 @@ SPECTACULAR_SETTINGS = {
         "RiskEnum": "ledger.models.Risk",
         "ActionKindEnum": "ledger.models.ActionKind",
         "StatementKindEnum": "recovery.api.STATEMENT_KINDS",
+        "RecoveryItemStatusEnum": "recovery.models.ItemStatus",
     },
 }
 

@@ -20,6 +20,7 @@ from ledger.api import selectors as ledger_selectors
 from ledger.api.auth import PERSON_FIRST, IsAgentOrMember, IsPerson, IsStaff, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems
+from ledger.engine import moves
 from ledger.errors import NotFound
 from ledger.models import Action, Risk, Run, RunStatus, Tenant
 from recovery import selectors, services
@@ -73,6 +74,33 @@ class RecoveryItemOut(serializers.Serializer):
         }
 
 
+class MoveOut(serializers.Serializer):
+    name = serializers.ChoiceField(["resume", "compensate", "close"])
+    allowed = serializers.BooleanField()
+    label = serializers.CharField(help_text="The button's words on the console.")
+    does = serializers.CharField(source="staff_words", help_text="What the move will do, step by step.")
+    refusal = serializers.CharField(help_text="Why it is not offered (409 with this sentence if tried).")
+    url = serializers.SerializerMethodField()
+
+    def get_url(self, move) -> str | None:
+        request, item = self.context.get("request"), self.context["item"]
+        return absolute(request, reverse(f"recovery-api:{move.name}", args=[item.pk])) if move.allowed else None
+
+
+class RecoveryItemDetailOut(RecoveryItemOut):
+    moves = serializers.SerializerMethodField(help_text=(
+        "The decisions on this item, from the one model of legal moves the engine obeys: each allowed or refused "
+        "with its sentence, and what it will do."))
+
+    @extend_schema_field(MoveOut(many=True))
+    def get_moves(self, item):
+        if item.status != ItemStatus.OPEN:
+            return []
+        offered = moves.run_moves(item.run)
+        return MoveOut([offered.get(moves.OPERATOR, name) for name in ("resume", "compensate", "close")], many=True,
+                       context={**self.context, "item": item}).data
+
+
 def item_get(user, pk: int) -> RecoveryItem:
     item = selectors.item_get(access=selectors.access_for(user), pk=pk)
     if item is None:
@@ -118,9 +146,9 @@ class RecoveryItemDetailView(ApiView):
     permission_classes = [IsPerson]
 
     @extend_schema(tags=TAG, operation_id="recovery_items_get", summary="Get a recovery item",
-                   responses={200: RecoveryItemOut, **problems(404)})
+                   responses={200: RecoveryItemDetailOut, **problems(404)})
     def get(self, request, pk: int):
-        return Response(RecoveryItemOut(item_get(request.user, pk), context={"request": request}).data)
+        return Response(RecoveryItemDetailOut(item_get(request.user, pk), context={"request": request}).data)
 
 
 class ResolveIn(StrictSerializer):

@@ -18,10 +18,25 @@ SEND_AGAIN = "The tool says it did not happen: send it again"
 
 
 def operations_for(item) -> dict:
-    """The choices on `item`, in words that say what each does to it."""
-    if item.reason in UNKNOWN_OUTCOME and item.action is not None and item.action.status == "lost":
-        return {**OPERATIONS, "resume": SEND_AGAIN}
-    return OPERATIONS
+    """The decisions the moves model offers on `item`'s run (ledger/engine/moves.py), each in words that say what it
+    does: {operation: Move} with the move's label set for this item."""
+    from dataclasses import replace
+
+    from ledger.engine import moves
+
+    offered = moves.run_moves(item.run)
+    operations = {}
+    for operation in OPERATIONS:
+        move = offered.get(moves.OPERATOR, operation)
+        if not move.allowed:
+            continue
+        if operation == "resume" and item.reason in UNKNOWN_OUTCOME and item.action is not None \
+                and item.action.status == "lost":
+            move = replace(move, label=SEND_AGAIN)
+        operations[operation] = move
+    return operations
+
+
 BULK_OPERATIONS = ("compensate", "close")
 BULK_LIMIT = 100
 CLOSE_NEEDS_REASON = "Say why this can be closed; the reason goes into the audit chain."

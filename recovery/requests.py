@@ -21,7 +21,7 @@ from ledger.agent_text import mail_text, neutral
 from ledger.audit.chain import ledger_transaction
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionKind, ActionStatus, Role, Run, RunStatus
-from ledger.engine import runstate, sql
+from ledger.engine import moves, runstate, sql
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem, RequestKind, TrailShareLink
 from recovery.trail import SHARE_TOKEN, _proposed, _sentence, _token_hash, trail_share_url
 
@@ -58,6 +58,12 @@ def askable_steps(run: Run) -> list:
     return steps
 
 
+def undoable_steps(run: Run) -> list[int]:
+    """The steps whose undo the person may ask for: those the moves model offers "undo this" on (their effect
+    still stands and has an undo). A run already undone offers none."""
+    return [move.action_id for move in moves.run_moves(run).allowed(moves.CUSTOMER) if move.name == "ask_undo"]
+
+
 def customer_request_open(*, token: str, action_id: int | None, kind: str, text: str) -> CustomerRequest:
     """The share-link holder asks for a correction. NotFound: no live link (one answer for unknown, expired and
     revoked), or a step not of its run; PermissionDenied: the tenant does not take requests, or its window ended;
@@ -82,6 +88,14 @@ def customer_request_open(*, token: str, action_id: int | None, kind: str, text:
         action = next((step for step in askable_steps(run) if step.pk == action_id), None)
         if action is None:
             raise NotFound("this link does not open a correction trail")
+    if kind == RequestKind.UNDO:
+        undoable = undoable_steps(run)
+        if action is not None and action.pk not in undoable:
+            raise StateConflict("that step has nothing left to undo: it was already undone, or it cannot be taken "
+                                "back; choose “something else is wrong” to tell us what to do")
+        if not undoable:
+            raise StateConflict("nothing done for this request still stands to be undone; choose “something else is "
+                                "wrong” to tell us what to do")
     with ledger_transaction(run.tenant_id) as audit:
         # The link's row, locked: two requests through one link are counted one after the other.
         TrailShareLink.objects.select_for_update(no_key=True).filter(pk=link.pk).first()

@@ -19,7 +19,6 @@ from ledger.policy.display import shown_value
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
 )
-from ledger.engine.attempts import REFUSED
 from recovery.models import ItemStatus, RecoveryItem
 from recovery.saga import mark_undoable, saga_strip
 
@@ -61,7 +60,7 @@ def pretty_json(value) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _dress(action: Action) -> Action:
+def dress(action: Action) -> Action:
     """Attach the JSON renderings the pages show (templates cannot call functions with arguments)."""
     action.args_json = pretty_json(action.args)
     action.result_json = pretty_json(action.result) if action.result is not None else ""
@@ -189,19 +188,10 @@ def drift_comparison(failure: dict | None) -> dict | None:
 
 def compensation_preview(run: Run) -> list[Action]:
     """The forward steps an unwind would still touch, newest first, each with its compensation plan."""
-    return [_dress(a) for a in run.actions.filter(kind=ActionKind.FORWARD, status__in=[
+    return [dress(a) for a in run.actions.filter(kind=ActionKind.FORWARD, status__in=[
         ActionStatus.SUCCEEDED, ActionStatus.COMPENSATING, ActionStatus.COMPENSATION_FAILED, ActionStatus.LOST,
     ]).select_related("tool").order_by("-seq")]
 
-
-def retry_preview(run: Run) -> list[Action]:
-    """The steps a resume would retry with their same idempotency keys (not those their tool refused: they did
-    nothing, and the agent was answered)."""
-    return list(run.actions.filter(kind=ActionKind.FORWARD, status__in=[ActionStatus.FAILED, ActionStatus.LOST])
-                .exclude(status=ActionStatus.FAILED, error_class=REFUSED).select_related("tool").order_by("seq"))
-
-
-# --- runs -------------------------------------------------------------------------------------------
 
 def runs_filter(*, access: Access, q: str = "", tenant: int | None = None, status: str = "") -> QuerySet[Run]:
     runs = Run.objects.filter(tenant_id__in=access.tenant_ids)
@@ -267,7 +257,7 @@ def run_timeline(run: Run) -> dict:
         Prefetch("attempt_set", queryset=Attempt.objects.order_by("number")), approvals).order_by("seq"))
     by_id = {a.pk: a for a in actions}
     for action in actions:
-        _dress(action)
+        dress(action)
         action.attempt_list = list(action.attempt_set.all())
         action.approval_list = list(action.approval_requests.all())
         action.diff = snapshot_diff(action.before, action.after)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision
 from approvals.services import actor_of, role_of
-from ledger.engine import holds
+from ledger.engine import holds, moves
 from ledger.errors import NotFound, PermissionDenied
 from ledger.models import ROLE_ORDER, Action, ActionKind, ActionStatus, Role, Run
 from recovery.models import TrailShareLink
@@ -44,14 +44,28 @@ def _live_link(token: str) -> TrailShareLink | None:
 
 def customer_stoppable(run: Run) -> list[Action]:
     """The run's held steps the person it acts for may stop, soonest first, each with `customer_words`: what it
-    would do, in the trail's words."""
-    from recovery.trail import _proposed, _sentence
+    would do, and `also_words`: what else stopping it does (the moves model's plan, in the trail's words)."""
+    from recovery.trail import _proposed, _sentence, consequence_words
 
-    held = [action for action in Action.objects.filter(run=run, kind=ActionKind.FORWARD, status=ActionStatus.HELD)
-            .select_related("tool").order_by("next_attempt_at", "seq") if holds.customer_can_stop(action.tool)]
+    actions = list(run.actions.select_related("tool").order_by("seq"))
+    offered = moves.run_moves(run, actions)
+    held = sorted((a for a in actions if a.kind == ActionKind.FORWARD and a.status == ActionStatus.HELD
+                   and holds.customer_can_stop(a.tool)), key=lambda a: (a.next_attempt_at, a.seq))
     for action in held:
         action.customer_words = _sentence(f"we are about to {_proposed(action)}")
+        action.also_words = consequence_words(offered.get(moves.CUSTOMER, "stop", action.pk), doing="Stopping it")
     return held
+
+
+def with_stop_moves(steps: list[Action], *, actor: str = moves.OPERATOR) -> list[Action]:
+    """Attach to each held step `stop_move`: what stopping it does (ledger/engine/moves.py), reading the runs' steps
+    in one query whatever the number of steps."""
+    by_run: dict[int, list[Action]] = {}
+    for action in Action.objects.filter(run_id__in={s.run_id for s in steps}).select_related("tool").order_by("seq"):
+        by_run.setdefault(action.run_id, []).append(action)
+    for step in steps:
+        step.stop_move = moves.stop_move(step.run, by_run.get(step.run_id, []), step, actor)
+    return steps
 
 
 def stop_as_customer(*, token: str, action_id: int) -> Action:

@@ -94,7 +94,7 @@ def correction_trail(run: Run) -> dict:
                 say("not_undone", f"This cannot be taken back: {_quiet(step)}.")
                 say("corrected", f"Instead, a correction was made: {_quiet(_step(comp))}.")
             else:
-                say("restored", _restored(action, comp))
+                say("restored", _restored(action, comp) + _overwritten(action, events, company))
         elif action.status == A.COMPENSATION_FAILED:
             not_undone += 1
             say("not_undone", f"This could not be undone: {_quiet(step)}. "
@@ -395,6 +395,28 @@ def _restored(action, comp) -> str:
     return _sentence(f"we undid this step: {_proposed(action)}")
 
 
+def _overwritten(action, events, company: str) -> str:
+    """For an undo a person forced over someone else's later change (drift): what of theirs it overwrote, and who
+    decided. "" for an undo that overwrote nothing."""
+    if not (action.compensation_plan or {}).get("force"):
+        return ""
+    current = _drifted(action, events)
+    theirs = [f"{_human(field)}: {_value(action, field, current[field])}" for field in _fields(action.tool, current)
+              if isinstance(action.after, dict) and action.after.get(field) != current[field]]
+    what = f" ({', '.join(theirs)})" if theirs else ""
+    return (f" This replaced a later change someone else had made{what}: {person_at('operator', company)} "
+            "decided to overwrite it.")
+
+
+def _drifted(action, events) -> dict:
+    """What the target held when an undo of `action` refused to overwrite it (the drift check's reading)."""
+    undos = {e.action_ref for e in events if e.kind == "compensation.proposed" and e.data.get("compensates") == action.pk}
+    current = next((e.data.get("current") for e in reversed(events)
+                    if e.kind == "compensation.failed" and "current" in e.data
+                    and (e.action_ref in undos or not undos)), None)
+    return current if isinstance(current, dict) else {}
+
+
 def _has_no_undo(action) -> bool:
     return action.compensation_plan.get("strategy") in (None, "", CompensationStrategy.NONE)
 
@@ -427,9 +449,7 @@ def _not_done(action, declined, company: str) -> str:
 
 def _failure_cause(action, comp, events, company: str) -> str:
     if comp is not None and comp.error_class == "drift":
-        current = next((e.data.get("current") for e in reversed(events)
-                        if e.action_ref == comp.pk and e.kind == "compensation.failed" and "current" in e.data), None)
-        current = current if isinstance(current, dict) else {}
+        current = _drifted(action, events)
         now = [f"{_human(field)} is now {_value(action, field, current[field])}"
                for field in _fields(action.tool, current)
                if isinstance(action.after, dict) and action.after.get(field) != current[field]]
@@ -444,26 +464,67 @@ def _failure_cause(action, comp, events, company: str) -> str:
 
 
 def _why_corrected(run, events, forward, company: str) -> str:
-    """Why the run was unwound, when it had changed something: a declined or failed step, a cancellation, a person.
-
-    A run that changed nothing was not corrected: its steps say why they were not taken, and nothing more.
-    """
+    """Why the run was unwound, when it had changed something: the cause its `run.unwinding` event records (a typed
+    fact, ledger/engine/runstate.py UNWIND_CAUSES), told for who decided. A run that changed nothing was not
+    corrected: its steps say why they were not taken, and nothing more."""
     started = next((e for e in events if e.kind == "run.unwinding"), None)
     if started is None or not any(a.status in HAD_EFFECT for a in forward):
         return ""
-    stopped = next((a for a in reversed(forward) if a.status in STOPPED_BY), None)
-    cancelled = next((e for e in events if e.kind == "run.cancel_requested"), None)
-    if stopped is not None:
-        return f"Why it was corrected: a later step {STOPPED_BY[stopped.status]}, so we began undoing the changes made before it."
-    if cancelled is not None and cancelled.actor.startswith("user:"):
-        note = cancelled.data.get("reason")
-        return f"Why it was corrected: {person_at('operator', company)} cancelled it{f' ({note})' if note else ''}."
-    if cancelled is not None:
+    cause, data = _unwind_cause(started, events, forward), started.data
+    person = person_at("operator", company)
+    note = data.get("reason") or ""
+    then = "so we began undoing the changes made before it"
+    if cause == "stopped":
+        by = data.get("by") or next((a.stopped_by for a in forward if a.stopped_by), "")
+        who = {"customer": "you", "agent": "the assistant"}.get(by) or person_at(by, company)
+        return f"Why it was corrected: {who} stopped a later step before it was taken, {then}."
+    if cause == "cancelled":
+        cancelled = next((e for e in events if e.kind == "run.cancel_requested"), None)
+        reason = cancelled.data.get("reason") if cancelled is not None else ""
+        if cancelled is not None and cancelled.actor.startswith("user:"):
+            return f"Why it was corrected: {person} cancelled it{f' ({reason})' if reason else ''}."
         return "Why it was corrected: the agent stopped before it finished."
-    if started.actor.startswith("user:"):
-        reason = started.data.get("reason") or ""
-        return f"Why it was corrected: {person_at('operator', company)} decided to undo it{f' ({reason})' if reason else ''}."
-    return "Why it was corrected: a step could not be completed."
+    if cause == "operator":
+        return f"Why it was corrected: {person} decided to undo it{f' ({note})' if note else ''}."
+    return "Why it was corrected: " + {
+        "failed": f"a later step could not be completed, {then}.",
+        "rejected": f"{person_at('approver', company)} declined a later step, {then}.",
+        "expired": f"a later step was not approved in time, {then}.",
+        "voided": f"the rules for a later step changed before it was approved, {then}.",
+        "idle": "the assistant stopped working on it before it finished, so we began undoing the changes it had made; "
+                "nothing had failed.",
+    }[cause]
+
+
+def consequence_words(move, *, doing: str) -> str:
+    """What else a move does besides its own step, for the person the run acted for ("Stopping it also undoes what
+    was done before it: we booked flight TP101 …"), from the moves model's plan; "" when it touches nothing else."""
+    from ledger.engine import moves
+
+    undone = [_quiet(_step(a)) for a in move.touching(moves.UNDO)]
+    called_off = [_proposed(a) for a in move.touching(moves.CALL_OFF)]
+    parts = []
+    if undone:
+        parts.append(f"{doing} also undoes what was done before it: {'; '.join(undone)}.")
+    if called_off:
+        parts.append(f"{'It' if undone else doing} also calls off what was still to come: {'; '.join(called_off)}.")
+    return " ".join(parts)
+
+
+def _unwind_cause(started, events, forward) -> str:
+    """The cause on the event; for an event written before causes were recorded, the same fact read from the run."""
+    if started.data.get("cause"):
+        return started.data["cause"]
+    if started.actor == "system:idle":
+        return "idle"
+    if "why" not in started.data:
+        return "operator"
+    if any(e.kind == "run.cancel_requested" for e in events):
+        return "cancelled"
+    if any(a.stopped_by for a in forward):
+        return "stopped"
+    stopped = next((a for a in reversed(forward) if a.status in STOPPED_BY), None)
+    return {A.REJECTED: "rejected", A.EXPIRED: "expired"}.get(stopped.status if stopped else None, "failed")
 
 
 def _reviews(events, actions, say, company: str) -> list[str]:
@@ -474,6 +535,13 @@ def _reviews(events, actions, say, company: str) -> list[str]:
     by_id = {a.pk: a for a in actions}
     people: list[str] = []
     for event in events:
+        stopper = (event.data or {}).get("stopped_by") if event.kind == "forward.skipped" else None
+        if stopper in ("customer", "operator", "approver"):
+            # A person stopped a held step: told once by the step's own statement (`_not_done`), listed here.
+            person = "you" if stopper == "customer" else person_at(stopper, company)
+            if person not in people:
+                people.append(person)
+            continue
         if not event.actor.startswith("user:"):
             continue
         action = by_id.get(event.action_ref)

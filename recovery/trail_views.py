@@ -89,6 +89,7 @@ def _share_page(request, run: Run, token: str, *, ask_error: str = "", status: i
     response = render(request, "recovery/trail_share.html", {
         "run": run, "trail": correction_trail(run), "stoppable": stoppable, "token": token,
         "can_ask": can_ask, "askable": customer_requests.askable_steps(run) if can_ask else [],
+        "can_undo": bool(customer_requests.undoable_steps(run)) if can_ask else False,
         "requests": customer_requests.requests_for(run), "ask_error": ask_error, "asked": asked or {},
         "max_text": customer_requests.MAX_TEXT}, status=status)
     response["X-Robots-Tag"] = "noindex"

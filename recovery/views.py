@@ -15,7 +15,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
-from ledger.engine import holds
+from ledger.engine import holds, moves
 from ledger.api import selectors as ledger_selectors
 from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionStatus, Role, Run, RunStatus
@@ -85,7 +85,8 @@ def queue(request):
     page = Paginator(items, QUEUE_PAGE_SIZE).get_page(request.GET.get("page"))
     context = {
         "form": form, "filters": filters, "page": page, "counts": counts, "access": access,
-        "held": list(holds.held_steps(tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN]),
+        "held": stops.with_stop_moves(list(holds.held_steps(
+            tenant_ids=[t for t in access.roles if access.can_operate(t)])[:HELD_SHOWN])),
         "total": sum(c["n"] for c in counts), "can_bulk": access.operates_anywhere,
         "operable": {tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)},
         "now": timezone.now(),
@@ -131,7 +132,7 @@ def _item_context(access, item: RecoveryItem, *, undo_form: UndoPlanForm | None 
         "timeline": selectors.run_timeline(run),
         "can_operate": access.can_operate(item.tenant_id) and item.status == ItemStatus.OPEN,
         "role": access.roles.get(item.tenant_id),
-        "operations": {op: label for op, label in operations_for(item).items() if op != "resume" or not cannot_resume},
+        "operations": operations_for(item) if item.status == ItemStatus.OPEN else {},
         "cannot_resume": cannot_resume,
         "reopened": (RecoveryItem.objects.filter(run=run, status=ItemStatus.OPEN).exclude(pk=item.pk).first()
                      if item.status == ItemStatus.RESOLVED else None),
@@ -153,11 +154,13 @@ def _resolve_form(item: RecoveryItem, operation: str, data=None) -> ResolveForm:
 
 
 def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> dict:
+    move = operations_for(item).get(operation)
     return {
         "unknown_steps": list(unknown_steps(item.run)) if operation == "compensate" else [],
-        "item": item, "run": item.run, "operation": operation, "label": operations_for(item)[operation], "form": form,
-        "plans": selectors.compensation_preview(item.run) if operation == "compensate" else [],
-        "retries": selectors.retry_preview(item.run) if operation == "resume" else [],
+        "item": item, "run": item.run, "operation": operation, "move": move,
+        "label": move.label if move else OPERATIONS[operation], "form": form,
+        "plans": [selectors.dress(a) for a in move.undoes] if move and operation == "compensate" else [],
+        "retries": move.touching(moves.RETRY, moves.RESEND) if move and operation == "resume" else [],
         "checkpoint": item.run.checkpoints.order_by("-id").first(),
     }
 
@@ -181,6 +184,11 @@ def item_resolve(request, pk: int, operation: str):
                 return render(request, "recovery/_refusal_panel.html", {"refusal": moved_on, "item": item}, status=409)
             context = _item_context(access, item) | {"refusal": moved_on}
             return render(request, "recovery/item.html", context, status=409)
+        if operation not in operations_for(item):
+            refused = f"Refused: {moves.run_moves(item.run).get(moves.OPERATOR, operation).refusal}."
+            if request.htmx:
+                return render(request, "recovery/_refusal_panel.html", {"refusal": refused, "item": item}, status=409)
+            return render(request, "recovery/item.html", _item_context(access, item) | {"refusal": refused}, status=409)
         template = "recovery/_confirm_panel.html" if request.htmx else "recovery/confirm.html"
         return render(request, template, _confirm_context(item, operation, _resolve_form(item, operation)))
     if request.method != "POST":
@@ -325,10 +333,14 @@ def run_detail(request, pk: int):
 
 def run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):
     can_share = access.can_operate(run.tenant_id)
+    timeline = selectors.run_timeline(run)
+    for action in timeline["actions"]:
+        if action.status == "held":
+            action.stop_move = moves.stop_move(run, timeline["actions"], action, moves.OPERATOR)
     return render(request, "recovery/run.html", {
-        "can_stop": can_share, "stoppable": [a.pk for a in run.actions.filter(status="held")
-                                             if stops.stopper_role(request.user, a)],
-        "run": run, "timeline": selectors.run_timeline(run), "trail": correction_trail(run),
+        "can_stop": can_share, "stoppable": [a.pk for a in timeline["actions"] if a.status == "held"
+                                             and stops.stopper_role(request.user, a)],
+        "run": run, "timeline": timeline, "trail": correction_trail(run),
         "share_days": share_max_age() / 86400, "share_links": trail_links_active(run), "can_share": can_share,
         "new_link_url": new_link_url, "can_send": can_share and "@" in run.on_behalf_of,
     })

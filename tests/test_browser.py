@@ -111,14 +111,14 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
     sync_api.expect(page.locator("h1")).to_contain_text(f"Recovery item #{item.pk}")
     page.shots.take("item")
 
-    page.get_by_role("link", name="Compensate…").click()  # htmx swaps the confirmation panel in
+    page.get_by_role("link", name="Undo anyway, overwriting their change…").click()  # htmx swaps the confirmation panel in
     panel = page.locator("#confirm-compensate")
     sync_api.expect(panel).to_contain_text("overwrites their change")
     assert page.url.endswith(f"/console/recovery/{item.pk}/"), "the confirmation should come in place, not as a new page"
     panel.get_by_label("Reason").fill("Dana agreed to restore the old priority")
     page.shots.take("confirm")
 
-    panel.get_by_role("button", name="Confirm: compensate").click()
+    panel.get_by_role("button", name="Confirm: undo anyway, overwriting their change").click()
     page.wait_for_url(f"**/console/recovery/{item.pk}/")
     sync_api.expect(page.locator(".messages")).to_contain_text("Compensated")
     sync_api.expect(page.locator("#run-status")).to_have_text("compensated")

@@ -84,7 +84,7 @@ def test_confirm_panel_for_htmx_and_confirm_page_without_js(drift):
     assert panel.content.decode().lstrip().startswith('<div class="panel confirm"')
     assert b"overwrites their change" in panel.content
     page = oscar.get(item_url(drift.item, "compensate"))
-    assert b"<html" in page.content and b"Confirm: compensate" in page.content
+    assert b"<html" in page.content and b"Confirm: undo anyway, overwriting their change" in page.content
     drift.item.refresh_from_db()
     assert drift.item.status == "open"  # looking at the confirmation changes nothing
 

@@ -79,7 +79,7 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     act(run, "hr.create_user", {"email": "lost-undo@x.io", "name": "L"})
     with django_capture_on_commit_callbacks(execute=False):
         with ledger_transaction(run.tenant_id) as log:
-            runstate.start_unwind(sql.get_locked(Run, run.pk), "test: unwind", log=log, actor="test")
+            runstate.start_unwind(sql.get_locked(Run, run.pk), "test: unwind", log=log, actor="test", cause="operator")
         claimed, undo = unwinding.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder-1#")
         assert claimed and undo is not None
         outcomes.record_unknown(undo, ToolError("no answer", transient=True), why="it cannot be read back",

@@ -172,7 +172,7 @@ def test_approvals_are_reviews(tools, django_capture_on_commit_callbacks):
 def test_step_failed_after_pivot_is_pending_a_person(tools):
     run = step_failed_run(tools)
     trail = correction_trail(run)
-    assert texts(trail, "changed") == ["We charged €49.00 to your card."]
+    assert texts(trail, "changed") == ["We took a card payment of €49.00."]
     assert texts(trail, "not_undone") == []
 
 

@@ -119,7 +119,7 @@ NO_REVIEW = "No person needed to review this: it was handled automatically, by t
 # case -> (status, headline, [(kind, exact text or regex)])
 TABLE = {
     "succeeded": (succeeded, "completed", "The agent finished the task; nothing needed to be corrected.", [
-        ("changed", "We charged €920.00 to your card."),
+        ("changed", "We took a card payment of €920.00."),
         ("reviewed", NO_REVIEW)]),
     "compensated": (onboarding_compensated, "compensated", "Everything the agent changed has been undone.", [
         ("changed", "We created an HR account for Ashu Kumar (ashu@company.com)."),
@@ -142,7 +142,7 @@ TABLE = {
     "declined": (declined, "compensated", "Everything the agent changed has been undone.", [
         ("changed", "We created an HR account for Carol Diaz (carol@company.com)."),
         ("not_done", DECLINED),
-        ("corrected", "Why it was corrected: a later step was declined, so we began undoing the changes made "
+        ("corrected", "Why it was corrected: a reviewer at Acme declined a later step, so we began undoing the changes made "
                       "before it."),
         ("restored", UNDONE_USER)]),
     "declined as the first step": (declined_first, "compensated",
@@ -153,7 +153,7 @@ TABLE = {
         ("reviewed", NO_REVIEW)]),
     "refused by the ordering law": (refused_by_the_ordering_law, "completed",
                                     "The agent finished the task; nothing needed to be corrected.", [
-        ("changed", "We charged €920.00 to your card."),
+        ("changed", "We took a card payment of €920.00."),
         ("reviewed", NO_REVIEW)]),
     "failed before any effect": (email_correction_run, "compensated",
                                  "The agent's changes were undone, except 1 that could not be taken back and was "
@@ -194,7 +194,7 @@ TABLE = {
         ("reviewed", rf"An operator at Acme reviewed it and closed it as handled {WHEN} \(the customer asked for "
                      r"urgent\)\.")]),
 }
-# The reviewer of a declined step is named in its own statement, and also in "Who reviewed it".
+# The reviewer of a declined step is named in its own statement, and also in "Who decided".
 REVIEWED_BY = {"declined": ["a reviewer at Acme"], "declined as the first step": ["a reviewer at Acme"],
                "closed by an operator": ["an operator at Acme"]}
 
@@ -286,6 +286,6 @@ def test_the_guard_catches_a_declined_step_told_as_done(tools, django_capture_on
     with pytest.raises(AssertionError, match="internal id"):
         assert_true_for_a_customer(old.replace("92000 cents", "€920.00"), run, tools)
     with pytest.raises(AssertionError, match="told as done"):
-        assert_true_for_a_customer("We charged €920.00 to your card.", run, tools)
+        assert_true_for_a_customer("We took a card payment of €920.00.", run, tools)
     with pytest.raises(AssertionError, match="staff login"):
         assert_true_for_a_customer("alice declined this step.", run, tools)

@@ -195,9 +195,26 @@ class CheckpointOut(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
+class AgentMoveOut(serializers.Serializer):
+    name = serializers.ChoiceField(["cancel", "complete"])
+    allowed = serializers.BooleanField()
+    does = serializers.CharField(source="staff_words", help_text="What the move will do, step by step.")
+    refusal = serializers.CharField(help_text="Why it is not offered now (409 with this sentence if tried).")
+
+
 class RunDetailOut(RunOut):
     actions = serializers.SerializerMethodField()
     checkpoints = serializers.SerializerMethodField()
+    moves = serializers.SerializerMethodField(help_text=(
+        "What the run's agent may do next, from the one model of legal moves the engine obeys "
+        "(ledger/engine/moves.py), with what each does."))
+
+    @extend_schema_field(AgentMoveOut(many=True))
+    def get_moves(self, run):
+        from ledger.engine import moves
+
+        offered = moves.run_moves(run, self.context["actions"])
+        return AgentMoveOut([offered.get(moves.AGENT, name) for name in ("cancel", "complete")], many=True).data
 
     @extend_schema_field(ActionOut(many=True))
     def get_actions(self, run):

@@ -68,7 +68,7 @@ def action_approve(*, action: Action, args_hash: str, actor: str) -> Action:
     return action
 
 
-def action_reject(*, action: Action, reason: str, actor: str, expired: bool = False) -> Action:
+def action_reject(*, action: Action, reason: str, actor: str, expired: bool = False, voided: bool = False) -> Action:
     """A rejection (or expiry) of a gated action: unwind before the pivot, recovery queue after it."""
     if not reason.strip():
         raise ValidationFailed("a rejection needs a reason", field="reason")
@@ -93,7 +93,8 @@ def action_reject(*, action: Action, reason: str, actor: str, expired: bool = Fa
                                       why + ". The pivot has committed, so the run cannot be unwound automatically.",
                                       action=action, log=audit)
         else:
-            runstate.start_unwind(run, why, log=audit, actor=actor)
+            runstate.start_unwind(run, why, log=audit, actor=actor, step=action,
+                                  cause="expired" if expired else "voided" if voided else "rejected")
     return action
 
 

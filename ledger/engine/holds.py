@@ -153,7 +153,7 @@ def action_stop(*, action_id: int, actor: str, by: str, reason: str = "") -> Act
                           decision_reason=why, next_attempt_at=None)
         if run.status in (R.RUNNING, R.AWAITING_APPROVAL) and not run.cancel_requested_at:
             if not run.pivot_committed:
-                runstate.start_unwind(run, why, log=audit, actor=actor)
+                runstate.start_unwind(run, why, log=audit, actor=actor, cause="stopped", step=action, by=by)
                 unwind_now = True
             elif run.status == R.RUNNING and not runstate.run_steps(
                     run.pk, statuses=[*attempts.PENDING, A.RUNNING], forward_only=False):

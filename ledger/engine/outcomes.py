@@ -272,7 +272,8 @@ def failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float | 
                error_class=error.error_class, error=error.message[:500])
     why = f"{action.tool.name} (step {action.seq}) failed: {failed.error_message}"
     run.status, run.attention_detail, run.updated_at = R.UNWINDING, why[:4000], now
-    log.record(f"run.{R.UNWINDING}", actor=actor, run=run, status_from=R.RUNNING, why=why[:500])
+    log.record(f"run.{R.UNWINDING}", actor=actor, run=run, status_from=R.RUNNING, why=why[:500], cause="failed",
+               for_action=action.pk)
     checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="unwind_started",
                             state=runstate.checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
     log.record("run.checkpoint", actor=attempts.SYSTEM, run=run, label="unwind_started", checkpoint=checkpoint_id)
@@ -346,4 +347,5 @@ def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
                         f"{action.attempts} attempt(s): {action.error_message}. The run only moves forward from here.",
                         action=action, log=log)
     else:
-        runstate.start_unwind(run, f"{action.tool.name} (step {action.seq}) failed: {action.error_message}", log=log, actor=actor)
+        runstate.start_unwind(run, f"{action.tool.name} (step {action.seq}) failed: {action.error_message}", log=log,
+                              actor=actor, cause="failed", step=action)

@@ -12,14 +12,14 @@ from ledger import events
 from ledger.engine import attempts, fastpath, runstate, sql
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
-from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
+from ledger.errors import IdempotencyMismatch, ValidationFailed
 from ledger.engine.leases import lease_at_write, queued_seconds
 from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
     Tool,
 )
 from ledger.policy.law import check_plan
-from ledger.engine import execution, unknowns
+from ledger.engine import execution, moves, unknowns
 from ledger.engine.proposal import check_key
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.transitions import action_transition, run_transition
@@ -101,13 +101,7 @@ def run_complete(*, run: Run, actor: str) -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.status == R.COMPLETED:
             return run
-        busy = runstate.run_steps(run.pk, statuses=[*attempts.PENDING, A.RUNNING], forward_only=False)
-        if busy:
-            seq, name, status = busy[0][1], busy[0][3], busy[0][2]
-            raise StateConflict(f"step {seq} ({name}) is still {status.replace('_', ' ')}; "
-                                "wait for it before completing the run")
-        if run.status != R.RUNNING:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
+        moves.require(run, moves.AGENT, "complete")
         run_transition(run, R.COMPLETED, log=audit, actor=actor)
         runstate.checkpoint_save(run, "completed", log=audit)
         events.emit("run_finished", run=run)
@@ -140,8 +134,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
         run = sql.get_locked(Run, run.pk)
         if run.cancel_requested_at:
             return run
-        if run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
-            raise StateConflict(f"run {run.pk} is already {run.status}; there is nothing to cancel")
+        moves.require(run, moves.AGENT, "cancel")
         Run.objects.filter(pk=run.pk).update(cancel_requested_at=timezone.now())
         run.cancel_requested_at = timezone.now()
         why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
@@ -154,7 +147,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
             runstate.needs_attention(run, "cancelled_after_pivot", f"The run was {why} after its pivot committed; "
                                       "what was done stands and cannot be unwound automatically.", action=None, log=audit)
         else:
-            runstate.start_unwind(run, why, log=audit, actor=actor)
+            runstate.start_unwind(run, why, log=audit, actor=actor, cause="cancelled")
             unwind_now = True
     if unwind_now:
         execution.unwind(run.pk, budget=2.0)
@@ -210,28 +203,13 @@ def run_expire_idle(*, run_id: int) -> bool:
                                       "was done stands and cannot be unwound automatically.", action=None,
                                       log=audit, actor=IDLE_ACTOR)
         else:
-            runstate.start_unwind(run, why, log=audit, actor=IDLE_ACTOR)  # queues the unwinder after commit
+            runstate.start_unwind(run, why, log=audit, actor=IDLE_ACTOR, cause="idle")  # queues the unwinder after commit
     return True
 
 
-def _steps_to_retry(run: Run):
-    checkpoint = run.checkpoints.order_by("-id").first()
-    pending_ids = checkpoint.state.get("pending_action_ids", []) if checkpoint else []
-    # A step its tool refused did nothing and the agent was answered: it is not the operator's to retry.
-    retry = run.actions.filter(kind=ActionKind.FORWARD, status__in=[A.FAILED, A.LOST]).exclude(
-        status=A.FAILED, error_class=attempts.REFUSED).select_related("tool")
-    return retry.filter(pk__in=pending_ids) if pending_ids else retry
-
-
 def resume_refusal(run: Run) -> str:
-    """Why resuming this run that needs attention cannot work ("" when it can): what `run_resume` refuses with,
-    and what the console says instead of offering it."""
-    if run.cancel_requested_at and not run.pivot_committed:
-        return f"run {run.pk} was cancelled; compensate or close it instead"
-    if run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED).exists() \
-            and not _steps_to_retry(run).exists():
-        return "this run stopped while being unwound; compensate it (retry the failed compensations) or close it"
-    return ""
+    """Why resuming this run cannot work ("" when it can): the moves model's sentence (ledger/engine/moves.py)."""
+    return moves.run_moves(run).get(moves.OPERATOR, "resume").refusal
 
 
 def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
@@ -239,12 +217,7 @@ def run_resume(*, run: Run, actor: str, reason: str = "") -> Run:
     owners = []
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be resumed")
-        refusal = resume_refusal(run)
-        if refusal:
-            raise StateConflict(refusal)
-        retry = _steps_to_retry(run)
+        retry = moves.require(run, moves.OPERATOR, "resume").touching(moves.RETRY, moves.RESEND)
         run_transition(run, R.RUNNING, log=audit, actor=actor, note={"reason": reason[:1000]}, attention_reason="")
         for action in retry:
             owner = new_owner()
@@ -275,8 +248,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
     """
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be compensated")
+        moves.require(run, moves.OPERATOR, "compensate")
         if unknown:
             unknowns.decide_unknown(run, unknown, actor=actor, log=audit)
         for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
@@ -284,7 +256,7 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
                 Action.objects.filter(pk=forward.pk).update(compensation_plan=dict(forward.compensation_plan, force=True))
                 Action.objects.filter(compensates=forward).update(compensation_plan={"strategy": "none", "force": True})
             action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force})
-        run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force},
+        run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force, "cause": "operator"},
                        attention_reason="")
         runstate.checkpoint_save(run, "operator_compensate", log=audit)
         events.emit("run_attention_cleared", run=run, resolution="compensated", actor=actor)
@@ -299,8 +271,7 @@ def run_close(*, run: Run, actor: str, reason: str) -> Run:
         raise ValidationFailed("closing a run needs a reason", field="reason")
     with ledger_transaction(run.tenant_id) as audit:
         run = sql.get_locked(Run, run.pk)
-        if run.status != R.NEEDS_ATTENTION:
-            raise StateConflict(f"run {run.pk} is {run.status.replace('_', ' ')}; only a run that needs attention can be closed")
+        moves.require(run, moves.OPERATOR, "close")
         runstate.skip_pending(run, log=audit, actor=actor, why=f"run closed: {reason}")
         run_transition(run, R.CLOSED, log=audit, actor=actor, note={"reason": reason[:1000]})
         runstate.checkpoint_save(run, "closed", log=audit)

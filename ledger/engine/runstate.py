@@ -79,9 +79,19 @@ def skip_pending(run: Run, *, log: AuditLog, actor: str, why: str, forward_only:
             events.emit("approval_withdrawn", action=pending, reason=why)
 
 
-def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str) -> None:
+# Why a run began to unwind, recorded on its `run.unwinding` event as a typed fact (the trail tells it in words):
+# a step failed, was rejected or expired or its approval was voided by a policy change, a held step was stopped
+# (`by` whom), the run was cancelled, or it was idle past its deadline. An operator's compensate records "operator".
+UNWIND_CAUSES = ("failed", "rejected", "expired", "voided", "stopped", "cancelled", "idle", "operator")
+
+
+def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str, cause: str, step: Action | None = None,
+                 by: str = "") -> None:
+    if cause not in UNWIND_CAUSES:
+        raise ValueError(f"unknown unwind cause {cause!r}")
     skip_pending(run, log=log, actor=actor, why=why, forward_only=True)
-    run_transition(run, R.UNWINDING, log=log, actor=actor, note={"why": why[:500]}, attention_detail=why[:4000])
+    fact = {"why": why[:500], "cause": cause, **({"for_action": step.pk} if step is not None else {}), **({"by": by} if by else {})}
+    run_transition(run, R.UNWINDING, log=log, actor=actor, note=fact, attention_detail=why[:4000])
     checkpoint_save(run, "unwind_started", log=log)
     enqueue_unwind_after(run)
 

@@ -4,7 +4,7 @@ A tool may declare how its steps read to the person the agent acted for:
 
     describe:
       done: "We booked {args.hotel} for {args.nights} nights"
-      undone: "We cancelled your booking at {args.hotel}"
+      undone: "We cancelled the booking at {args.hotel}"
       failed: "We could not book {args.hotel}"
 
 The correction trail shows these sentences instead of internals (tool names, URLs, error texts). A template is
@@ -27,6 +27,11 @@ MAX_VALUE_LENGTH = 80
 NAME = r"[A-Za-z][A-Za-z0-9_-]{0,63}"
 PLACEHOLDER = re.compile(rf"^(?:(args|result)\.({NAME})|(target))$")
 TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
+
+
+# "your card", "you": a relation the sentence cannot know. The run's steps may act for someone other than whoever
+# reads the trail (an agent charges customer acme-corp for Carol), so a sentence names the party from an argument.
+SECOND_PERSON = re.compile(r"\b(?:you|your|yours|yourself)\b", re.IGNORECASE)
 
 
 class TemplateError(ValueError):
@@ -83,6 +88,10 @@ def check(describe, *, where: str, arg_names: set[str] | None = None) -> dict:
             parts = _parts(template)
         except TemplateError as why:
             raise TemplateError(str(why), at) from None
+        if any(part == "text" and SECOND_PERSON.search(source) for part, source, _ in parts):
+            raise TemplateError("must not say “you” or “your”: the person who reads the trail may not be the one the "
+                                "step acted on (a card, an account); name them from an argument, such as "
+                                "{args.customer}, or leave the relation out", at)
         for part, source, name in parts:
             if part == "field" and source == "args" and arg_names is not None and name not in arg_names:
                 raise TemplateError(f"{{args.{name}}} is not one of the tool's arguments "
