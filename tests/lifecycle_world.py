@@ -40,13 +40,14 @@ FINAL = (R.COMPLETED, R.COMPENSATED, R.CLOSED)
 # fails, saying to take its name out of here. While a name is here, the model records a violation that matches its
 # signature exactly (`seen`, printed at the end) and goes on exploring; UNWIND_SAGA_STRICT=1 fails on them as well.
 KNOWN_OPEN = {
-    "idle_unwind_says_a_step_failed": "issue 38 finding 3: an idle-timeout unwind tells the customer "
-                                      "\"a step could not be completed\"",
-    "a_stop_says_nobody_reviewed": "issue 38 finding 2: after a customer's, operator's or approver's stop the trail "
-                                   "says \"No person needed to review this\" or \"a step could not be completed\"",
-    "resume_reopens_the_forward_path": "issue 38 finding 1: resume after a half-done unwind re-does the forward path",
-    "mail_about_a_request_no_longer_waiting": "issue 38 finding 4: \"Approval needed\" mail (or a digest) goes out "
-                                              "about a request already decided or withdrawn",
+    "mail_about_a_request_no_longer_waiting": "issue 38 finding 4: \"Approval needed\" mail goes out about a request "
+                                              "already decided or withdrawn",
+    "a_repeated_cancel_of_a_finished_run": "found by the model: the agent's cancel of a run it cancelled before, "
+                                           "now finished, is answered as a repeat by run_cancel while the moves "
+                                           "model refuses it (\"already compensated; there is nothing to cancel\")",
+    "deciding_an_undo_is_no_move": "found by the model: an undo that waits for approval (a refund) is approved or "
+                                   "rejected by approval_decide, while the moves model offers the approver no such "
+                                   "move (it offers approve and reject on forward steps only)",
 }
 tolerated: set[str] = set()  # the names of KNOWN_OPEN the checks now record instead of failing on
 seen: dict[str, str] = {}  # known finding → the first violation of it recorded
@@ -183,8 +184,10 @@ class Ledger:
         return ABSENT  # planned, awaiting approval, approved, held, rejected, expired, skipped, failed
 
     def people(self) -> list[str]:
-        """The people who decided anything about the run: approvers, operators, the customer (their actors)."""
-        return sorted({e.actor for e in self.events if e.actor.startswith(("user:", "customer:"))})
+        """The people who decided anything about the run: approvers, operators, the customer (their actors). Sharing
+        the trail (a link made, revoked or sent) decides nothing."""
+        return sorted({e.actor for e in self.events if e.actor.startswith(("user:", "customer:"))
+                       and not e.kind.startswith("trail.")})
 
 
 # What the ledger says of a step's effect: it stands, it never happened, it happened and was undone, or it cannot
@@ -243,10 +246,9 @@ def saga_law(ledger: Ledger) -> None:
     pivots = [a for a in steps if a.saga_role == SagaRole.PIVOT]
     assert len(pivots) <= 1, f"run {run.pk} has more than one pivot: {roles}"
     undone = [a.seq for a in steps if a.status == A.COMPENSATED]
-    if undone and run.status in (R.RUNNING, R.AWAITING_APPROVAL, R.COMPLETED):
-        resumed = any(e.kind == "run.running" and e.actor.startswith("user:") for e in ledger.events)
-        fail(f"run {run.pk} is {run.status} again after steps {undone} were undone: the forward path is closed "
-             f"once a step is compensated", known="resume_reopens_the_forward_path" if resumed else "")
+    assert not (undone and run.status in (R.RUNNING, R.AWAITING_APPROVAL, R.COMPLETED)), \
+        f"run {run.pk} is {run.status} again after steps {undone} were undone: the forward path is closed once a " \
+        f"step is compensated"
     committed = next((a for a in pivots if a.status in (A.SUCCEEDED, *UNDO_STARTED)), None)
     if committed is None:
         return
@@ -319,7 +321,6 @@ def declared(action: Action, kind: str) -> str | None:
 
 NOBODY_REVIEWED = "No person needed to review this"
 NOTHING_FAILED = "could not be completed"
-STOPPED_BY_A_PERSON = ("customer", "operator", "approver")
 
 
 def trail_claims(ledger: Ledger, statements: list[dict]) -> dict[int, set[str]]:
@@ -357,15 +358,11 @@ def trail_is_true(ledger: Ledger, world: World) -> None:
             undo = ledger.latest_undo(action)
             assert undo is not None and world.effect(undo).applied, \
                 f"{where}: the trail says a correction was made; none was sent"
-    stopped = any(a.stopped_by in STOPPED_BY_A_PERSON for a in ledger.forward)
     if any(NOBODY_REVIEWED in t for t in texts) and (people := ledger.people()):
-        fail(f"run {run.pk}: the trail says {NOBODY_REVIEWED!r}, yet {people} decided",
-             known="a_stop_says_nobody_reviewed" if stopped else "")
+        fail(f"run {run.pk}: the trail says {NOBODY_REVIEWED!r}, yet {people} decided")
     if any(NOTHING_FAILED in t for t in texts) and not any(a.status == A.FAILED for a in ledger.forward):
-        idle = any(e.kind == "run.idle" for e in ledger.events)
         fail(f"run {run.pk}: the trail says a step {NOTHING_FAILED!r}, yet none failed: "
-             f"{[(a.seq, a.status) for a in ledger.forward]}",
-             known="a_stop_says_nobody_reviewed" if stopped else "idle_unwind_says_a_step_failed" if idle else "")
+             f"{[(a.seq, a.status) for a in ledger.forward]}")
 
 
 # --- all of it, for the runs that moved ----------------------------------------------------------------------------
