@@ -70,6 +70,8 @@ class NotificationStatus(models.TextChoices):
     SENDING = "sending", "sending"
     SENT = "sent", "sent"
     FAILED = "failed", "failed"
+    # Not sent on purpose: the request it asks someone to decide no longer waited when it was due to leave.
+    WITHHELD = "withheld", "withheld"
 
 
 class Notification(models.Model):
@@ -77,6 +79,10 @@ class Notification(models.Model):
 
     tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="notifications")
     kind = models.CharField(max_length=40)
+    request = models.ForeignKey(
+        ApprovalRequest, on_delete=models.CASCADE, null=True, blank=True, related_name="notifications",
+        help_text="The approval request this message asks someone to decide (an approval email, a digest entry): "
+                  "it is checked as the message leaves, and withheld once the request no longer waits.")
     recipients = models.JSONField(default=list)
     subject = models.CharField(max_length=250)
     body_text = models.TextField()
@@ -85,7 +91,7 @@ class Notification(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
+    last_error = models.TextField(blank=True, help_text="Why the last try failed, or why the message was withheld.")
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)
 

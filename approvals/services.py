@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
@@ -17,6 +17,7 @@ from approvals.addresses import names_person
 from approvals.models import (
     ApprovalDecision, ApprovalLink, ApprovalRequest, ApprovalStatus, Decision, Notification, NotificationStatus,
 )
+from approvals.waiting import no_longer_waiting
 from ledger.audit.chain import ledger_transaction, recording
 from ledger.policy.display import money_in
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
@@ -96,13 +97,15 @@ def what_it_is(action: Action) -> str:
     return ", ".join([action.tool.name, *money_in(action.args, action.tool.display)])
 
 
-def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict) -> Notification | None:
-    """Write an outbox row in the current transaction; a worker sends it after commit."""
+def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict,
+           request: ApprovalRequest | None = None) -> Notification | None:
+    """Write an outbox row in the current transaction; a worker sends it after commit. `request`: the approval
+    request the message asks someone to decide, so that it is withheld should the request stop waiting first."""
     if not recipients:
         return None
     context = {**context, "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
     return Notification.objects.create(
-        tenant_id=tenant_id, kind=kind, recipients=recipients, subject=subject[:250],
+        tenant_id=tenant_id, kind=kind, request=request, recipients=recipients, subject=subject[:250],
         body_text=render_to_string(f"{template}.txt", context),
         body_html=render_to_string(f"{template}.html", context),
         next_attempt_at=timezone.now(),
@@ -136,7 +139,7 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
         context = {"request": request, "action": action, "url": url, "shown": shown,
                    "approve_url": link and link_service.placeholder(link, Decision.APPROVE),
                    "reject_url": link and link_service.placeholder(link, Decision.REJECT)}
-        note = notify(tenant_id=action.tenant_id, kind=REQUESTED, recipients=[approver.email],
+        note = notify(tenant_id=action.tenant_id, kind=REQUESTED, recipients=[approver.email], request=request,
                       subject=f"[Unwind] Approval needed: {what_it_is(action)} ({action.risk} risk)",
                       template="approvals/email/approval_requested", context=context)
         if link is not None:
@@ -151,13 +154,16 @@ def on_approval_required(*, action: Action, requested_by: str) -> None:
 # written in the request's transaction like any email and gathered by the worker as it sends, so nothing is
 # counted in a process's memory and a crash between the two loses nothing (an entry stays pending until the
 # digest that lists it has gone out). A digest carries no decision: each entry links to its approval page.
+# The digest is written as it leaves, from the entries whose request still waits then (`digest_compose`): an
+# entry whose request was decided, withdrawn, voided or expired meanwhile is withheld, and a digest with none
+# left is not sent. Withheld rows do not count towards the threshold: nobody received them.
 
 def digest_due(*, tenant_id: int, email: str) -> bool:
     """Whether this approver already had UNWIND_APPROVAL_DIGEST_AFTER requests mailed (singly or as digest
     entries) within the window, so that the next one goes into a digest."""
     since = timezone.now() - timedelta(seconds=settings.UNWIND_APPROVAL_DIGEST_WINDOW)
     recent = Notification.objects.filter(tenant_id=tenant_id, kind__in=[REQUESTED, DIGEST_ENTRY], recipients=[email],
-                                         created_at__gte=since)
+                                         created_at__gte=since).exclude(status=NotificationStatus.WITHHELD)
     return recent.count() >= settings.UNWIND_APPROVAL_DIGEST_AFTER
 
 
@@ -167,7 +173,7 @@ def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str
     context = {"request": request, "action": action, "url": url, "shown": surfaces.shown(request, surfaces.EMAIL),
                "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
     Notification.objects.create(
-        tenant_id=request.tenant_id, kind=DIGEST_ENTRY, recipients=[email], next_attempt_at=None,
+        tenant_id=request.tenant_id, kind=DIGEST_ENTRY, request=request, recipients=[email], next_attempt_at=None,
         subject=f"In the next digest: {what_it_is(action)} ({action.risk} risk), request {request.pk}"[:250],
         body_text=render_to_string("approvals/email/approval_digest_entry.txt", context),
         body_html=render_to_string("approvals/email/approval_digest_entry.html", context))
@@ -183,22 +189,44 @@ def digest_add(*, request: ApprovalRequest, action: Action, email: str, url: str
             next_attempt_at=timezone.now() + timedelta(seconds=settings.UNWIND_APPROVAL_DIGEST_WINDOW))
 
 
-def digest_compose(note: Notification) -> list[int] | None:
-    """Write the digest's subject and body from the entries waiting for its address; their ids (to mark sent
-    once the mail is out), or None when an earlier digest already carried them all."""
-    entries = list(Notification.objects.filter(
+def digest_compose(note: Notification, *, now: datetime) -> tuple[list[int], str]:
+    """Write the digest's subject and body from the entries for its address whose request still waits `now`,
+    withholding the others (each with its reason). Returns the listed entries' ids (to mark sent once the mail is
+    out) and "", or no ids and why the digest must not be sent: none of its requests waits any more."""
+    pending = list(Notification.objects.filter(
         tenant_id=note.tenant_id, kind=DIGEST_ENTRY, recipients=note.recipients, status=NotificationStatus.PENDING,
-        next_attempt_at__isnull=True).order_by("created_at", "pk"))
+        next_attempt_at__isnull=True).select_related("request").order_by("created_at", "pk"))
+    if not pending:
+        return [], _digest_not_sent(note, "an earlier digest already listed every request that was waiting for "
+                                          "this address")
+    entries, gone = [], []
+    for entry in pending:
+        why = no_longer_waiting(entry.request, now=now) if entry.request is not None else ""
+        if why:
+            Notification.objects.filter(pk=entry.pk, status=NotificationStatus.PENDING).update(
+                status=NotificationStatus.WITHHELD, last_error=f"not sent: {why}"[:2000])
+            gone.append(why)
+        else:
+            entries.append(entry)
     if not entries:
-        return None
-    context = {"entries": entries, "count": len(entries), "after": settings.UNWIND_APPROVAL_DIGEST_AFTER,
-               "window": settings.UNWIND_APPROVAL_DIGEST_WINDOW, "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
+        return [], _digest_not_sent(note, "none of the requests it would list waits any more: " + "; ".join(gone))
+    context = {"entries": entries, "count": len(entries), "gone": len(gone),
+               "after": settings.UNWIND_APPROVAL_DIGEST_AFTER, "window": settings.UNWIND_APPROVAL_DIGEST_WINDOW,
+               "base_url": settings.UNWIND_BASE_URL.rstrip("/")}
     note.subject = f"[Unwind] {len(entries)} approval request{'s' if len(entries) != 1 else ''} waiting for you"
     note.body_text = render_to_string("approvals/email/approval_digest.txt", context)
     note.body_html = render_to_string("approvals/email/approval_digest.html", context)
     Notification.objects.filter(pk=note.pk).update(subject=note.subject, body_text=note.body_text,
                                                    body_html=note.body_html)
-    return [entry.pk for entry in entries]
+    return [entry.pk for entry in entries], ""
+
+
+def _digest_not_sent(note: Notification, reason: str) -> str:
+    """The digest's row, rewritten to say it was not sent and why (the outbox lists it so); the reason."""
+    reason = reason[:2000]
+    note.subject, note.body_text, note.body_html = "[Unwind] Approval digest not sent: nothing waits", reason, ""
+    Notification.objects.filter(pk=note.pk).update(subject=note.subject, body_text=note.body_text, body_html="")
+    return reason
 
 
 def on_approval_withdrawn(*, action: Action, reason: str) -> None:
@@ -349,8 +377,19 @@ def approvals_expire(*, now=None) -> int:
 
 # --- outbox ---------------------------------------------------------------------------------------
 
+def notification_withhold(*, note: Notification, reason: str) -> bool:
+    """Mark a claimed outbox row as not sent, and why. False if it was not ours to mark (its lease was lost)."""
+    withheld = Notification.objects.filter(pk=note.pk, status=NotificationStatus.SENDING).update(
+        status=NotificationStatus.WITHHELD, last_error=f"not sent: {reason}"[:2000], lease_expires_at=None) == 1
+    if withheld:
+        log.info("notification %s withheld: %s", note.pk, reason)
+    return withheld
+
+
 def notifications_send(*, now=None) -> int:
-    """Send due outbox rows. Each is claimed with a conditional update, so two workers never both send it."""
+    """Send due outbox rows. Each is claimed with a conditional update, so two workers never both send it. A
+    message that asks someone to decide a request is checked against the request as it leaves, and withheld
+    when the request no longer waits (approvals/waiting.py)."""
     now = now or timezone.now()
     sent = 0
     due = Notification.objects.filter(
@@ -361,13 +400,15 @@ def notifications_send(*, now=None) -> int:
         if Notification.objects.filter(pk=pk, status=status).update(
                 status=NotificationStatus.SENDING, lease_expires_at=lease) != 1:
             continue
-        note = Notification.objects.get(pk=pk)
-        entries = []
+        note = Notification.objects.select_related("request").get(pk=pk)
+        entries, withhold, moment = [], "", max(now, timezone.now())  # as it leaves, not as the batch began
         if note.kind == DIGEST:
-            entries = digest_compose(note)
-            if entries is None:  # its requests went out in an earlier digest: nothing to send
-                Notification.objects.filter(pk=pk, status=NotificationStatus.SENDING).delete()
-                continue
+            entries, withhold = digest_compose(note, now=moment)
+        elif note.request is not None:
+            withhold = no_longer_waiting(note.request, now=moment)
+        if withhold:
+            notification_withhold(note=note, reason=withhold)
+            continue
         # Approval links exist only in the mail as it leaves, never in the stored row (link_service.py).
         message = EmailMultiAlternatives(note.subject, link_service.links_fill(note, note.body_text),
                                          settings.DEFAULT_FROM_EMAIL, note.recipients)

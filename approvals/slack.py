@@ -12,7 +12,8 @@ a rolled-back request posts nothing and a Slack outage loses nothing. A click co
 What the agent wrote is escaped for mrkdwn and labelled as its own (ledger/agent_text.py).
 The decision is then that person's, through `approval_decide`: quorum, separation of duties, expiry and
 void-on-policy-change hold as on the approval page. The message shows the outcome however the request was
-settled (Slack, an email link, the approval page, expiry, a void).
+settled (Slack, an email link, the approval page, expiry, a void). A request that no longer waits when its message
+is due to be posted (decided, withdrawn, voided or expired meanwhile) is not posted at all: the row says why.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from django.utils import timezone
 
 from approvals import surfaces
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision, SlackMessage
+from approvals.waiting import no_longer_waiting
 from ledger import agent_text
 from ledger.executors import egress
 from ledger.errors import UnwindError, ValidationFailed
@@ -151,7 +153,8 @@ def on_approval_requested(*, request: ApprovalRequest) -> None:
 
 def slack_messages_post(*, now=None) -> int:
     """Post due messages. Each try is claimed by a conditional update on its attempt count (and pushed back
-    while it runs), so two workers never both post one; a failure is retried with backoff, up to a limit."""
+    while it runs), so two workers never both post one; a failure is retried with backoff, up to a limit. A
+    message whose request no longer waits is not posted (approvals/waiting.py, the rule email follows)."""
     if not configured():
         return 0
     from slack_sdk.errors import SlackClientError
@@ -166,11 +169,17 @@ def slack_messages_post(*, now=None) -> int:
             continue
         message = SlackMessage.objects.select_related("request").get(pk=pk)
         request = message.request
-        # Decided before it could be posted (an outage, a quick approver): post the outcome, without buttons.
-        outcome = "" if request.status == ApprovalStatus.PENDING else f"Already {request.status}."
+        # Decided, withdrawn, voided or expired before it could be posted (an outage, a quick approver, a cancelled
+        # run): nobody is asked about it. No next attempt; the reason stays on the row.
+        why = no_longer_waiting(request, now=max(now, timezone.now()))
+        if why:
+            SlackMessage.objects.filter(pk=pk, posted_at__isnull=True).update(
+                next_attempt_at=None, last_error=f"not posted: {why}"[:2000])
+            log.info("slack message %s not posted: %s", pk, why)
+            continue
         try:
             answer = client().chat_postMessage(channel=message.channel, text=summary(request),
-                                               blocks=message_blocks(request, outcome=outcome))
+                                               blocks=message_blocks(request))
         except (SlackClientError, OSError) as error:
             SlackMessage.objects.filter(pk=pk).update(last_error=f"{error.__class__.__name__}: {error}"[:2000])
             log.warning("slack message %s not posted (attempt %s): %s", pk, attempts + 1, error)
@@ -178,6 +187,9 @@ def slack_messages_post(*, now=None) -> int:
         SlackMessage.objects.filter(pk=pk).update(ts=answer["ts"], channel=answer.get("channel") or message.channel,
                                                   posted_at=timezone.now(), last_error="")
         posted += 1
+        # Decided while the post was on its way: the decision's own refresh found no message to update yet.
+        if ApprovalRequest.objects.filter(pk=request.pk).exclude(status=ApprovalStatus.PENDING).exists():
+            message_refresh(request.pk)
     return posted
 
 

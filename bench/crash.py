@@ -63,7 +63,7 @@ def trial(tenant, agent, index: int) -> dict:
     run = run_open(tenant=tenant, agent=agent, goal=f"crash {index}", actor="agent:bench")
     key = f"bench-crash-{run.pk}"
     code = ("import django; django.setup(); from ledger.models import Run; from ledger.engine import execution; "
-            "from ledger.engine.actions import action_propose; "
+            "from ledger.engine.proposal import action_propose; "
             f"p = action_propose(run=Run.objects.get(pk={run.pk}), tool_name={TOOL!r}, args={{'run': {run.pk}}}, "
             f"actor='agent:bench', idempotency_key={key!r}); execution.execute(p.action.pk, owner=p.owner, sole_owner=True)")
     dying = subprocess.run([sys.executable, "-c", code], cwd=str(ROOT), capture_output=True, timeout=120, check=False,

@@ -263,6 +263,10 @@ UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
 UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, minimum=60)
+# Hold notices (recovery/hold_notices.py) go only to the tenant's known customer addresses, and at most this many
+# per agent within the window (seconds), counted in the database under the tenant's chain lock.
+UNWIND_HOLD_NOTICES_PER_AGENT = env_int("UNWIND_HOLD_NOTICES_PER_AGENT", 20, minimum=0)
+UNWIND_HOLD_NOTICE_WINDOW = env_int("UNWIND_HOLD_NOTICE_WINDOW", 3600, minimum=1)
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
 UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
@@ -280,6 +284,9 @@ UNWIND_SLACK_API_URL = env_str("UNWIND_SLACK_API_URL", "https://slack.com/api/")
 # Unwind as an MCP server (/mcp, `manage.py mcp`; docs/mcp.md). A session's run is opened with this idle timeout (at
 # most the tenant's run_idle_timeout): a session left idle that long is unwound by the worker's sweep.
 UNWIND_MCP_SESSION_IDLE = env_int("UNWIND_MCP_SESSION_IDLE", 900, minimum=60)
+# Open MCP sessions per agent (mcp_gateway/sessions.py): an initialize past it ends the agent's least recently used
+# session. The sweep removes ended sessions, and idle ones (UNWIND_MCP_SESSION_IDLE) whose run is no longer open.
+UNWIND_MCP_MAX_SESSIONS_PER_AGENT = env_int("UNWIND_MCP_MAX_SESSIONS_PER_AGENT", 50, minimum=1)
 # The sandbox world under /sandbox/ (per-tenant worlds, reset and fault injection): opt-in, for the demo and tests.
 UNWIND_SANDBOX = env_bool("UNWIND_SANDBOX", False)
 

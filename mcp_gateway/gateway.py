@@ -39,6 +39,7 @@ from ledger.engine.proposal import action_propose
 from ledger.engine.attempts import REFUSED
 from ledger.engine.runs import run_cancel, run_complete, run_open
 from mcp_gateway.models import McpSession
+from recovery.hold_notices import notice_of
 
 RESERVED_PREFIX = "unwind_"
 OPEN = (R.RUNNING, R.AWAITING_APPROVAL)  # a run the session may still act in
@@ -263,10 +264,13 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
                        "reason": action.decision_reason, **base}, is_error=True)
     if action.status == A.HELD:
         at = action.next_attempt_at.isoformat(timespec="seconds")
+        notice = notice_of(action.pk)  # the customer may stop it: were they told? (recovery/hold_notices.py)
+        told = f" {notice['why']}" if notice else ""
         return Answer({**base, "pending": True, "executes_at": at,
                        "message": f"{action.tool.name} is held until {at} (an undo window): it runs then unless "
                                   f"someone stops it. To stop it, call unwind_rollback before then: the step is never "
-                                  f"executed. Call unwind_status with action_id {action.pk} to wait for the outcome."},
+                                  f"executed. Call unwind_status with action_id {action.pk} to wait for the "
+                                  f"outcome.{told}", **({"customer_notice": notice} if notice else {})},
                       waiting=action.pk)
     if action.status in ACTIVE_ACTION_STATUSES:
         approval = approval_of(caller, action) if action.status == A.AWAITING_APPROVAL else None

@@ -20,7 +20,6 @@ unsupported `Mcp-Protocol-Version`) answer 4xx with a JSON-RPC error, as the SDK
 from __future__ import annotations
 
 import json
-import secrets
 
 import mcp_types as types
 from django.http import HttpResponse, StreamingHttpResponse
@@ -32,7 +31,7 @@ from pydantic import ValidationError
 from ledger.engine import sql
 from ledger import tracing
 from ledger.models import Agent
-from mcp_gateway import gateway
+from mcp_gateway import gateway, sessions
 from mcp_gateway.gateway import Caller
 from mcp_gateway.models import McpSession
 from mcp_gateway.server import INSTRUCTIONS, NAME, VERSION
@@ -125,15 +124,15 @@ def serve(request, agent: Agent) -> HttpResponse:
 
 
 def initialize(request, agent: Agent, request_id, params: dict, wants_json: bool) -> HttpResponse:
-    """Open a session: its row is written, and its id goes back in Mcp-Session-Id for every later request."""
+    """Open a session: its row is written (within the agent's cap, mcp_gateway/sessions.py), and its id goes back in
+    Mcp-Session-Id for every later request."""
     try:
         offered = types.InitializeRequestParams.model_validate(params)
     except ValidationError as invalid:
         return refuse(400, types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}", request_id)
     version = offered.protocol_version if offered.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS else \
         LATEST_HANDSHAKE_VERSION
-    session = McpSession.objects.create(session_id=secrets.token_hex(16), transport=McpSession.HTTP,
-                                        tenant_id=agent.tenant_id, agent=agent)
+    session = sessions.session_open(agent=agent)  # past the agent's cap, its least recently used session ends
     opened = types.InitializeResult(protocol_version=version, capabilities=CAPABILITIES, instructions=INSTRUCTIONS,
                                     server_info=types.Implementation(name=NAME, version=VERSION))
     return answer(result(request_id, dump(opened)), wants_json=wants_json, session_id=session.session_id)

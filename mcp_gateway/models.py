@@ -2,7 +2,8 @@
 
 This row is the whole session. Over HTTP nothing about it lives in a process's memory: `initialize` writes the row
 and every later request (on any web process, on any machine, after any restart) reads it by its `Mcp-Session-Id`
-(docs/mcp.md, "Sessions and runs").
+(docs/mcp.md, "Sessions and runs"). An agent holds at most UNWIND_MCP_MAX_SESSIONS_PER_AGENT of them, and the sweep
+removes ended and long-idle ones (mcp_gateway/sessions.py).
 """
 from django.db import models
 
@@ -28,7 +29,8 @@ class McpSession(models.Model):
                                               "after.")
 
     class Meta:
-        indexes = [models.Index(fields=["agent", "-last_activity_at"], name="mcp_session_agent_recent")]
+        indexes = [models.Index(fields=["agent", "-last_activity_at"], name="mcp_session_agent_recent"),
+                   models.Index(fields=["last_activity_at"], name="mcp_session_idle")]  # the sweep's scan
 
     def __str__(self):
         return f"MCP session {self.session_id[:12]} ({self.transport})"

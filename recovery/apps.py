@@ -21,6 +21,12 @@ class RecoveryConfig(AppConfig):
         from recovery.models import RecoveryItem
 
         register_fingerprinted(RecoveryItem, fields=RECOVERY_ITEM_FIELDS, kinds=services.RECOVERY_EVENTS)
+        # Who a hold notice may go to: an address added to the list in the database shows in `verify_audit`.
+        from recovery import customers
+        from recovery.models import KnownCustomerAddress
+
+        register_fingerprinted(KnownCustomerAddress, fields=customers.FINGERPRINT_FIELDS,
+                               kinds=(customers.ADDED, customers.REMOVED))
 
 
 # What the operator is told (why, how risky, what to do) and what they decided, by whom, when and why.

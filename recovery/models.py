@@ -115,3 +115,47 @@ class CustomerRequest(models.Model):
 
     def __str__(self):
         return f"customer request {self.pk} on run {self.run_id}"
+
+
+class KnownCustomerAddress(models.Model):
+    """An address the tenant knows as a customer's: one mailbox (`carol@example.com`) or every mailbox at a domain
+    (`@example.com`). A held step's notice goes only to a run's `on_behalf_of` that one of these covers
+    (recovery/hold_notices.py), never to an address an agent made up. Written by people with the tenant's admin role
+    (the Django admin, through recovery/customers.py), each change an event in the audit chain."""
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    address = models.CharField(max_length=254, help_text="carol@example.com (one mailbox) or @example.com (every "
+                                                         "mailbox at that domain; not its subdomains). Stored in "
+                                                         "lower case, ASCII only.")
+    note = models.CharField(max_length=200, blank=True, help_text="Who this is, for the people who keep the list.")
+    created_by = models.CharField(max_length=160)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "address"], name="known_customer_address_once")]
+        ordering = ["tenant", "address"]
+        verbose_name = "known customer address"
+        verbose_name_plural = "known customer addresses"
+
+    def __str__(self):
+        return self.address
+
+
+class HoldNotice(models.Model):
+    """What became of the notice for one held step the customer may stop: sent (to whom) or not (why). The sent
+    ones are what the per-agent bound counts (UNWIND_HOLD_NOTICES_PER_AGENT within UNWIND_HOLD_NOTICE_WINDOW)."""
+
+    tenant = models.ForeignKey("ledger.Tenant", on_delete=models.CASCADE, related_name="+")
+    run = models.ForeignKey("ledger.Run", on_delete=models.CASCADE, related_name="hold_notices")
+    action = models.ForeignKey("ledger.Action", on_delete=models.CASCADE, related_name="hold_notices")
+    agent = models.ForeignKey("ledger.Agent", on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    sent = models.BooleanField()
+    sent_to = models.CharField(max_length=254, blank=True, help_text="The address it was sent to (a known one).")
+    why = models.TextField(help_text="Why it was or was not sent, as the agent and the operators read it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["agent", "sent", "created_at"], name="hold_notices_of_agent")]
+
+    def __str__(self):
+        return f"hold notice for action {self.action_id} ({'sent' if self.sent else 'not sent'})"

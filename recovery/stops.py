@@ -85,29 +85,11 @@ def stop_as_customer(*, token: str, action_id: int) -> Action:
     return holds.action_stop(action_id=action.pk, actor=who[:160], by="customer")
 
 
-HOLD_NOTICE_ACTOR = "system:hold"
-
-
 def on_action_held(*, action: Action, run: Run) -> None:
-    """A step the customer may stop is held in a run acting for an email address: send them the trail's link and
-    the deadline (an outbox row in the engine's transaction, with the new link and its audit event)."""
-    from django.core.exceptions import ValidationError
-    from django.core.validators import validate_email
+    """A step the customer may stop is held: send the person the run acts for the trail's link and the deadline, if
+    the tenant knows that address and the agent is within its bound of notices; else record why not
+    (recovery/hold_notices.py). An outbox row in the engine's transaction, with the new link and its audit events."""
+    from recovery.hold_notices import hold_notice_send
 
-    from approvals.services import notify
-    from recovery.trail import _proposed, _sentence, new_share_link, trail_share_url
-
-    if not holds.customer_can_stop(action.tool):
-        return
-    recipient = (run.on_behalf_of or "").strip()
-    try:
-        validate_email(recipient)
-    except ValidationError:
-        return
-    token = new_share_link(run=run, actor=HOLD_NOTICE_ACTOR, sent_to=recipient)
-    company = run.tenant.name
-    notify(tenant_id=run.tenant_id, kind="hold_notice", recipients=[recipient],
-           subject=f"{company} is about to act on your request (reference {run.pk})",
-           template="recovery/email/hold_notice",
-           context={"run": run, "company": company, "url": trail_share_url(token),
-                    "executes_at": action.next_attempt_at, "words": _sentence(f"we are about to {_proposed(action)}")})
+    if holds.customer_can_stop(action.tool):
+        hold_notice_send(action=action, run=run)

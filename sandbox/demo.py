@@ -2,6 +2,8 @@
 
 Each scenario returns a list of Checks: what was expected, what the ledger and the sandbox world
 say, and whether they agree. `manage.py demo --check` exits non-zero when any check disagrees.
+The last run is left waiting for a person's decision on its charge (`waiting_in_the_inbox`); its agent
+waits for that decision in a thread of its own and finishes the run after it, whenever it comes.
 
 The demo reads and steers the demo tenant's sandbox world as its operator (HTTP Basic), and plays the
 other systems that change the world behind the agent's back with tool calls signed for the tenant, as
@@ -9,6 +11,7 @@ Unwind signs its own.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -19,7 +22,9 @@ import re
 import requests
 
 from ledger.executors import signing
-from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, Unwound
+from sandbox import demo_law
+from sandbox.crawl import login
+from unwind_client import ApprovalPending, InFlight, Refused, Rejected, Unwind, UnwindClientError, Unwound
 
 
 @dataclass
@@ -37,6 +42,7 @@ class Check:
 @dataclass
 class Context:
     base_url: str
+    key: str  # the demo agent's API key
     client: Unwind
     approve: Callable[[int, bool, str], None]  # (action_id, approve?, reason) as a person would
     tenant: str  # the demo tenant's slug: the sandbox world the scenarios act in
@@ -273,8 +279,19 @@ def charge_rules(ctx: Context) -> None:
     ctx.expect(s, "run ends", "completed", ctx.run_status(run.id))
 
 
-def waiting_in_the_inbox(ctx: Context) -> int:
-    """A charge left for a person to approve or reject in the inbox."""
+@dataclass
+class Waiting:
+    """The demo's last run, left for a person to decide its charge, and what its agent saw once they had."""
+
+    run_id: int
+    action_id: int
+    approval_id: int
+    finished: threading.Event = field(default_factory=threading.Event)
+    outcome: str = ""  # "completed", or why the agent had nothing left to do
+
+
+def waiting_in_the_inbox(ctx: Context) -> Waiting | None:
+    """A charge left for a person to approve or reject in the inbox; its agent waits for them in the background."""
     run = ctx.client.run(goal="Trip to Berlin", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "LH1169", "date": "2027-01-08"})
     run.act("travel.reserve_hotel", {"guest": "Carol", "hotel": "Hotel Adlon", "nights": 2})
@@ -283,8 +300,62 @@ def waiting_in_the_inbox(ctx: Context) -> int:
                 intent={"goal": "pay for the Berlin trip", "reasoning": "flight and hotel are booked", "confidence": 0.88})
     except ApprovalPending as pending:
         ctx.runs["5 inbox"] = run.id
-        return pending.action_id
-    return 0
+        waiting = Waiting(run_id=run.id, action_id=pending.action_id, approval_id=pending.approval_id)
+        threading.Thread(target=finish_after_the_decision, args=(Unwind(ctx.base_url, ctx.key), waiting),
+                         name="demo-agent", daemon=True).start()
+        return waiting
+    return None
 
 
-SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules]
+def finish_after_the_decision(agent: Unwind, waiting: Waiting) -> None:
+    """The Berlin run's agent, with a client of its own: it waits as long as it takes for a person to decide its
+    charge. Approved, the charge runs and the agent completes the run, so its trail says the task is done. Rejected
+    (or expired), Unwind unwinds the hotel and the flight by the saga law, and the agent has nothing left to do.
+    A demo stopped meanwhile ends the wait (the server is gone); the run is left as it stands."""
+    try:
+        agent.settle(agent.wait_for(waiting.action_id, timeout=None), timeout=None)
+        agent.get_run(waiting.run_id).complete()
+        waiting.outcome = "completed"
+    except Rejected as refused:
+        waiting.outcome = f"{refused.action.get('status')}: {refused.reason}; Unwind unwinds the run"
+    except Unwound as failed:
+        waiting.outcome = f"the charge did not go through ({failed.error_class or failed.action.get('status')}); " \
+                          f"the run is {failed.run_status}"
+    except UnwindClientError as gone:
+        waiting.outcome = f"stopped waiting: {gone}"
+    finally:
+        waiting.finished.set()
+
+
+def approved_in_the_inbox(ctx: Context, waiting: Waiting | None, approver: tuple[str, str],
+                          operator: tuple[str, str]) -> None:
+    """What the README invites (demo --check does it): the approver approves the waiting €920.00 charge on its page,
+    the demo's agent completes its run, and the run's correction trail, opened from a share link, says so."""
+    s = "5 inbox"
+    if waiting is None:
+        ctx.expect(s, "a charge waits in the inbox", True, False)
+        return
+    person = login(ctx.base_url, *approver)
+    page = f"{ctx.base_url}/approvals/{waiting.approval_id}/"
+    ctx.expect(s, "the €920.00 charge waits on its page", True, "€920.00" in person.get(page, timeout=10).text)
+    answer = person.post(f"{page}decide/", data={"csrfmiddlewaretoken": person.cookies.get("csrftoken", ""),
+                                                 "decision": "approve"},
+                         headers={"Referer": page}, timeout=30, allow_redirects=False)
+    ctx.expect(s, "approved on its page", 302, answer.status_code)
+    waiting.finished.wait(timeout=30)
+    ctx.expect(s, "the agent completes its run", "completed", waiting.outcome or "still waiting after 30 s")
+    ctx.expect(s, "run ends", "completed", ctx.run_status(waiting.run_id))
+    charge = ctx.client.action(waiting.action_id).get("result") or {}
+    ctx.expect(s, "charge captured", "captured", charge.get("status"))
+    staff = login(ctx.base_url, *operator)
+    run_page = f"{ctx.base_url}/console/runs/{waiting.run_id}/"
+    staff.get(run_page, timeout=10)
+    shared = staff.post(f"{run_page}trail/links/", data={"csrfmiddlewaretoken": staff.cookies.get("csrftoken", "")},
+                        headers={"Referer": run_page}, timeout=10)
+    link = re.search(r"https?://[^\s\"<]+/console/trail/[A-Za-z0-9_-]{43}/", shared.text)
+    trail = requests.get(link.group(0), timeout=10).text if link else ""
+    said = [words for words in ("The agent finished the task", "still working") if words in trail]
+    ctx.expect(s, "her trail says the task is done", ["The agent finished the task"], said)
+
+
+SCENARIOS = [onboarding, travel, crm, email_correction, charge_rules, demo_law.the_law_on_every_button]

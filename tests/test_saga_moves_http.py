@@ -26,6 +26,7 @@ from tests.helpers import acme, act, fault, open_run
 from tests.test_console_scenarios import new_ticket
 from tests.test_holds import hold
 from tests.test_holds_pages import form_post, login
+from tests.test_notifications import smtp  # noqa: F401
 
 pytest_plugins = ["tests.api_fixtures"]
 NO_REVIEW = "No person needed to review this"
@@ -142,6 +143,19 @@ def test_the_customers_stop_says_it_also_cancels_the_flight_and_her_trail_says_s
     assert "you stopped a later step before it was taken, so we began undoing the changes made before it." in trail
     assert "a step could not be completed" not in trail and NO_REVIEW not in trail
     assert "Who decided: you." in trail
+
+
+def test_the_hold_notice_email_says_what_else_stopping_undoes(live, smtp, settings):
+    from approvals.services import notifications_send
+    from recovery.customers import known_customer_add
+
+    settings.UNWIND_BASE_URL = live.base
+    known_customer_add(tenant=live.acme, address="carol@example.com", user=live.ada)
+    run, flight, email = flight_then_held_email(live)
+    notifications_send()
+    [mail] = [m for m in smtp.messages if "carol@example.com" in m["To"]]
+    text = mail.get_body(("plain",)).get_content()
+    assert "Stopping it also undoes an earlier step of this request: book a flight" in text
 
 
 def test_an_operators_stop_says_what_it_undoes_and_the_trail_names_the_operator(live):

@@ -150,13 +150,16 @@ def test_a_slack_outage_loses_nothing(live, slack_api):
     assert SlackMessage.objects.get().ts and len(slack_api.calls) == 2
 
 
-def test_a_request_decided_before_it_was_posted_is_posted_without_buttons(live, slack_api):
+def test_a_request_decided_before_it_was_posted_is_not_posted(live, slack_api):
     action = act(open_run(live), "payments.charge", CHARGE)
     approval = ApprovalRequest.objects.get(action=action)
     approval_decide(request=approval, user=live.alice, approve=False, reason="not now")
-    assert slack.slack_messages_post() == 1
-    blocks = json.dumps(slack_api.calls[-1]["args"]["blocks"])
-    assert "Already rejected." in blocks and "unwind_approve" not in blocks
+    assert slack.slack_messages_post() == 0 and slack_api.calls == []  # nobody is asked about a decided request
+    message = SlackMessage.objects.get(request=approval)
+    assert message.posted_at is None and message.ts == "" and message.next_attempt_at is None
+    assert message.last_error.startswith(f"not posted: request {approval.pk} was rejected at ")
+    assert message.last_error.endswith(": not now")
+    assert slack.slack_messages_post(now=timezone.now() + timedelta(hours=1)) == 0 and slack_api.calls == []
 
 
 def test_nothing_is_posted_without_a_channel(live, settings):

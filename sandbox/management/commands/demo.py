@@ -36,6 +36,8 @@ from ledger.management.commands.worker import stop_group, stop_when_parent_dies
 from ledger.models import Agent, Run, Tenant
 from ledger.tenancy import agent_create, membership_set, tenant_create
 from ledger.policy.versions import tool_upsert, tools_load
+from recovery.customers import known_customer_add
+from recovery.models import KnownCustomerAddress
 
 TENANT = "demo"
 PEOPLE = [  # username, role, password (demo only: printed on the terminal), what to try with it
@@ -44,6 +46,7 @@ PEOPLE = [  # username, role, password (demo only: printed on the terminal), wha
     ("viewer", "viewer", "viewer-demo", "reads runs and trails, decides nothing"),
 ]
 ADMIN = ("admin", "superuser", "admin-demo", "/admin/: tools, policy versions, keys")
+DEMO_CUSTOMER = "carol@company.com"
 VAR = Path(settings.BASE_DIR) / "var"
 DEMO_DATABASE = VAR / "demo.sqlite3"
 MAIL_DIR = VAR / "demo-mail"
@@ -94,7 +97,8 @@ class Command(BaseCommand):
                                               stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
                                               preexec_fn=stop_when_parent_dies))
             self.wait_for(base_url, processes)
-            checks, runs, waiting = self.scenarios(base_url, key)
+            # `make demo` leaves the last charge for you to decide; --check decides it as you would.
+            checks, runs, waiting = self.scenarios(base_url, key, decide_the_waiting_charge=check)
             checks += self.console_checks(base_url, runs)
             failed = self.report(checks)
             if check:
@@ -145,6 +149,10 @@ class Command(BaseCommand):
             membership_set(tenant=tenant, user=user, role=role)
         if not User.objects.filter(username=ADMIN[0]).exists():
             User.objects.create_superuser(ADMIN[0], f"{ADMIN[0]}@demo.example", ADMIN[2])
+        # Hold notices go only to addresses the tenant knows (recovery/customers.py): Carol is the demo's customer.
+        if not KnownCustomerAddress.objects.filter(tenant=tenant, address=DEMO_CUSTOMER).exists():
+            known_customer_add(tenant=tenant, address=DEMO_CUSTOMER, note="the demo's customer",
+                               user=User.objects.get(username=ADMIN[0]))
         from sandbox.services import sandbox_reset
 
         sandbox_reset(tenant=tenant)
@@ -171,7 +179,7 @@ class Command(BaseCommand):
             time.sleep(0.3)
         raise CommandError(f"{base_url} did not answer within 60 s")
 
-    def scenarios(self, base_url: str, key: str):
+    def scenarios(self, base_url: str, key: str, *, decide_the_waiting_charge: bool):
         from sandbox import demo
         from unwind_client import Unwind
 
@@ -181,7 +189,7 @@ class Command(BaseCommand):
             request = ApprovalRequest.objects.get(action_id=action_id, status="pending")
             approval_decide(request=request, user=approver, approve=approve, reason=reason)
 
-        operator = next((username, password) for username, role, password, _ in PEOPLE if role == "operator")
+        operator = login_of("operator")
         policy = yaml.safe_load((Path(settings.BASE_DIR) / "sandbox" / "policy.yaml").read_text())
 
         def hold(tool: str, value) -> None:
@@ -196,20 +204,30 @@ class Command(BaseCommand):
             found = re.search(r"/console/trail/[A-Za-z0-9_-]{43}/", note.body_text) if note else None
             return base_url + found.group(0) if found else ""
 
-        ctx = demo.Context(base_url=base_url, client=Unwind(base_url, key), approve=decide, tenant=TENANT,
+        ctx = demo.Context(base_url=base_url, key=key, client=Unwind(base_url, key), approve=decide, tenant=TENANT,
                            operator=operator, hold=hold, notice_link=notice_link)
         for scenario in demo.SCENARIOS:
-            self.say(f"scenario: {scenario.__doc__.strip().splitlines()[0]}")
-            try:
-                scenario(ctx)
-            except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a failed check, reported with the rest
-                ctx.expect(scenario.__name__, "ran to the end", "yes", f"{exc.__class__.__name__}: {exc}")
-        waiting = demo.waiting_in_the_inbox(ctx)
+            self.run_scenario(ctx, scenario)
+        waiting = demo.waiting_in_the_inbox(ctx)  # its agent finishes the run once a person decides
+        if decide_the_waiting_charge:
+
+            def approved_in_the_inbox(ctx):
+                """A person approves the charge left waiting; its agent completes the run."""
+                demo.approved_in_the_inbox(ctx, waiting, approver=login_of("approver"), operator=operator)
+
+            self.run_scenario(ctx, approved_in_the_inbox)
         # The pages need their stylesheet and htmx from this very server (DEBUG off, as a newcomer runs it).
         served = [requests.get(f"{base_url}{settings.STATIC_URL}{path}", timeout=10).status_code
                   for path in ("unwind/unwind.css", "unwind/htmx.min.js")]
         ctx.expect("0 pages", "stylesheet and htmx served", [200, 200], served)
         return ctx.checks, ctx.runs, waiting
+
+    def run_scenario(self, ctx, scenario) -> None:
+        self.say(f"scenario: {scenario.__doc__.strip().splitlines()[0]}")
+        try:
+            scenario(ctx)
+        except Exception as exc:  # noqa: BLE001 - a scenario that breaks is a failed check, reported with the rest
+            ctx.expect(scenario.__name__, "ran to the end", "yes", f"{exc.__class__.__name__}: {exc}")
 
     def report(self, checks) -> int:
         width = max(len(c.what) for c in checks) if checks else 10
@@ -262,7 +280,7 @@ class Command(BaseCommand):
                                 result.problems[:5]))
         return checks
 
-    def welcome(self, base_url: str, runs: dict, waiting: int) -> None:
+    def welcome(self, base_url: str, runs: dict, waiting) -> None:
         """The last lines on the terminal: where to click, then who to log in as. Nothing prints after them."""
         line = self.stdout.write
         line("")
@@ -270,9 +288,9 @@ class Command(BaseCommand):
         line("")
         line("Where to click:")
         if waiting:
-            request = ApprovalRequest.objects.filter(action_id=waiting).first()
-            if request:
-                line(f"  a charge waits for your decision   {base_url}/approvals/{request.pk}/")
+            line(f"  a charge waits for your decision   {base_url}/approvals/{waiting.approval_id}/")
+            line("                                     (approve it: the demo's agent completes its run; reject it: "
+                 "Unwind undoes the hotel and the flight)")
         line(f"  recovery queue                     {base_url}/console/recovery/")
         for name, run_id in runs.items():
             line(f"  run of scenario {name:18s} {base_url}/console/runs/{run_id}/")
@@ -335,6 +353,11 @@ def demo_database_to_clear(database: dict, *, keep: bool) -> Path | None:
         return None
     path = Path(str(database["NAME"]))
     return DEMO_DATABASE if path.resolve() == DEMO_DATABASE.resolve() else None
+
+
+def login_of(role: str) -> tuple[str, str]:
+    """(username, password) of the demo's person with this role."""
+    return next((username, password) for username, their_role, password, _ in PEOPLE if their_role == role)
 
 
 def call_command_output(name: str) -> str:
