@@ -234,7 +234,8 @@ UNDO_STARTED = (A.COMPENSATING, A.COMPENSATED, A.COMPENSATION_FAILED)
 
 def saga_law(ledger: Ledger) -> None:
     """Compensatable steps, then at most one pivot, then retriable ones; once a step is undone the run never goes
-    forward again; after the pivot, nothing before it is undone unless a person decided to compensate the run."""
+    forward again; after the pivot the run only moves forward: neither it nor a step before it is undone unless a
+    person decided to compensate the run."""
     run = ledger.run
     steps = [a for a in ledger.forward if a.status not in NEVER_RAN
              and not (a.status == A.FAILED and a.error_class == attempts.REFUSED)]
@@ -250,13 +251,13 @@ def saga_law(ledger: Ledger) -> None:
     committed = next((a for a in pivots if a.status in (A.SUCCEEDED, *UNDO_STARTED)), None)
     if committed is None:
         return
-    before = [a.seq for a in steps if a.seq < committed.seq and a.status in UNDO_STARTED]
-    if before:
+    back = [a.seq for a in steps if a.seq <= committed.seq and (a.status in UNDO_STARTED or ledger.undos.get(a.pk))]
+    if back:
         pivot_at = min((e.seq for e in ledger.events if e.kind == "run.pivot_committed"), default=0)
         chose = any(e.kind == "run.unwinding" and e.actor.startswith("user:") and e.seq > pivot_at
                     for e in ledger.events)
-        assert chose, f"run {run.pk}: steps {before} before its pivot (step {committed.seq}) were undone after it " \
-                      f"committed, and no person decided to compensate it"
+        assert chose, f"run {run.pk}: steps {back} (up to its pivot, step {committed.seq}) are being undone after " \
+                      f"it committed, and no person decided to compensate it"
 
 
 def run_has_what_the_design_says(ledger: Ledger, items: int, requests: list[tuple[int, str, int]]) -> None:

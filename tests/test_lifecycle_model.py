@@ -819,5 +819,20 @@ def test_an_agent_gone_after_the_pivot_leaves_the_run_to_a_person(model):
            then=lambda state: assert_equal(runs_of(state), [("needs_attention", "idle_after_pivot")]))
 
 
+def test_a_run_the_agent_walks_away_from_settles(model):
+    """A flight, and nothing more from the agent: once the clock passes its idle timeout, the sweep unwinds it."""
+    replay(model, ("first_run", {"picks": [5]}))
+
+
+def test_completing_a_run_with_a_held_step_is_refused(model):
+    replay(model, ("first_run", {"picks": [4]}), ("agent_ends", {"index": 0, "name": "complete"}),
+           then=lambda state: assert_equal(state.tally["move agent complete refused"], 1))
+
+
+def test_closing_a_run_that_needs_nobody_is_refused(model):
+    replay(model, ("first_run", {"picks": [5]}), ("any_move", {"index": 0, "which": 4, "step": 0, "who": "alice"}),
+           then=lambda state: assert_equal(state.tally["move operator close refused"], 1))
+
+
 def assert_equal(got, expected) -> None:
     assert got == expected, f"the scenario went elsewhere: {got!r}, not {expected!r}"
