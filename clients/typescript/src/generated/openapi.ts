@@ -55,7 +55,7 @@ export interface paths {
         };
         /**
          * Wait for an action's outcome (long-poll)
-         * @description Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, compensated…) or the agent must report a client-executed tool; otherwise after `timeout` seconds with 202 and the action as it stands.
+         * @description Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, compensated…) or the agent must report a client-executed tool; otherwise after `timeout` seconds with 202 and the action as it stands. Each agent key (or person) may have UNWIND_MAX_WAITS_PER_AGENT waits open at once; one more answers 429 too_many_waits with Retry-After, without waiting.
          */
         get: operations["actions_wait"];
         put?: never;
@@ -1218,9 +1218,10 @@ export interface components {
          *     * `settle_failed` - recording the outcome failed
          *     * `read_back_incomplete` - found done, but its record is incomplete
          *     * `customer_request` - the customer asks for a correction
+         *     * `tampered` - the ledger was edited behind Unwind's back
          * @enum {string}
          */
-        ReasonEnum: "step_failed" | "compensation_failed" | "verification_failed" | "drift" | "approval_rejected" | "approval_expired" | "lease_lost" | "outcome_unknown" | "cancelled_after_pivot" | "irreversible_effects" | "idle_after_pivot" | "settle_failed" | "read_back_incomplete" | "customer_request";
+        ReasonEnum: "step_failed" | "compensation_failed" | "verification_failed" | "drift" | "approval_rejected" | "approval_expired" | "lease_lost" | "outcome_unknown" | "cancelled_after_pivot" | "irreversible_effects" | "idle_after_pivot" | "settle_failed" | "read_back_incomplete" | "customer_request" | "tampered";
         RecoveryItemDetailOut: {
             id: number;
             status: components["schemas"]["RecoveryItemStatusEnum"];
@@ -1814,7 +1815,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Problem; code: throttled, locked_out (HTTP Basic after too many failed logins) */
+            /** @description Problem; code: too_many_waits (limit, retry_after): this caller already has that many waits open; nothing was done, throttled */
             429: {
                 headers: {
                     [name: string]: unknown;
@@ -2328,8 +2329,9 @@ export interface operations {
                  *     * `settle_failed` - recording the outcome failed
                  *     * `read_back_incomplete` - found done, but its record is incomplete
                  *     * `customer_request` - the customer asks for a correction
+                 *     * `tampered` - the ledger was edited behind Unwind's back
                  */
-                reason?: "step_failed" | "compensation_failed" | "verification_failed" | "drift" | "approval_rejected" | "approval_expired" | "lease_lost" | "outcome_unknown" | "cancelled_after_pivot" | "irreversible_effects" | "idle_after_pivot" | "settle_failed" | "read_back_incomplete" | "customer_request";
+                reason?: "step_failed" | "compensation_failed" | "verification_failed" | "drift" | "approval_rejected" | "approval_expired" | "lease_lost" | "outcome_unknown" | "cancelled_after_pivot" | "irreversible_effects" | "idle_after_pivot" | "settle_failed" | "read_back_incomplete" | "customer_request" | "tampered";
                 /**
                  * @description * `low` - low
                  *     * `medium` - medium
