@@ -1,6 +1,6 @@
 """Web servers in processes of their own, on the test database, for tests that read what a real deployment does.
 
-`Served("gunicorn", …)` runs the README's production command (`gunicorn config.wsgi -w 4`, DEBUG off);
+`Served("gunicorn", …)` runs the README's production command (gunicorn with four ASGI workers, DEBUG off);
 `Served("runserver", …)` the development server (`make demo`'s). Either writes its stdout and stderr to `log`.
 """
 from __future__ import annotations
@@ -34,8 +34,9 @@ class Served:
 
     def start(self) -> Served:
         if self.kind == "gunicorn":
-            command = [GUNICORN, "config.wsgi", "-w", str(self.workers), "-b", f"127.0.0.1:{self.port}",
-                       "--timeout", "60"]
+            # The README's production command (docs/production.md, "The web server").
+            command = [GUNICORN, "config.asgi", "-k", "config.http_worker.Worker", "-w", str(self.workers),
+                       "-b", f"127.0.0.1:{self.port}", "--timeout", "60", "--graceful-timeout", "40"]
         else:
             command = [sys.executable, "manage.py", "runserver", f"127.0.0.1:{self.port}", "--noreload"]
         with open(self.log, "ab") as log:
