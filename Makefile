@@ -50,8 +50,10 @@ demo-check: $(STAMP)
 
 test-deps: $(TEST_STAMP)
 
+# Then the TypeScript client's own tests on a live server, when Node.js is present (TS=0 skips them).
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@[ "$(TS)" = 0 ] || PYTHON=$(CURDIR)/$(BIN)/python sh clients/typescript/scripts/ci.sh
 
 # The lifecycle model (tests/test_lifecycle_model.py) for long: SAGA_EXAMPLES examples with random seeds, failing on
 # the known open findings too. DATABASE_URL=postgres://... and UNWIND_FAST_PATH=0 choose the database and the path;

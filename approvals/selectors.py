@@ -46,7 +46,9 @@ def inbox_requests(*, tenant_ids: list[int], tenant: str = "", risk: str = "", t
         requests = requests.filter(action__tool__name=tool)
     if status != ANY_STATUS:
         requests = requests.filter(status=status or ApprovalStatus.PENDING)
-    return requests.select_related("tenant", "run__agent", "action__tool", "tool").order_by("-created_at", "-pk")
+    # The undone step and its tool: an undo's amount is that step's (approvals/surfaces.py, `amounts`).
+    return (requests.select_related("tenant", "run__agent", "action__tool", "action__compensates__tool", "tool")
+            .order_by("-created_at", "-pk"))
 
 
 # --- one request ------------------------------------------------------------------------------------
@@ -57,7 +59,7 @@ def approval_for(user, pk: int) -> ApprovalRequest | None:
     decisions = ApprovalDecision.objects.select_related("user").order_by("created_at", "pk")
     return (ApprovalRequest.objects.annotate(viewer_role=Subquery(role))
             .filter(pk=pk, viewer_role__isnull=False)
-            .select_related("tenant", "run__agent", "action__tool", "tool")
+            .select_related("tenant", "run__agent", "action__tool", "action__compensates__tool", "tool")
             .prefetch_related(Prefetch("decisions", queryset=decisions))
             .first())
 
@@ -136,6 +138,8 @@ class PreviewView:
     intent: dict
     heading: str
     why: list = field(default_factory=list)  # why the tool's rules ask a person (approvals/surfaces.py, `why`)
+    amounts: str = ""  # what the request is about, in money (approvals/surfaces.py, `amounts`)
+    undo: dict | None = None  # for an undo, Unwind's words about it (approvals/surfaces.py, `undo`)
 
 
 # What the "what the action does" panel is called as the step moves on: a request is read before the
@@ -158,18 +162,25 @@ def preview_view(approval: ApprovalRequest) -> PreviewView:
     preview = approval.preview or {}
     args = preview.get("args") or {}
     display = approval.action.tool.display or {}
+    # An undo's before-state is the undone step's target as that step left it: its values read as that step's tool
+    # reads them (a charge's amount_cents as money), with that step's arguments (the currency).
+    forward = approval.action.compensates if approval.is_compensation else None
+    before_display, before_args = (forward.tool.display or {}, forward.args) if forward else (display, args)
     return PreviewView(
         args=[{"name": name, **shown_value(value, name=name, display=display, args=args)}
               for name, value in sorted(args.items())],
         target=describe_target(preview, approval.action.tool),
-        diff=diff_rows(preview.get("before"), preview.get("proposed") or {}, display=display, args=args),
+        diff=diff_rows(preview.get("before"), preview.get("proposed") or {}, display=before_display,
+                       args=before_args),
         no_diff_reason=no_diff_reason(preview, approval),
         compensation="" if approval.is_compensation else compensation_words(
             preview, plan=approval.action.compensation_plan or {}, tenant=approval.tenant, risk=approval.risk),
-        undoes=undoes_words(preview.get("undoes")),
-        intent=intent_of(preview.get("intent") or {}),
+        undoes=undoes_words(preview.get("undoes"), display=before_display),
+        intent=intent_of({} if approval.is_compensation else preview.get("intent") or {}),
         heading=heading_for(approval.action),
         why=surfaces.why(approval),
+        amounts=", ".join(surfaces.amounts(approval.action)),
+        undo=surfaces.undo(approval),
     )
 
 
@@ -265,10 +276,14 @@ def compensation_words(preview: dict, *, plan: dict, tenant: Tenant, risk: str) 
     return sentence
 
 
-def undoes_words(undoes: dict | None) -> str:
+def undoes_words(undoes: dict | None, *, display: dict) -> str:
+    """"This undoes step 3, payments.charge called with amount_cents = €610.00 (61000 as sent), …": the undone
+    step's arguments as its tool's display hint reads them."""
     if not undoes:
         return ""
-    args = ", ".join(f"{name} = {pretty(value)}" for name, value in sorted((undoes.get("args") or {}).items()))
+    sent = undoes.get("args") or {}
+    args = ", ".join(f"{name} = {surfaces.value_text(value, name=name, display=display, args=sent)}"
+                     for name, value in sorted(sent.items()))
     return f"This undoes step {undoes.get('seq')}, {undoes.get('tool')} called with {args or 'no arguments'}."
 
 

@@ -19,7 +19,6 @@ from approvals.models import (
 )
 from approvals.waiting import no_longer_waiting
 from ledger.audit.chain import ledger_transaction, recording
-from ledger.policy.display import money_in
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
 from ledger.engine.actions import action_approve, action_reject
@@ -92,9 +91,10 @@ def approvers(tenant_id: int) -> list:
 
 
 def what_it_is(action: Action) -> str:
-    """A subject's name for the step: the tool and, where its display hint names amounts, those amounts as money
-    ("payments.charge, €920.00"), so an inbox or the outbox list says what a request is about unopened."""
-    return ", ".join([action.tool.name, *money_in(action.args, action.tool.display)])
+    """A subject's name for the step: the tool and what it is about in money ("payments.charge, €920.00";
+    "payments.refund, €610.00" for the refund of that charge: approvals/surfaces.py, `amounts`), so an inbox or the
+    outbox list says what a request is about unopened."""
+    return ", ".join([action.tool.name, *surfaces.amounts(action)])
 
 
 def notify(*, tenant_id: int, kind: str, recipients: list[str], subject: str, template: str, context: dict,
@@ -277,11 +277,14 @@ def on_policy_changed(*, retired: Tool, current: Tool, actor: str) -> None:
 
 def is_requester(request: ApprovalRequest, user) -> bool:
     """Separation of duties: whoever asked for the action, or on whose behalf it acts, cannot approve it, under any
-    spelling of their address (`approvals.addresses`: parsed, domain case-folded, local part as the tenant says)."""
+    spelling of their address (`approvals.addresses`: NFKC, parsed, the domain without its trailing dot and through
+    IDNA, the sub-address and the local part's case as the tenant's defaults say)."""
     if request.requested_by == actor_of(user):
         return True
+    tenant = request.tenant
     return names_person(request.run.on_behalf_of, username=user.get_username(), email=user.email,
-                        local_part_case_sensitive=request.tenant.local_part_case_sensitive)
+                        local_part_case_sensitive=tenant.local_part_case_sensitive,
+                        subaddress_separators=tenant.subaddress_separators)
 
 
 def approval_decide(*, request: ApprovalRequest, user, approve: bool, reason: str = "") -> ApprovalRequest:

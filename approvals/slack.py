@@ -95,8 +95,16 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
     target = preview.get("target") or {}
     args = "\n".join(_line(arg["name"], arg["text"]) for arg in shown.args) or "none"
     what = "Undo with" if request.is_compensation else "Approval needed:"
-    why = [f"*The agent's reasoning*\n{_prose(texts['reasoning'])}" if texts["reasoning"] else
-           "*The agent's reasoning*\n(none given)"]
+    money = "".join(f", {amount}" for amount in shown.amounts)
+    undo = shown.undo
+    if undo:  # Unwind's undo: only the run's goal and whom it acts for are the agent's words (approvals/surfaces.py)
+        why = [f"*Why this is asked (Unwind's words)*\nUnwind is undoing step {undo['seq']} "
+               f"(`{agent_text.slack(undo['tool'])}`{money}) of this run, and this undo waits for a person."]
+        arguments = f"*Arguments Unwind will send* (worked out from step {undo['seq']} and what its tool answered)"
+    else:
+        why = [f"*The agent's reasoning*\n{_prose(texts['reasoning'])}" if texts["reasoning"] else
+               "*The agent's reasoning*\n(none given)"]
+        arguments = "*Arguments, as the agent sent them*"
     goals = [f"*{label} (as the agent wrote it)*\n{_prose(texts[key])}"
              for key, label in (("goal", "Step goal"), ("run_goal", "Run goal")) if texts[key]]
     # Why the tool's rules ask a person: the policy's words, then the values it read (the agent's, in a code span).
@@ -104,8 +112,8 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
         f"• {agent_text.slack(line['policy'])}" + (f" — {_code(line['values'])}" if line["values"] else "")
         for line in shown.why)] if shown.why else []
     blocks = [
-        {"type": "section", "text": {
-            "type": "mrkdwn", "text": f"*{what} `{preview.get('tool')}`* ({request.risk} risk), request {request.pk}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": (
+            f"*{what} `{preview.get('tool')}`*{money} ({request.risk} risk), request {request.pk}")}},
         {"type": "section", "fields": [
             {"type": "mrkdwn", "text": f"*Target*\n{target.get('type') or 'target'} "
                                        f"{_code(texts['target']) if texts['target'] else '(new)'}"},
@@ -113,7 +121,7 @@ def message_blocks(request: ApprovalRequest, *, outcome: str = "") -> list[dict]
                                        + (_code(texts["on_behalf_of"]) if texts["on_behalf_of"] else "(nobody named)")},
         ]},
         *({"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in reasons),
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Arguments, as the agent sent them*\n{args}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"{arguments}\n{args}"}},
         *({"type": "section", "text": {"type": "mrkdwn", "text": text}} for text in why + goals),
     ]
     page = settings.UNWIND_BASE_URL.rstrip("/") + reverse("approvals:detail", args=[request.pk])

@@ -7,7 +7,12 @@ A decision from that channel for such a request is refused too (`fits`), whateve
 request's preview is fixed when it is made, so this is the same answer the message was built from.
 
 Values read as their tool's display hint has them (ledger/policy/display.py: "€482.00", not 48200), the value as sent
-beside it.
+beside it, and what a request is about in money comes from one place (`amounts`): an undo (a refund names only the
+charge) is about the amounts of the step it undoes.
+
+Only what the agent sent is labelled as the agent's words. An undo is Unwind's: its arguments are worked out from
+the step it undoes, and its goal ("undo step 3 (payments.charge)") is Unwind's sentence, so of an undo's texts only
+the run's goal and whom the run acts for are the agent's (`agent_texts`); what it undoes is in `Shown.undo`.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from typing import Callable
 
 from approvals.models import ApprovalRequest
 from ledger.engine import decision
-from ledger.policy.display import shown_value
+from ledger.models import Action, ActionKind
+from ledger.policy.display import money_in, shown_value
 
 
 def _plain_line(name: str, text: str) -> str:
@@ -54,6 +60,8 @@ class Shown:
     cut: int = 0
     cut_texts: list[str] = field(default_factory=list)
     why: list[dict] = field(default_factory=list)  # [{policy, values}]: why a person is asked (`why`)
+    amounts: list[str] = field(default_factory=list)  # what the request is about, in money (`amounts`)
+    undo: dict | None = None  # for an undo, Unwind's words about it (`undo`); None for a step the agent proposed
 
     @property
     def complete(self) -> bool:
@@ -87,11 +95,34 @@ def value_text(value, *, name: str, display: dict, args: dict) -> str:
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
+def amounts(action: Action) -> list[str]:
+    """What a step is about, in money ("€610.00"): the amounts among its own arguments, as its tool's display hint
+    reads them; for an undo whose own arguments name none (a refund names only the charge), the amounts of the step
+    it undoes, as that step's tool reads them. Every approval surface (page, list, email, Slack) asks here."""
+    own = money_in(action.args, action.tool.display)
+    if own or action.kind != ActionKind.COMPENSATION or action.compensates_id is None:
+        return own
+    forward = action.compensates
+    return money_in(forward.args, forward.tool.display)
+
+
+def undo(request: ApprovalRequest) -> dict | None:
+    """For an undo, the step it undoes ({"seq": 3, "tool": "payments.charge"}), which a surface names in Unwind's
+    words in place of the goal Unwind recorded for it ("undo step 3 (payments.charge)"); None for a step the agent
+    proposed."""
+    if not request.is_compensation:
+        return None
+    undoes = (request.preview or {}).get("undoes") or {}
+    return {"seq": undoes.get("seq"), "tool": str(undoes.get("tool") or "")}
+
+
 def agent_texts(request: ApprovalRequest) -> dict:
-    """The agent's own words a message shows beside the arguments, by key."""
+    """The texts a message shows beside the arguments, by key: the agent's own words, and the target (the agent's
+    for its own step; for an undo, the undone step's target). An undo's goal and reasoning are Unwind's, not the
+    agent's (`undo`), so they are empty here."""
     preview = request.preview or {}
     target = preview.get("target") or {}
-    intent = preview.get("intent") or {}
+    intent = {} if request.is_compensation else preview.get("intent") or {}
     return {
         "target": str(target.get("id") or ""),
         "on_behalf_of": str(preview.get("on_behalf_of") or ""),
@@ -148,6 +179,8 @@ def shown(request: ApprovalRequest, limits: Limits) -> Shown:
             result.cut_texts.append("values the policy read")
             values = values[:limits.value_chars] + "…"
         result.why.append({"policy": line["policy"], "values": values})
+    result.amounts = amounts(request.action)
+    result.undo = undo(request)
     return result
 
 

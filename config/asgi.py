@@ -1,6 +1,40 @@
+"""The ASGI application: what the production command serves (docs/production.md: `gunicorn config.asgi -k
+config.http_worker.Worker`).
+
+Under ASGI the waits (ledger/api/waits.py) are awaited on each web process's event loop instead of holding a worker,
+and Django runs each request's synchronous code (middleware, views) in a thread made for that request, which ends
+with it. So two things about database connections are set here, for the web server only:
+
+- With UNWIND_DB_POOL (PostgreSQL), connections come from a pool of that size per process: a burst of requests
+  waits for a connection instead of opening one each until PostgreSQL refuses everyone. Only here, not in the
+  settings every process reads: the worker (django-q2) forks its cluster, and a pool's connections and threads do
+  not survive a fork.
+- Without a pool, a request thread's connection would outlive the request (CONN_MAX_AGE keeps it for the thread's
+  next request, which never comes) until garbage collection closed it: it is closed when the request ends. The
+  threads that outlive requests (the inline pool's, the waits') keep theirs for CONN_MAX_AGE as before.
+"""
 import os
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+_database = settings.DATABASES["default"]
+if settings.UNWIND_DB_POOL and _database["ENGINE"].endswith("postgresql"):
+    _database["CONN_MAX_AGE"] = 0  # a connection goes back to the pool when its thread is done with it
+    _database["OPTIONS"]["pool"] = {"min_size": min(2, settings.UNWIND_DB_POOL), "max_size": settings.UNWIND_DB_POOL,
+                                    "timeout": settings.UNWIND_DB_POOL_TIMEOUT}
 application = get_asgi_application()
+
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402 - after the settings are loaded
+from django.core.signals import request_finished  # noqa: E402
+from django.db import connections  # noqa: E402
+
+
+def close_the_requests_connections(sender, **kwargs):
+    """Sent in the request's own thread when its response is closed (or the client left)."""
+    connections.close_all()
+
+
+request_finished.connect(close_the_requests_connections, sender=ASGIHandler,
+                         dispatch_uid="unwind-asgi-request-connections")

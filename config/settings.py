@@ -167,6 +167,13 @@ DATABASES = {
         "DATABASE_URL", env_str("DATABASE_URL", "sqlite:///var/unwind.sqlite3"), base_dir=BASE_DIR
     )
 }
+# The ASGI web server's PostgreSQL connections per process, from a pool (psycopg_pool, Django's `pool` option; applied
+# by config/asgi.py, so worker processes, which fork, keep their own connections). Under ASGI every request runs in a
+# thread of its own: without a bound a burst of requests opens as many connections as it has requests, and PostgreSQL
+# refuses everyone past max_connections; with it, a request beyond the pool waits for a connection, up to
+# UNWIND_DB_POOL_TIMEOUT seconds (then 503 with Retry-After). 0: no pool.
+UNWIND_DB_POOL = env_int("UNWIND_DB_POOL", 0, minimum=0)
+UNWIND_DB_POOL_TIMEOUT = env_float("UNWIND_DB_POOL_TIMEOUT", 20.0, minimum=0.1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- production safety: passwords (issue 13): all four of Django's checks, for every form that sets one ---------
@@ -254,11 +261,21 @@ UNWIND_DEFAULT_TOOL_TIMEOUT = env_float("UNWIND_DEFAULT_TOOL_TIMEOUT", 10.0, min
 UNWIND_DEFAULT_MAX_ATTEMPTS = env_int("UNWIND_DEFAULT_MAX_ATTEMPTS", 3, minimum=1)
 UNWIND_DEFAULT_BACKOFF = env_float("UNWIND_DEFAULT_BACKOFF", 0.2, minimum=0)
 UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
+# Waiting for a tool that is down (ledger/engine/attempts.py, `patient`): an undo, or a step whose call never left (a
+# refused connection), is tried again with a backoff from UNWIND_PATIENT_BACKOFF seconds, doubling, capped at
+# UNWIND_MAX_BACKOFF, for as long as UNWIND_RETRY_PATIENCE seconds from its first attempt (past the tool's own
+# retry.max_attempts) before a person is asked. 0 asks at once, after the tool's own attempts.
+UNWIND_PATIENT_BACKOFF = env_float("UNWIND_PATIENT_BACKOFF", 5.0, minimum=0)
+UNWIND_RETRY_PATIENCE = env_float("UNWIND_RETRY_PATIENCE", 900.0, minimum=0)
 # How many approval requests an agent may have waiting for people at once, in one run and across its runs: one
 # agent cannot flood the approvers. A proposal past either bound is refused (429 too_many_open_approvals) with
 # nothing recorded; counted in the database, under the tenant's chain lock, so every web process agrees.
 UNWIND_MAX_OPEN_APPROVALS_PER_RUN = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_RUN", 5, minimum=1)
 UNWIND_MAX_OPEN_APPROVALS_PER_AGENT = env_int("UNWIND_MAX_OPEN_APPROVALS_PER_AGENT", 20, minimum=1)
+# How many waits (GET /api/v1/actions/{id}/wait, MCP unwind_status {wait}) one agent key, or one person, may have
+# open at once; one more answers 429 too_many_waits with Retry-After. Counted in the database (ledger.WaitSlot), so
+# every web process agrees (ledger/api/waits.py).
+UNWIND_MAX_WAITS_PER_AGENT = env_int("UNWIND_MAX_WAITS_PER_AGENT", 20, minimum=1)
 UNWIND_SWEEP_INTERVAL = env_float("UNWIND_SWEEP_INTERVAL", 1.0, minimum=0.05)
 UNWIND_APPROVAL_TTL = env_int("UNWIND_APPROVAL_TTL", 3600, minimum=1)
 # How long a correction trail's share link (no account needed) stays valid, in seconds.
@@ -331,9 +348,12 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
-# Throttle counters live in the cache: per process by default, shared by every web process with Redis.
+# Throttle counters live in the cache: per process by default, shared by every web process with Redis. A Redis
+# that stops answering lets requests through unthrottled (ledger/api/auth.py, AgentKeyThrottle); its timeouts keep
+# an unreachable host from holding each request for the operating system's connect timeout.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL}
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL,
+                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
     if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
@@ -391,12 +411,29 @@ MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddlewar
 # UNWIND_LOG_FORMAT=json: one JSON object a line, with trace_id, span_id, run_id and action_id where they apply.
 LOG_FORMAT = env_choice("UNWIND_LOG_FORMAT", "plain", ("plain", "json"))
 
+# Every handler redacts link and share tokens, secret query parameters, keys and Slack's secrets from each line
+# (ledger/log_redaction.py): a 4xx on an approval link used to log the link, which anyone reading the log could use.
+# Django's own handlers (django.utils.log.DEFAULT_LOGGING: runserver's request lines, the DEBUG console, mail to
+# ADMINS) are defined again here, as Django defines them, so that they redact too.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"redact": {"()": "ledger.log_redaction.RedactSecrets"},
+                "require_debug_true": {"()": "django.utils.log.RequireDebugTrue"},
+                "require_debug_false": {"()": "django.utils.log.RequireDebugFalse"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
-                   "json": {"()": "ledger.tracing.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+                   "json": {"()": "ledger.tracing.JsonFormatter"},
+                   "django.server": {"()": "django.utils.log.ServerFormatter", "format": "[{server_time}] {message}",
+                                     "style": "{"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT, "filters": ["redact"]},
+                 "django.console": {"class": "logging.StreamHandler", "level": "INFO",
+                                    "filters": ["require_debug_true", "redact"]},
+                 "django.server": {"class": "logging.StreamHandler", "level": "INFO", "formatter": "django.server",
+                                   "filters": ["redact"]},
+                 "mail_admins": {"class": "django.utils.log.AdminEmailHandler", "level": "ERROR",
+                                 "filters": ["require_debug_false", "redact"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "WARNING")},
-    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False}},
+    "loggers": {"unwind": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO"), "propagate": False},
+                "django": {"handlers": ["django.console", "mail_admins"], "level": "INFO"},
+                "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}},
 }

@@ -3,10 +3,12 @@
 
 Start the demo in one terminal (`make demo`), then in another:
 
+  . var/demo.env
   .venv/bin/python examples/mcp_session.py
 
-It connects to http://127.0.0.1:8000/mcp with the demo agent's key (var/demo-agent.key) as a Bearer token, using
-the official `mcp` client over streamable HTTP, and runs three short runs:
+It connects to $UNWIND_URL/mcp (`. var/demo.env` sets it to the demo's address; without it http://127.0.0.1:8000)
+with the agent's key ($UNWIND_AGENT_KEY, else the demo's var/demo-agent.key) as a Bearer token, using the official
+`mcp` client over streamable HTTP, and runs three short runs:
 
   1. approval  unwind_begin, hr.create_user, then payments.charge: high risk, so it needs a person. The call
                answers at once, pending, with the approval URL; the script then waits with unwind_status (progress
@@ -17,8 +19,9 @@ the official `mcp` client over streamable HTTP, and runs three short runs:
                the user, newest first; the tool error says so, and the sandbox shows no user is left.
   3. rollback  hr.create_user, then unwind_rollback: the user is deleted again.
 
-Options: --url, --key (or UNWIND_AGENT_KEY; default: var/demo-agent.key), --approver and --operator
-(username:password of the tenant's people; the demo's by default).
+Options: --url (or UNWIND_URL), --key (or UNWIND_AGENT_KEY; default: var/demo-agent.key), --approver and --operator
+(username:password of the tenant's people; the demo's by default). A server that cannot be reached, or that refuses
+the key, ends the script with one line saying which and what to do (exit status 1), not a traceback.
 """
 from __future__ import annotations
 
@@ -61,12 +64,13 @@ class Demo:
         await self.call("create the user", "hr.create_user", ONBOARD)
         _, pending = await self.call("charge", "payments.charge", {"customer": "cus_ashu", "amount_cents": 12000})
 
-        approved = []
+        approving = []
 
         async def progress(done, total, message):
             print(f"    progress {done:g}/{total:g}: {message[:80]}")
-            if self.args.approver and not approved:  # a person decides while the agent waits
-                approved.append(await asyncio.to_thread(self.approve_pending_charge, run["run_id"]))
+            if self.args.approver and not approving:  # a person decides while the agent waits, once
+                approving.append(run["run_id"])  # before the await: the next progress report must not decide again
+                await asyncio.to_thread(self.approve_pending_charge, run["run_id"])
 
         if pending.get("pending"):
             print(f"    approve or reject at {pending['approval']['url']}; waiting with unwind_status")
@@ -77,16 +81,18 @@ class Demo:
                     break
         await self.call("commit", "unwind_commit")
 
-    def approve_pending_charge(self, run_id: int) -> int:
+    def approve_pending_charge(self, run_id: int) -> None:
         """What the approver does in the inbox (here through the approvals API): approve this run's charge."""
         user, password = self.args.approver.split(":", 1)
         waiting = requests.get(f"{self.base}/api/v1/approvals", params={"status": "pending"}, auth=(user, password),
                                timeout=10).json()["results"]
-        charge = next(row for row in waiting if row["run"] == run_id and row["tool"] == "payments.charge")
+        charge = next((row for row in waiting if row["run"] == run_id and row["tool"] == "payments.charge"), None)
+        if charge is None:
+            print(f"    no charge of run {run_id} waits for {user}: decide at the URL above")
+            return
         decided = requests.post(f"{self.base}/api/v1/approvals/{charge['id']}/approve", json={"reason": "within budget"},
                                 auth=(user, password), timeout=10)
         print(f"    {user} approved approval {charge['id']}: HTTP {decided.status_code}")
-        return charge["id"]
 
     async def unwind(self) -> None:
         print("\n2. unwind: a failed step undoes what the run did")
@@ -112,6 +118,39 @@ class Demo:
         await self.call("roll back", "unwind_rollback", {"reason": "the ticket was withdrawn"})
 
 
+def check_server(url: str, key: str) -> None:
+    """Exit with one line when nothing answers at `url`, or the server there refuses the key, before a session opens.
+
+    An MCP endpoint answers a GET with the key 405 (sessions are POSTed) and a wrong key 401 before anything else.
+    """
+    base = url.rsplit("/mcp", 1)[0]
+    try:
+        answer = requests.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+    except requests.RequestException as error:
+        sys.exit(f"cannot reach Unwind at {base} ({error.__class__.__name__}): start `make demo`, then `. var/demo.env` "
+                 "in this terminal, or pass --url with the address it serves")
+    if answer.status_code in (401, 403):
+        sys.exit(f"Unwind at {base} refused the agent key ({answer.status_code}: {problem(answer)}): `. var/demo.env` "
+                 "sets the demo's key, or pass --key with a key of `manage.py create_agent`")
+    if answer.status_code == 404 or answer.status_code >= 500:
+        sys.exit(f"{url} is not an MCP server that answers (HTTP {answer.status_code}): is Unwind serving at {base}?")
+
+
+def problem(answer: requests.Response) -> str:
+    """The sentence of an application/problem+json answer, or its status line."""
+    try:
+        return str(answer.json().get("detail") or answer.reason)
+    except ValueError:
+        return answer.reason
+
+
+def transport_failures(error: BaseException) -> list[BaseException]:
+    """The connection failures inside what a session raised (the SDK raises them inside exception groups)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [found for inner in error.exceptions for found in transport_failures(inner)]
+    return [error] if isinstance(error, (httpx2.TransportError, httpx2.HTTPStatusError)) else []
+
+
 async def main(args) -> None:
     # The SDK's public way to set headers: an httpx2 client of our own (long read timeout: a status call may wait).
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {args.key}"},
@@ -131,9 +170,9 @@ async def main(args) -> None:
 
 def arguments(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000/mcp",
-                        help="the MCP endpoint, or the server's base URL (/mcp is added): `make demo PORT=8123` "
-                             "serves http://127.0.0.1:8123/mcp")
+    parser.add_argument("--url", default=os.environ.get("UNWIND_URL", "http://127.0.0.1:8000"),
+                        help="the server's base URL (/mcp is added) or its MCP endpoint (default: $UNWIND_URL, which "
+                             "`. var/demo.env` sets; `make demo PORT=8123` serves http://127.0.0.1:8123/mcp)")
     parser.add_argument("--key", default=os.environ.get("UNWIND_AGENT_KEY"))
     parser.add_argument("--approver", default="approver:approver-demo",
                         help="username:password of an approver; empty to decide yourself at the printed URL")
@@ -151,4 +190,12 @@ def arguments(argv=None):
 
 
 if __name__ == "__main__":
-    asyncio.run(main(arguments()))
+    options = arguments()
+    check_server(options.url, options.key)
+    try:
+        asyncio.run(main(options))
+    except BaseException as error:  # noqa: BLE001 - a connection lost mid-session is one line, anything else is raised
+        failures = transport_failures(error)
+        if not failures:
+            raise
+        sys.exit(f"lost the connection to Unwind at {options.url} ({failures[0].__class__.__name__}: {failures[0]})")

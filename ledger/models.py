@@ -7,10 +7,11 @@ Longer than 500 lines: Django finds an app's models in this module, and the ledg
 state machines name each other; a package of model modules would spread it over files a reader opens together.
 """
 import hashlib
+import re
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
@@ -77,6 +78,10 @@ ROLE_ORDER = {Role.VIEWER: 0, Role.APPROVER: 1, Role.OPERATOR: 2, Role.ADMIN: 3}
 
 # The bounds of a run's idle timeout (README, "Policy files"): a minute to thirty days.
 RUN_IDLE_TIMEOUT_SECONDS = (60, 30 * 86400)
+# A sub-address (alice+tag@…) reaches alice@…'s mailbox on most mail servers (RFC 5233): "+" by default; a tenant
+# whose server uses another of these characters (qmail and Exim can use "-") names it in its defaults.
+SUBADDRESS_SEPARATORS = "+-=_"
+SUBADDRESS_SEPARATORS_DEFAULT = "+"
 # The bounds of the window for customer requests (recovery/requests.py), when on: an hour to ninety days.
 CUSTOMER_REQUESTS_SECONDS = (3600, 90 * 86400)
 
@@ -96,6 +101,12 @@ class Tenant(models.Model):
     local_part_case_sensitive = models.BooleanField(
         default=False, help_text="Whether Alice@… and alice@… are two people when telling a requester from an "
                                  "approver (the domain is always case-insensitive).")
+    subaddress_separators = models.CharField(
+        max_length=4, blank=True, default=SUBADDRESS_SEPARATORS_DEFAULT, db_default=SUBADDRESS_SEPARATORS_DEFAULT,
+        validators=[RegexValidator(rf"^[{re.escape(SUBADDRESS_SEPARATORS)}]*$",
+                                   f"only the characters {' '.join(SUBADDRESS_SEPARATORS)} (or nothing)")],
+        help_text="Characters that start a sub-address in a local part (alice+tag@…), which is then the same mailbox "
+                  "as alice@… when telling a requester from an approver; empty: none.")
     customer_requests_seconds = models.PositiveIntegerField(
         default=0, db_default=0,
         help_text="How long after a run the person it acted for may ask for a correction from its trail's share page "
@@ -121,6 +132,25 @@ class Agent(models.Model):
 
     def __str__(self):
         return f"{self.tenant.slug}/{self.name}"
+
+
+class WaitSlot(models.Model):
+    """One of a caller's waits open at once (`GET /api/v1/actions/{id}/wait`, MCP `unwind_status {wait}`): at most
+    UNWIND_MAX_WAITS_PER_AGENT per caller, numbered 0 to the bound less one, so that every web process counts the
+    same ones (ledger/api/waits.py). A slot is taken by inserting its number or by a conditional UPDATE of one whose
+    `until` has passed, and given back by setting its `until` in the past; a process killed mid-wait leaves slots
+    that free themselves at their `until`. UNLOGGED on PostgreSQL (migration 0023): a slot lives for one wait."""
+
+    holder = models.CharField(max_length=40, help_text="Whose wait: agent:<id> or user:<id>.")
+    number = models.PositiveIntegerField()
+    until = models.DateTimeField(help_text="When the wait ends at the latest, on the database's clock.")
+    token = models.CharField(max_length=32, help_text="Who took it: only its taker gives it back.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["holder", "number"], name="wait_slot_unique_number")]
+
+    def __str__(self):
+        return f"{self.holder} wait {self.number}"
 
 
 class DeployKey(models.Model):
@@ -264,6 +294,8 @@ class TenantPolicyVersion(models.Model):
     approval_ttl_seconds = models.PositiveIntegerField()
     run_idle_timeout_seconds = models.PositiveIntegerField(default=3600)
     local_part_case_sensitive = models.BooleanField(default=False)
+    subaddress_separators = models.CharField(max_length=4, blank=True, default=SUBADDRESS_SEPARATORS_DEFAULT,
+                                             db_default=SUBADDRESS_SEPARATORS_DEFAULT)
     customer_requests_seconds = models.PositiveIntegerField(default=0, db_default=0)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)

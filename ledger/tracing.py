@@ -15,7 +15,8 @@ the `execute_tool` span of the attempt it undoes. That link needs no stored span
 is derived from its trace, its action and its attempt number (`step_span_id`), so the compensation computes it.
 
 Arguments and results never go into spans, except the argument fields a deployer names in
-`UNWIND_TRACE_ARG_FIELDS` (top-level fields of the step's arguments, as `unwind.args.<field>`).
+`UNWIND_TRACE_ARG_FIELDS` (top-level fields of the step's arguments, as `unwind.args.<field>`). A request span is
+named by its route; one whose path matched none, by its path with any token redacted (ledger/log_redaction.py).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ import os
 import time
 
 from django.conf import settings
+
+from ledger.log_redaction import redact
 
 log = logging.getLogger("unwind.tracing")
 
@@ -209,7 +212,9 @@ class TraceMiddleware:
         if _tracer is None or not request.path.startswith(TRACED_PATHS):
             return self.get_response(request)
         carrier = request_carrier(request)
-        span, token = _open(f"{request.method} {request.path}", _extract(carrier) if carrier else None,
+        # Named by its path until the route is known, and by its route after: a path that matched no route keeps
+        # its name, so a token in it (an approval link pasted under /api/, say) is redacted as in the logs.
+        span, token = _open(f"{request.method} {redact(request.path)}", _extract(carrier) if carrier else None,
                             {"http.request.method": request.method}, kind=_api().SpanKind.SERVER)
         try:
             response = self.get_response(request)

@@ -1,5 +1,6 @@
 """What an MCP session does in the ledger: the synchronous half of the gateway, shared by both transports (the HTTP
-endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads).
+endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads). The one exception is
+`progress_on_loop`: `unwind_status {wait}` under the ASGI server waits on its event loop (ledger/api/waits.py).
 
 An MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
 first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -29,7 +30,7 @@ from django.utils import timezone
 from ledger.engine import decision, sql
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
-from ledger.api import inline, links
+from ledger.api import inline, links, waits
 from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
     ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
@@ -505,6 +506,18 @@ def progress(caller: Caller, answer: Answer, bound: float) -> Iterator[tuple[flo
     while waited < bound:
         step = min(PROGRESS_EVERY, bound - waited)
         if wait_slice(caller, answer.waiting, step):
+            return
+        waited += step
+        yield waited, bound, answer.payload.get("message", "waiting")
+
+
+async def progress_on_loop(answer: Answer, bound: float) -> AsyncIterator[tuple[float, float, str]]:
+    """`progress` on the event loop (the ASGI server): the step's settling is watched with every other wait of the
+    web process (ledger/api/waits.py), so waiting holds no thread and no database connection."""
+    waited = 0.0
+    while waited < bound:
+        step = min(PROGRESS_EVERY, bound - waited)
+        if await waits.until_settled(answer.waiting, time.monotonic() + step):
             return
         waited += step
         yield waited, bound, answer.payload.get("message", "waiting")

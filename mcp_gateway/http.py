@@ -20,9 +20,10 @@ unsupported `Mcp-Protocol-Version`) answer 4xx with a JSON-RPC error, as the SDK
 from __future__ import annotations
 
 import json
+import time
 
 import mcp_types as types
-from django.http import HttpResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 from mcp.server.streamable_http import check_accept_headers
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
@@ -30,6 +31,8 @@ from pydantic import ValidationError
 
 from ledger.engine import sql
 from ledger import tracing
+from ledger.api import waits
+from ledger.api.problems import PROBLEM_JSON, problem
 from ledger.models import Agent
 from mcp_gateway import gateway, sessions
 from mcp_gateway.gateway import Caller
@@ -114,7 +117,8 @@ def serve(request, agent: Agent) -> HttpResponse:
                     base_url=f"{request.scheme}://{request.get_host()}",
                     agent=agent, session=session)
     if method == "tools/call":
-        return call(caller, request_id, params, wants_json=wants_json, takes_sse=takes_sse)
+        return call(caller, request_id, params, wants_json=wants_json, takes_sse=takes_sse,
+                    on_loop=waits.served_async(request))
     if method == "tools/list":
         listed = types.ListToolsResult(tools=gateway.tool_list(caller))
         return answer(result(request_id, dump(listed)), wants_json=wants_json)
@@ -161,8 +165,11 @@ def end(request, agent: Agent) -> HttpResponse:
     return HttpResponse(status=204)
 
 
-def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool) -> HttpResponse:
-    """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step."""
+def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool,
+         on_loop: bool) -> HttpResponse:
+    """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step, holding one
+    of the agent's wait slots (429 too_many_waits past UNWIND_MAX_WAITS_PER_AGENT), on the event loop under the ASGI
+    server (`on_loop`), in this thread under WSGI."""
     try:
         called = types.CallToolRequestParams.model_validate(params)
     except ValidationError as invalid:
@@ -173,20 +180,63 @@ def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_ss
     bound = gateway.waiting_bound(called.name, called.arguments)
     if outcome.waiting is None or bound <= 0:
         return answer(result(request_id, dump(gateway.result_of(outcome))), wants_json=wants_json)
+    try:
+        slot = waits.wait_slot_take(holder=waits.holder_of(caller), seconds=bound)
+    except waits.TooManyWaits as refused:
+        return too_many_waits(refused)
+
+    def settled_answer(_settled: bool = True) -> HttpResponse:
+        final = gateway.answer_for(caller, outcome.waiting)
+        return answer(result(request_id, dump(gateway.result_of(final))), wants_json=wants_json)
+
     token = (params.get("_meta") or {}).get("progressToken")
     if token is None or not takes_sse:
-        for _ in gateway.progress(caller, outcome, bound):
-            pass
-        settled = gateway.answer_for(caller, outcome.waiting)
-        return answer(result(request_id, dump(gateway.result_of(settled))), wants_json=wants_json)
+        if on_loop:
+            waits.wait_started()
+            return waits.pending(action_id=outcome.waiting, deadline=time.monotonic() + bound, slot=slot,
+                                 answer=settled_answer)
+        try:
+            for _ in gateway.progress(caller, outcome, bound):
+                pass
+        finally:
+            waits.wait_slot_release(slot)
+        return settled_answer()
+
+    def notice(waited: float, total: float, message: str) -> bytes:
+        return event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
+            "progressToken": token, "progress": waited, "total": total, "message": message}})
+
+    def final_event() -> bytes:
+        return event(result(request_id, dump(gateway.result_of(gateway.answer_for(caller, outcome.waiting)))))
 
     def events():
-        for waited, total, message in gateway.progress(caller, outcome, bound):
-            yield event({"jsonrpc": "2.0", "method": "notifications/progress", "params": {
-                "progressToken": token, "progress": waited, "total": total, "message": message}})
-        yield event(result(request_id, dump(gateway.result_of(gateway.answer_for(caller, outcome.waiting)))))
+        try:
+            for step in gateway.progress(caller, outcome, bound):
+                yield notice(*step)
+        finally:
+            waits.wait_slot_release(slot)
+        yield final_event()
 
-    response = StreamingHttpResponse(events(), content_type=SSE)
+    async def events_on_loop():
+        try:
+            async for step in gateway.progress_on_loop(outcome, bound):
+                yield notice(*step)
+        finally:
+            await waits.in_lane(waits.wait_slot_release)(slot)
+        yield await waits.in_lane(final_event)()
+
+    if on_loop:
+        waits.wait_started()
+    response = StreamingHttpResponse(events_on_loop() if on_loop else events(), content_type=SSE)
     response["Cache-Control"] = "no-cache, no-transform"
     response["X-Accel-Buffering"] = "no"  # progress is sent as it comes, not after the answer (nginx)
+    return response
+
+
+def too_many_waits(refused: waits.TooManyWaits) -> HttpResponse:
+    """429 problem+json with Retry-After, as the agent key's throttle answers (mcp_gateway/views.py)."""
+    body = problem(status=refused.status, code=refused.code, title=refused.title, detail=refused.detail,
+                   instance="/mcp", **refused.extra)
+    response = JsonResponse(body, status=refused.status, content_type=PROBLEM_JSON)
+    response["Retry-After"] = str(refused.extra["retry_after"])
     return response

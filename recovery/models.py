@@ -18,6 +18,7 @@ class Reason(models.TextChoices):
     SETTLE_FAILED = "settle_failed", "recording the outcome failed"
     READ_BACK_INCOMPLETE = "read_back_incomplete", "found done, but its record is incomplete"
     CUSTOMER_REQUEST = "customer_request", "the customer asks for a correction"
+    TAMPERED = "tampered", "the ledger was edited behind Unwind's back"
 
 
 class ItemStatus(models.TextChoices):

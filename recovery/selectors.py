@@ -315,16 +315,21 @@ def outbox_tenant_ids(access: Access) -> list[int]:
     return [tenant_id for tenant_id in access.roles if access.can_operate(tenant_id)]
 
 
-def outbox_messages(access: Access) -> QuerySet:
-    """The outbox rows of the tenants the person operates, newest first (the `outbox_due` index is for the sender)."""
+def _emails(access: Access) -> QuerySet:
+    """The outbox rows that are (or will be) an email to a person, of the tenants the person operates. A digest's
+    entries are not: each is a line the digest email gathers when it is sent (approvals/services.py), and the digest
+    itself is listed."""
     from approvals.models import Notification
+    from approvals.services import DIGEST_ENTRY
 
-    return (Notification.objects.filter(tenant_id__in=outbox_tenant_ids(access)).select_related("tenant")
-            .defer("body_html").order_by("-created_at", "-id"))
+    return Notification.objects.filter(tenant_id__in=outbox_tenant_ids(access)).exclude(kind=DIGEST_ENTRY)
+
+
+def outbox_messages(access: Access) -> QuerySet:
+    """The emails of the tenants the person operates, newest first (the `outbox_due` index is for the sender)."""
+    return _emails(access).select_related("tenant").defer("body_html").order_by("-created_at", "-id")
 
 
 def outbox_message(access: Access, pk: int):
-    """One outbox row, or None when it does not exist or belongs to a tenant the person does not operate."""
-    from approvals.models import Notification
-
-    return Notification.objects.filter(pk=pk, tenant_id__in=outbox_tenant_ids(access)).select_related("tenant").first()
+    """One email, or None when there is none with that id among the tenants the person operates."""
+    return _emails(access).filter(pk=pk).select_related("tenant").first()

@@ -32,6 +32,10 @@ SUGGESTIONS = {
     "irreversible_effects": "Some effects cannot be undone automatically: handle them by hand, then close it.",
     "customer_request": "The person the run acted for asks for a correction (their words are below): compensate to "
                         "undo what can be undone, resume to let the run go on, or close it; and write them a reply.",
+    "tampered": "Someone changed this step in the database after it was recorded (its arguments, where it goes or when "
+                "its undo window ends differ from what the audit chain holds), so Unwind did not send it. Find out who: "
+                "`manage.py verify_audit` names the check. Then compensate to undo the run's earlier steps, or close it; "
+                "resuming refuses the step again while its row differs.",
     "idle_after_pivot": "The agent went away after the pivot committed: resume to let it go on (its next step is "
                         "its own), compensate to undo what can be undone, or close it.",
 }

@@ -9,6 +9,9 @@ import os
 os.environ.setdefault("UNWIND_TASKS_SYNC", "1")
 os.environ.setdefault("UNWIND_INSECURE_DEV_KEY", "1")
 os.environ.setdefault("UNWIND_SANDBOX", "1")
+# An undo or a never-sent step is retried for minutes before a person is asked (UNWIND_RETRY_PATIENCE): the tests of
+# that wait ask for it (tests/test_retry_patience.py); every other test sees a failing tool's attempts end at once.
+os.environ.setdefault("UNWIND_RETRY_PATIENCE", "0")
 
 
 def pytest_configure(config):

@@ -371,7 +371,8 @@ def test_a_compensation_request_shows_what_it_undoes(tools, django_capture_on_co
     page = detail(login(tools.ben), undo)
     body = text(page)
     assert "Undo with <code>payments.refund</code>" in body and f"charge {charge.target_id}" in body
-    assert f"This undoes step {charge.seq}, payments.charge called with amount_cents = 48200" in body
+    # The undone charge's amount reads as money, as on every other page (tests/test_approval_money.py).
+    assert f"This undoes step {charge.seq}, payments.charge called with amount_cents = €482.00 (48200 as sent)" in body
     assert "If this is undone later" not in body  # a compensation has no compensation of its own
     assert has_buttons(page)
 

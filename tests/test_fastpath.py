@@ -151,13 +151,14 @@ def test_a_run_marked_cancelled_but_still_running_takes_no_step_from_the_call(to
 
 def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tools):
     """The approval decision used the threshold read with the tool; changed since, the call writes nothing."""
+    from ledger.canonical import digest
     from ledger.engine.proposal import compensation_plan_of
 
     run = open_run(tools)
     tool, action_id, threshold, twin = fastpath.current_tool(tools.acme.pk, "hr.create_user")
     proposal_run = Run.objects.get(pk=run.pk)
     action = Action(pk=action_id, tenant_id=run.tenant_id, run=proposal_run, seq=0, kind="forward", tool=tool,
-                    saga_role=tool.saga_role, risk=tool.risk, args={}, args_hash="x" * 64, idempotency_key="k-1",
+                    saga_role=tool.saga_role, risk=tool.risk, args={}, args_hash=digest({}), idempotency_key="k-1",
                     key_source="header", status="running", attempts=1, max_attempts=1, lease_owner="me",
                     intent={}, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin))
     before = head_of(tools), proposal_run.next_seq

@@ -211,10 +211,11 @@ def test_a_stop_and_the_release_racing_have_exactly_one_winner(django_db_setup, 
     tools_load(tenant=world.acme, document=in_process_policy(), actor="test")
     hold(world, "crm.update_ticket", "1s")
     outcomes = {"released": 0, "stopped": 0}
-    for round_ in range(25):
-        run = open_run(world, goal=f"round {round_}")
-        step = act(run, "crm.update_ticket", {"ticket_id": "T-1", "priority": "high", "note": f"round {round_}"})
-        Action.objects.filter(pk=step.pk).update(next_attempt_at=timezone.now())  # the window just ended
+    steps = [act(open_run(world, goal=f"round {round_}"), "crm.update_ticket",
+                 {"ticket_id": "T-1", "priority": "high", "note": f"round {round_}"}) for round_ in range(25)]
+    # Every window has ended (its time is the one its hold recorded: a time edited in the row is refused at release).
+    time.sleep(max(0.0, (steps[-1].next_attempt_at - timezone.now()).total_seconds()) + 0.05)
+    for step in steps:
         barrier = threading.Barrier(2)
         results = {}
 

@@ -282,3 +282,17 @@ def test_values_a_rule_read_are_the_agents_text_on_every_surface(refunds, smtp, 
     blocks = slack_api.calls[-1]["args"]["blocks"]
     posted = json.dumps(json.loads(blocks) if isinstance(blocks, str) else blocks)
     assert "&lt;!channel&gt;" in posted and "<!channel>" not in posted and "[U+202E]" in posted
+
+
+def test_the_adapter_hands_a_policy_refusal_to_the_model_instead_of_raising(refunds):
+    """A rule's deny is a 403 the model can answer (other arguments, or telling the user): the framework adapters
+    return it as a refused tool result; only a wrong key or a person's endpoint ends the agent's run."""
+    from unwind_client import Unwind
+    from unwind_client.adapters import AgentRun, server_tools
+
+    unwind = Unwind(refunds.live_server.url, refunds.key)
+    agent_run = AgentRun(unwind, goal="Refund in euros")
+    [tool] = server_tools(unwind, ["payments.refund"])
+    answer = agent_run.call(tool, {"charge_id": "ch_1", "amount_cents": 500, "currency": "EUR"})
+    assert answer.kind == "refused" and "only USD refunds are allowed" in answer.text, answer
+    assert refunds.recorder.bodies == []

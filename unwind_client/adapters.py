@@ -45,6 +45,9 @@ log = logging.getLogger("unwind_client.adapters")
 # Problems that mean the agent is misconfigured (wrong key, a person's endpoint), not that a call needs changing:
 # they end the agent's run rather than go back to the model.
 FATAL_STATUSES = {401, 403}
+# A 403 the model can act on: the tool's policy refused these arguments (a rule or a limit), which it reads and
+# answers like any refusal, with other arguments or by telling the user.
+MODEL_CAN_ANSWER = {"policy_denied"}
 SETTLED_RUN = {"completed", "compensated", "closed", "needs_attention"}
 ENDED_BY = {"failed", "lost"}  # a step in these states ended its run (failed, or its outcome is unknown)
 MODEL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
@@ -282,7 +285,7 @@ class AgentRun:
         except ReportRequired:
             raise  # a client-executed tool declared without a body: a wiring mistake, not the model's
         except Refused as refused:
-            if refused.status in FATAL_STATUSES:
+            if refused.status in FATAL_STATUSES and refused.code not in MODEL_CAN_ANSWER:
                 raise
             return self._refusal(tool, refused)
         return ToolAnswer(result if isinstance(result, str) else json.dumps(result, ensure_ascii=False), "ok")

@@ -17,7 +17,9 @@ import random
 import uuid
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
 from decimal import Decimal
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import requests
@@ -42,6 +44,7 @@ from unwind_client.errors import (
 log = logging.getLogger("unwind_client")
 
 RETRY_STATUSES = {502, 503, 504}
+MAX_RETRY_AFTER = 30.0  # seconds: a longer Retry-After is waited this long, then asked again
 MAX_LONG_POLL = 30.0
 PENDING = {"planned", "approved", "running", "retry_scheduled", "held"}
 REFUSED_BY_PERSON = {"rejected", "expired"}
@@ -132,8 +135,9 @@ class Unwind:
 
     def _pause(self, attempt: int, retry_after: str | None = None) -> None:
         delay = self.backoff * (2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-        if retry_after and retry_after.isdigit():
-            delay = max(delay, min(float(retry_after), 30.0))
+        asked = retry_after_seconds(retry_after)
+        if asked is not None:
+            delay = max(delay, min(asked, MAX_RETRY_AFTER))
         time.sleep(delay)
 
     def _refusal(self, response: requests.Response) -> Refused:
@@ -367,6 +371,22 @@ class Run:
             if not finished:
                 log.warning("run %s: cancel after %s failed: %s", self.id, exc_type.__name__, cancel_failed)
         return False
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """A `Retry-After` header in seconds: delay-seconds (`3`) or an HTTP-date (`Wed, 21 Oct 2026 07:28:00 GMT`, as a
+    proxy or load balancer in front of Unwind may send with its 503), RFC 9110 section 10.2.3; None when absent or
+    neither."""
+    value = (value or "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP-date is always GMT; `-0000` parses without a zone
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
 
 
 def _not_sent(exc: Exception) -> bool:

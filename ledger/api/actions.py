@@ -11,7 +11,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from ledger.api import selectors
-from ledger.api import inline
+from ledger.api import inline, waits
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute, path_to
 from ledger.api.problems import problem, problems
@@ -22,7 +22,6 @@ from ledger.engine.actions import action_report
 from ledger.engine.attempts import REFUSED
 
 MAX_WAIT = 30.0
-POLL_INTERVAL = 0.05
 TAG = ["actions"]
 
 
@@ -215,28 +214,55 @@ class WaitIn(serializers.Serializer):
 
 
 class ActionWaitView(ApiView):
+    """A long-poll that holds no web worker under the production command (ledger/api/waits.py)."""
+
     permission_classes = [IsAgentOrMember]
+
+    @classmethod
+    def as_view(cls, **initkwargs):
+        return waits.waiting_view(super().as_view(**initkwargs), checks_in_lane=True)
 
     @extend_schema(
         tags=TAG, operation_id="actions_wait", summary="Wait for an action's outcome (long-poll)",
         parameters=[WaitIn],
         description="Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, "
                     "compensated…) or the agent must report a client-executed tool; otherwise after `timeout` "
-                    "seconds with 202 and the action as it stands.",
+                    "seconds with 202 and the action as it stands. Each agent key (or person) may have "
+                    "UNWIND_MAX_WAITS_PER_AGENT waits open at once; one more answers 429 too_many_waits with "
+                    "Retry-After, without waiting.",
         responses={200: OpenApiResponse(ActionOut, description="Settled."),
                    202: OpenApiResponse(ActionOut, description="Not settled within the timeout: ask again."),
-                   **problems(400, 404)},
+                   **problems(400, 404, 429, codes={
+                       429: "too_many_waits (limit, retry_after): this caller already has that many waits open; "
+                            "nothing was done, throttled"})},
     )
     def get(self, request, action_id: int):
         action = fresh(request, action_id)
         query = WaitIn(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        deadline = time.monotonic() + query.validated_data["timeout"]
+        timeout = query.validated_data["timeout"]
         settled = selectors.action_settled(action.pk)
-        while not settled and time.monotonic() < deadline:
-            time.sleep(min(POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
-            settled = selectors.action_settled(action.pk)
+        if settled or timeout == 0:
+            return action_response(request, fresh(request, action.pk), status=200 if settled else 202)
+        slot = waits.wait_slot_take(holder=waits.holder_of(caller_of(request)), seconds=timeout)
+        deadline = time.monotonic() + timeout
+        if waits.served_async(request):
+            return waits.pending(action_id=action.pk, deadline=deadline, slot=slot,
+                                 answer=lambda settled: self.answered(request, action.pk, settled))
+        try:
+            settled = waits.poll_until_settled(action.pk, deadline)
+        finally:
+            waits.wait_slot_release(slot)
         return action_response(request, fresh(request, action.pk), status=200 if settled else 202)
+
+    def answered(self, request, action_id: int, settled: bool):
+        """The answer once the event loop's wait ended, finalized as DRF finalizes a handler's (a refusal as a
+        problem)."""
+        try:
+            response = action_response(request, fresh(request, action_id), status=200 if settled else 202)
+        except Exception as exc:  # noqa: BLE001 - DRF's own handling: a problem, or raised again
+            response = self.handle_exception(exc)
+        return self.finalize_response(request, response)
 
 
 # --- client-executed tools ---------------------------------------------------------------------------------

@@ -97,8 +97,16 @@ def action_get(*, tenant_ids: list[int], agent_id: int | None, action_id: int) -
 
 def action_settled(action_id: int) -> bool:
     """Whether the agent can stop waiting: the outcome is known, or the agent itself must act (a report)."""
-    row = Action.objects.filter(pk=action_id).values("status", "tool__executor").first()
-    return row is None or awaiting_report(row["status"], row["tool__executor"]) or row["status"] not in ACTIVE_ACTION_STATUSES
+    return action_id in actions_settled([action_id])
+
+
+def actions_settled(action_ids: list[int]) -> set[int]:
+    """Which of `action_ids` the agent can stop waiting on (`action_settled`), in one query: every wait of a web
+    process is checked at once (ledger/api/waits.py). An id that names no action is settled: nothing will change."""
+    rows = Action.objects.filter(pk__in=action_ids).values_list("pk", "status", "tool__executor")
+    pending = {pk for pk, status, executor in rows
+               if status in ACTIVE_ACTION_STATUSES and not awaiting_report(status, executor)}
+    return set(action_ids) - pending
 
 
 def awaiting_report(status: str, executor: str) -> bool:
@@ -205,7 +213,8 @@ def tool_version_diffs(versions: list[Tool]) -> list[PolicyVersion]:
 def tenant_policy_versions(*, tenant_id: int) -> list[PolicyVersion]:
     """The tenant's changed defaults, newest first; the first against those it was created with (version 0, stored
     since issue 31; the model's defaults for a tenant without it)."""
-    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive")
+    fields = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
+              "subaddress_separators")
     created_with = {name: Tenant._meta.get_field(name).get_default() for name in fields}
     versions = list(TenantPolicyVersion.objects.filter(tenant_id=tenant_id).order_by("version"))
     if versions and versions[0].version == 0:

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from ledger.engine import sql
+from ledger.engine import received, sql
 from ledger.canonical import digest, dumps
 from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, TenantPolicyVersion, Tool
 
@@ -57,7 +57,7 @@ TOOL_POLICY_FIELDS = (
     "on_refusal", "describe", "display", "hold", "rules", "limits",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
-                          "local_part_case_sensitive", "customer_requests_seconds")
+                          "local_part_case_sensitive", "customer_requests_seconds", "subaddress_separators")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
@@ -66,7 +66,7 @@ TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds
 ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_timeout_seconds": 3600,
                "local_part_case_sensitive": False,
                "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": "",
-               "customer_requests_seconds": 0,
+               "customer_requests_seconds": 0, "subaddress_separators": "+",
                "rules": [], "limits": [], "policy_decision": None}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)
@@ -149,8 +149,40 @@ register_fingerprinted(TenantPolicyVersion, fields=TENANT_DEFAULTS_FIELDS,
 MEMBERSHIP_FIELDS = ("user_id", "role")
 register_fingerprinted(Membership, fields=MEMBERSHIP_FIELDS, kinds=("membership.removed", "membership.recorded"))
 
-# The keys of an event's data that hold fingerprints: only `verify_chain` reads them, pages leave them out.
-FINGERPRINT_KEYS = ("action_state", "run_state", "rows")
+# --- seals --------------------------------------------------------------------------------------------------
+
+# The events that make a step. Each also records the step's seal (`sends`): what its call will be.
+SEALED_KINDS = ("forward.proposed", "compensation.proposed")
+
+
+def sent_text(action: Action) -> str:
+    """The JSON text a step's tool receives (`executors.call.http_call` sends exactly these bytes; the in-process and
+    MCP executors get the object they parse to): its args as the agent wrote them (`args_text`), or, for a step
+    recorded before they were kept, the canonical form."""
+    return received.dumps(received.loads(action.args_text) if action.args_text else action.args)
+
+
+def seal(action: Action, text: str | None = None) -> dict:
+    """What a step's call is, as the event that makes it records it: the SHA-256 of the body its tool receives, a
+    digest of whom it calls (the tool version, the tenant and the idempotency key it is sent with), one of its target
+    (a step whose target its result names gets it only once it succeeded), and how many people must approve it first.
+    Recomputed from the row just before the call leaves (ledger/audit/sealed.py) and by `verify_chain`, so an edit of
+    the row shows whatever was recorded about it since: no later event's fingerprint launders it."""
+    body = sent_text(action) if text is None else text
+    return {"body": hashlib.sha256(body.encode()).hexdigest(),
+            "call": digest(action.tool_id, action.tenant_id, action.key_agent, action.idempotency_key),
+            "target": digest(action.target_id), "approvals": action.approvals_required}
+
+
+def sealed_fields(action: Action) -> tuple:
+    """What a seal is computed from, as the values stand: an object whose values are still these has that seal."""
+    return (action.args_text, action.args, action.args_hash, action.tool_id, action.target_id, action.tenant_id,
+            action.key_agent, action.idempotency_key, action.approvals_required)
+
+
+# The keys of an event's data that hold fingerprints (and seals): only `verify_chain` and the engine's checks read
+# them, pages leave them out.
+FINGERPRINT_KEYS = ("action_state", "run_state", "rows", "sends")
 
 
 # --- the chain -----------------------------------------------------------------------------------
@@ -216,6 +248,11 @@ class AuditLog:
         no fingerprint, so that `verify_chain` expects them gone)."""
         if action is not None:
             data["action_state"] = action_fingerprint(action)
+            if kind in SEALED_KINDS:
+                # The object recorded here remembers its seal and what it was computed from: sent from memory, unchanged,
+                # it needs no read of this event (ledger/audit/sealed.py).
+                data["sends"] = seal(action)
+                action._sealed = (data["sends"], sealed_fields(action))
             run_ref = action.run_id
         else:
             run_ref = run.pk if run is not None else None

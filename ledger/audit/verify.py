@@ -11,12 +11,16 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from django.db import connection
+
 from ledger.engine import sql
+from ledger.audit import sealed
 from ledger.audit.chain import (
-    ACTION_FIELDS, GENESIS, RUN_FIELDS, action_fingerprint, fingerprinted_models, row_fingerprint, event_hash,
-    run_fingerprint,
+    ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, action_fingerprint, fingerprinted_models, row_fingerprint,
+    event_hash, run_fingerprint,
 )
-from ledger.models import Action, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
+from ledger.models import Action, ActionStatus, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
+from ledger.policy.limits import COUNTED  # the statuses whose steps hold their share of a limit
 
 
 @dataclass
@@ -24,8 +28,8 @@ class ChainReport:
     ok: bool
     events: int
     problem: str = ""
-    check: str = ""  # which check failed: sequence, link, key, hmac, head, fingerprint, policy, attempt, export-signature,
-    # export-head
+    check: str = ""  # which check failed: sequence, link, key, hmac, head, sends, hold, fingerprint, policy, attempt,
+    # totals, export-signature, export-head
     exported_head: int | None = None  # the seq of the signed head checked against, when there is one
 
 
@@ -63,6 +67,12 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     last_run: dict[int, tuple[str, int]] = {}
     last_row: dict[str, dict[str, tuple[str, int]]] = {spec.label: {} for spec in fingerprinted_models()}
     carried_by = {kind: spec for spec in fingerprinted_models() for kind in spec.kinds}
+    # What the chain recorded of each step besides its fingerprints (ledger/audit/sealed.py): the seal of the event
+    # that made it, the end of its latest hold, and every refusal of a step whose row differed from them.
+    seals: dict[int, tuple[dict | None, int]] = {}
+    approved: set[int] = set()
+    holds: dict[int, tuple[str, int]] = {}
+    refused: list[tuple[int, str, str]] = []
     events = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
     for event in events.iterator(chunk_size=2000):
         state["events"] += 1
@@ -87,6 +97,14 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             last_action[event.action_ref] = (data["action_state"], event.seq)
         if event.run_ref is not None and "run_state" in data:
             last_run[event.run_ref] = (data["run_state"], event.seq)
+        if event.action_ref is not None and event.kind in SEALED_KINDS and event.action_ref not in seals:
+            seals[event.action_ref] = (data.get("sends"), event.seq)
+        if event.action_ref is not None and event.kind in sealed.APPROVED_KINDS:
+            approved.add(event.action_ref)
+        if event.action_ref is not None and event.kind == "forward.held" and "executes_at" in data:
+            holds[event.action_ref] = (data["executes_at"], event.seq)
+        if event.kind == sealed.TAMPERING:
+            refused.append((event.seq, str(data.get("check") or "sends"), str(data.get("problem") or "")))
         carried = data.get("rows") or {}
         spec = carried_by.get(event.kind)
         if spec is not None and not any(ref.startswith(spec.label + ":") for ref in carried):
@@ -117,13 +135,57 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         recorded = {int(pk): value for pk, value in last_row[spec.label].items()}
         rows = spec.model._default_manager.filter(**{spec.tenant_lookup: tenant_id})
         _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
+    # After the fingerprints, which name an edit made since a step's last event; these name one a later event
+    # fingerprinted (laundered) as well.
+    _check_seals(tenant_id, seals, approved, holds)
     _check_policy_in_force(tenant_id)
     _check_attempts(tenant_id)
+    _check_totals(tenant_id)
+    if refused:
+        # The engine caught these before it acted (the step was not sent, its run went to a person): the ledger was
+        # still edited behind the services' back, and the chain says so for good.
+        seq, check, problem = refused[0]
+        more = f" (and {len(refused) - 1} more such refusals)" if len(refused) > 1 else ""
+        raise _Broken(check, f"event #{seq} recorded a step refused by the engine: {problem}{more}")
+
+
+# The columns the seal and the hold checks read of each step.
+SEAL_FIELDS = ("kind", "seq", "status", "args", "args_text", "args_hash", "tool_id", "target_id", "tenant_id",
+               "key_agent", "idempotency_key", "next_attempt_at")
+
+
+def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict) -> None:
+    """Every step's row is the call the event that made it sealed, and one sealed as needing approval that went past
+    it was approved (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same
+    comparisons the engine makes before it acts, for every row, so an edit shows however many events were recorded
+    for the step since."""
+    for action in Action.objects.filter(tenant_id=tenant_id).only(*SEAL_FIELDS).order_by("pk").iterator(chunk_size=2000):
+        if action.pk in seals:
+            recorded, seq = seals[action.pk]
+            # A step made before seals were kept (none recorded) is left to its fingerprint.
+            problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS) \
+                if recorded is not None else ""
+            if not problem and action.status in PAST_APPROVAL:
+                problem = sealed.approval_problem(action, recorded, action.pk in approved)
+            if problem:
+                raise _Broken("sends", problem)
+        if action.status == ActionStatus.HELD:
+            if action.pk not in holds:
+                raise _Broken("hold", f"held step {action.seq} (action {action.pk}) has no recorded hold: made held "
+                                      "behind the services' back")
+            executes_at, seq = holds[action.pk]
+            problem = sealed.hold_problem(action, executes_at, event=seq)
+            if problem:
+                raise _Broken("hold", problem)
 
 
 # What a step's recorded status (fingerprinted in the chain) can be once one of its attempts succeeded: a success is
 # recorded with its attempt's end in one transaction, and nothing moves a step back from there.
 AFTER_SUCCESS = ("succeeded", "compensating", "compensated", "compensation_failed")
+# The statuses a step that waited for a person reaches only once approved (a rejected, expired or skipped one never
+# was; a step's approval is recorded as `<kind>.approved`).
+PAST_APPROVAL = (ActionStatus.APPROVED, ActionStatus.HELD, ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED,
+                 ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.LOST, *AFTER_SUCCESS)
 
 
 def _check_attempts(tenant_id: int) -> None:
@@ -162,9 +224,10 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                 "approval TTL, idle timeout) cannot be checked, and were removed behind the "
                                 "services' back")
     live = Tenant.objects.filter(pk=tenant_id).values_list(
-        "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive").first()
+        "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
+        "subaddress_separators").first()
     if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds,
-                latest.local_part_case_sensitive):
+                latest.local_part_case_sensitive, latest.subaddress_separators):
         raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
                                 "changed behind the services' back")
 
@@ -184,3 +247,64 @@ def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorde
     missing = set(recorded) - seen
     if missing:
         raise _Broken("fingerprint", f"{label} {min(missing)} is in the audit chain but not in the ledger: deleted")
+
+
+# What each running total of a tenant's limits (ledger/policy/limits.py, migration 0022) should hold, read from the
+# steps, beside what it holds. Written out with built-in functions only, not with unwind_limit_share or
+# unwind_limit_bucket: a function replaced in the database (which the triggers would call too) cannot make this agree.
+# The definition is limits.py's: a tool's forward steps (every version, by name) whose status counts, by the run's
+# agent (0 for none) or all of the tenant (0), in buckets of 0 (all time), 60, 3600 and 86400 seconds from the epoch;
+# a count adds 1, a sum the value at its path when that is a number of at least 0.
+_TOTALS = """
+WITH measures AS (SELECT m.id, m.tool_name, m.per, m.path FROM ledger_limitmeasure m WHERE m.tenant_id = %s),
+steps AS (
+    SELECT m.id AS measure, CASE WHEN m.per = 'agent' THEN coalesce(r.agent_id, 0) ELSE 0 END AS scope, s.span,
+           CASE WHEN s.span = 0 THEN timestamptz 'epoch'
+                ELSE date_bin(make_interval(secs => s.span), a.created_at, timestamptz 'epoch') END AS bucket,
+           sum(CASE WHEN m.path = '' THEN 1::numeric
+                    WHEN jsonb_typeof(a.args #> string_to_array(m.path, '.')) = 'number'
+                    THEN greatest((a.args #> string_to_array(m.path, '.'))::numeric, 0)
+                    ELSE 0::numeric END) AS value
+      FROM measures m
+      JOIN ledger_tool t ON t.tenant_id = %s AND t.name = m.tool_name
+      JOIN ledger_action a ON a.tool_id = t.id AND a.kind = 'forward' AND a.status = ANY (%s)
+      JOIN ledger_run r ON r.id = a.run_id
+      CROSS JOIN (VALUES (0), (60), (3600), (86400)) s (span)
+     GROUP BY 1, 2, 3, 4),
+kept AS (SELECT t.measure_id AS measure, t.scope, t.span, t.bucket, t.value
+           FROM ledger_limittotal t WHERE t.measure_id IN (SELECT id FROM measures))
+SELECT m.tool_name, m.per, m.path, coalesce(k.scope, s.scope), coalesce(k.span, s.span),
+       coalesce(k.bucket, s.bucket), coalesce(k.value, 0), coalesce(s.value, 0)
+  FROM kept k FULL JOIN steps s
+    ON s.measure = k.measure AND s.scope = k.scope AND s.span = k.span AND s.bucket = k.bucket
+  JOIN measures m ON m.id = coalesce(k.measure, s.measure)
+ WHERE coalesce(k.value, 0) <> coalesce(s.value, 0)
+ ORDER BY m.tool_name, m.per, m.path, 4, 5, 6
+"""
+_NAMED = 8  # mismatches named one by one; the rest are counted
+
+
+def _check_totals(tenant_id: int) -> None:
+    """The running totals the limits per agent and per tenant read (PostgreSQL) are what the steps add up to: an
+    insider who resets one (`UPDATE ledger_limittotal SET value = 0`) lets a budget be spent again, and each total
+    that differs is named. SQLite keeps none (its limits read the steps)."""
+    if connection.vendor != "postgresql":
+        return
+    rows = sql.fetch_all(_TOTALS, [tenant_id, tenant_id, list(COUNTED)])
+    if not rows:
+        return
+    named = []
+    for tool_name, per, path, scope, span, bucket, kept, steps in rows[:_NAMED]:
+        measure = f"the sum of {path}" if path else "the count"
+        who = f"agent {scope}" if per == "agent" else "the tenant"
+        when = "for all time" if span == 0 else f"in the {span} s from {bucket.isoformat()}"
+        named.append(f"{measure} of {tool_name} for {who} {when} is kept as {_plain(kept)} but its steps add up to "
+                     f"{_plain(steps)}")
+    more = f"; and {len(rows) - _NAMED} more" if len(rows) > _NAMED else ""
+    raise _Broken("totals", f"{len(rows)} running total(s) of the limits differ from the steps: "
+                            f"{'; '.join(named)}{more}: edited behind the services' back")
+
+
+def _plain(number) -> str:
+    text = format(number, "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text

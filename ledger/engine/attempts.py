@@ -18,7 +18,7 @@ from ledger.audit.chain import AuditLog
 from ledger.engine import leases, sql
 from ledger.engine.leases import queued_seconds
 from ledger.executors.call import ToolError
-from ledger.models import Action, ActionStatus as A, Attempt, CompensationStrategy, Run, Tool
+from ledger.models import Action, ActionKind, ActionStatus as A, Attempt, CompensationStrategy, Run, Tool
 
 log = logging.getLogger("unwind.engine")
 
@@ -47,6 +47,51 @@ def backoff_delay(tool: Tool, attempt: int) -> float:
     """Exponential backoff with full jitter, capped."""
     base = tool.backoff_seconds * (2 ** max(0, attempt - 1))
     return min(settings.UNWIND_MAX_BACKOFF, random.uniform(base / 2, base))
+
+
+# Waiting for a tool that is down: an undo, and a step whose call never left (a refused connection, a connect
+# timeout), are tried again for minutes before a person is asked (issue 39). The tool's own retry policy is for a
+# tool that answered; a tool that is being restarted answers nothing for a while, and an undo that gives up in a
+# second hands a person work the engine would have done a minute later. Never sending twice is not at stake: an
+# undo carries its own idempotency key, and a call that never left did nothing.
+
+def patient(action: Action, error: ToolError) -> bool:
+    """Is this failure one the engine waits out (UNWIND_RETRY_PATIENCE; 0: none is) rather than counting it against
+    the tool's `retry.max_attempts` alone? Its retries are always scheduled, never slept through in a thread: the
+    wait is the ledger's (`next_attempt_at`), and the sweep sends the step when it falls due."""
+    return settings.UNWIND_RETRY_PATIENCE > 0 and error.transient and (
+        action.kind == ActionKind.COMPENSATION or error.not_sent)
+
+
+def retry_delay(action: Action, error: ToolError) -> float:
+    """How long before the next attempt: the tool's backoff, or, for a failure the engine waits out, an exponential one
+    from UNWIND_PATIENT_BACKOFF (5 s, 10 s, 20 s, …), each capped at UNWIND_MAX_BACKOFF, with full jitter below the
+    cap too, so that steps that failed together in an outage do not all come back at the same instant."""
+    own = backoff_delay(action.tool, action.attempts)
+    if not patient(action, error):
+        return own
+    base = min(settings.UNWIND_MAX_BACKOFF, settings.UNWIND_PATIENT_BACKOFF * (2 ** min(30, max(0, action.attempts - 1))))
+    return max(own, random.uniform(base / 2, base))
+
+
+MOST_ATTEMPTS = 32000  # what Action.attempts can count to (a small integer), with room for a person's retries
+
+
+def keep_trying(action: Action, error: ToolError, *, owner: str, delay: float) -> bool:
+    """A failure the engine waits out, on a step whose attempts are spent: while its next attempt would still start
+    within UNWIND_RETRY_PATIENCE seconds of its first, it gets one more (`max_attempts` raised on its row while the
+    lease is still `owner`'s), so `outcomes.record_failure` schedules a retry instead of asking a person. True when
+    it did."""
+    if not patient(action, error) or action.attempts < action.max_attempts or action.attempts >= MOST_ATTEMPTS:
+        return False
+    first = Attempt.objects.filter(action=action).order_by("number").values_list("started_at", flat=True).first()
+    if first is None or (timezone.now() - first).total_seconds() + delay > settings.UNWIND_RETRY_PATIENCE:
+        return False
+    if Action.objects.filter(pk=action.pk, status=A.RUNNING, lease_owner=owner).update(
+            max_attempts=action.attempts + 1) != 1:
+        return False
+    action.max_attempts = action.attempts + 1
+    return True
 
 
 AMBIGUOUS_ATTEMPT = (Q(outcome="lost") | Q(outcome="settle_failed") | Q(error_class="transient")

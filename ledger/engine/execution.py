@@ -18,10 +18,12 @@ from typing import Callable
 from django.db.models import Q
 
 from ledger import tracing
+from ledger.audit import sealed
 from ledger.audit.chain import AuditLog, ledger_transaction
-from ledger.engine import attempts, failpoints, outcomes, readback, unwinding
+from ledger.engine import attempts, failpoints, outcomes, readback, runstate, sql, unwinding
 from ledger.engine.dispatch import HELD, enqueue, new_owner
 from ledger.engine.transitions import action_transition
+from ledger.errors import StateConflict
 from ledger.executors.call import ToolError, ToolOutcome, http_call, mcp_call, python_call, resolve_url
 from ledger.models import Action, ActionKind, ActionStatus as A, CompensationStrategy, Executor, Run, RunStatus as R
 
@@ -32,26 +34,54 @@ INLINE_RETRY_LIMIT = 2.0  # seconds: longer backoffs are scheduled, not slept th
 
 # --- calling tools ---------------------------------------------------------------------------------
 
-def call_tool(action: Action) -> ToolOutcome:
+def call_tool(action: Action, args) -> ToolOutcome:
+    """Call the step's tool with `args`: those `sealed.checked_args` answered for it (what was proposed or approved)."""
     tool = action.tool
     if tool.executor == Executor.HTTP:
         url = resolve_url(tool.endpoint, target=action.target_id)
-        return http_call(url=url, args=readback.sent_args(action), idempotency_key=action.tool_key,
+        return http_call(url=url, args=args, idempotency_key=action.tool_key,
                          timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
     if tool.executor == Executor.PYTHON:
-        return python_call(path=tool.endpoint, args=readback.sent_args(action), idempotency_key=action.tool_key,
+        return python_call(path=tool.endpoint, args=args, idempotency_key=action.tool_key,
                            target=action.target_id or None, tenant=tool.tenant.slug)
     if tool.executor == Executor.MCP:
-        return mcp_call(endpoint=tool.endpoint, args=readback.sent_args(action), idempotency_key=action.tool_key,
+        return mcp_call(endpoint=tool.endpoint, args=args, idempotency_key=action.tool_key,
                         timeout=tool.timeout_seconds, tenant=tool.tenant.slug)
     raise ToolError("client-executed tools are run by the agent, which reports the outcome", transient=False)
 
 
 def send(action: Action, owner: str) -> ToolOutcome | None:
-    """Call the tool; for one that ignores keys, only once the attempt is marked sent (None: the lease is gone)."""
+    """Call the tool with what its row's seal recorded (sealed.Tampered, and nothing leaves, when the row differs);
+    for one that ignores keys, only once the attempt is marked sent (None: the lease is gone)."""
+    args = sealed.checked_args(action)
     if not action.tool.honours_idempotency_key and not attempts.mark_sent(action, owner):
         return None
-    return call_tool(action)
+    return call_tool(action, args)
+
+
+def refuse_tampered(action: Action, tampered: sealed.Tampered, *, owner: str) -> None:
+    """A claimed step whose row is not what the audit chain recorded (`sealed.checked_args`): it is not sent. It fails
+    as `tampered`, the refusal is recorded for `verify_audit` (`sealed.TAMPERING`), and its run goes before a person,
+    whatever its saga would do with a failure: an unwind would send more calls from a ledger someone rewrote.
+    Resuming or compensating it later refuses the step again while its row differs."""
+    why = f"{action.tool.name} (step {action.seq}) was not sent: {tampered.problem}"
+    with ledger_transaction(action.tenant_id) as audit:
+        attempts.finish_attempt(action, sealed.TAMPERED, latency_ms=None, log=audit,
+                                error=ToolError(why, transient=False, not_sent=True))
+        action_transition(action, A.FAILED, log=audit, actor=attempts.SYSTEM, where=Q(lease_owner=owner),
+                          note={"check": tampered.check}, lease_owner="", lease_expires_at=None,
+                          error_class=sealed.TAMPERED, error_message=why[:2000])
+        audit.record(sealed.TAMPERING, actor=attempts.SYSTEM, action=action, check=tampered.check,
+                     problem=tampered.problem[:1000])
+        if action.kind == ActionKind.COMPENSATION:
+            forward = Action.objects.select_related("tool").get(pk=action.compensates_id)
+            if forward.status == A.COMPENSATING:
+                action_transition(forward, A.COMPENSATION_FAILED, log=audit, actor=attempts.SYSTEM,
+                                  note={"error": why[:500]})
+        run = sql.get_locked(Run, action.run_id)
+        if run.status in (R.RUNNING, R.AWAITING_APPROVAL, R.UNWINDING):
+            runstate.needs_attention(run, sealed.TAMPERED, why, action=action, log=audit)
+    log.error("refused to send action %s: %s", action.pk, tampered.problem)
 
 
 def run_stopped(action: Action) -> bool:
@@ -146,11 +176,20 @@ def _execute(action: Action, *, owner: str, budget: float | None, started: float
             outcome = readback.read_back_outcome(found) if found is not None else send(action, owner)
             if outcome is None:  # the lease ran out before the call left: the sweep sends it again
                 return Action.objects.select_related("tool").get(pk=action.pk)
+        except sealed.Tampered as tampered:
+            try:
+                outcomes.settling(action, owner, "refusing a step edited behind the services' back", None,
+                                  lambda: refuse_tampered(action, tampered, owner=owner))
+            except StateConflict:
+                pass  # the lease is no longer ours: whoever holds it checks the row again before sending
+            return action
         except ToolError as error:
             latency = (time.monotonic() - t0) * 1000
-            delay = attempts.backoff_delay(action.tool, action.attempts)
+            delay = attempts.retry_delay(action, error)
+            attempts.keep_trying(action, error, owner=owner, delay=delay)
             remaining = None if budget is None else budget - (time.monotonic() - started)
-            inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining)
+            inline = delay <= INLINE_RETRY_LIMIT and (remaining is None or delay < remaining) \
+                and not attempts.patient(action, error)
             retried = outcomes.settling(action, owner, "recording the tool's error", None, lambda: outcomes.record_failure(
                 action, error, latency_ms=latency, retry_inline=inline, delay=delay, owner=owner))
             if retried is True and inline:
@@ -237,10 +276,12 @@ def drift_detected(compensation: Action) -> bool:
     try:
         current = readback.snapshot_fields(forward.tool, readback.read_target(forward.tool, forward.target_id))
     except ToolError as error:
-        outcomes.record_failure(compensation, ToolError(f"drift check could not read the target: {error.message}",
-                                               transient=error.transient, status=error.status),
-                       latency_ms=None, retry_inline=False, delay=attempts.backoff_delay(compensation.tool, compensation.attempts),
-                       owner=compensation.lease_owner)
+        unread = ToolError(f"drift check could not read the target: {error.message}", transient=error.transient,
+                           status=error.status)
+        delay = attempts.retry_delay(compensation, unread)
+        attempts.keep_trying(compensation, unread, owner=compensation.lease_owner, delay=delay)
+        outcomes.record_failure(compensation, unread, latency_ms=None, retry_inline=False, delay=delay,
+                                owner=compensation.lease_owner)
         return True
     if current == forward.after:
         return False

@@ -15,6 +15,7 @@ lock, so of a stop and a release racing exactly one wins, on SQLite and PostgreS
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from datetime import timedelta
 
 from django.db.models import Min, Q
@@ -24,12 +25,15 @@ from django.utils.dateparse import parse_datetime
 from ledger import events
 from ledger.engine import attempts, runstate, sql
 from ledger.engine.leases import db_now
+from ledger.audit import sealed
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R, Tool
 from ledger.policy.law import held_roles_it_must_wait_for
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.transitions import action_transition, run_transition
+
+logger = logging.getLogger("unwind.engine")
 
 RELEASER = "system:hold"
 BATCH = 200
@@ -95,6 +99,13 @@ def release(action_id: int) -> str | None:
         with ledger_transaction(action.tenant_id) as audit:
             run = sql.get_locked(Run, action.run_id)
             now = db_now()
+            try:
+                # Its window ends when the chain recorded it would: an earlier time written into the row would cut the
+                # undo window short, so it is not released at all.
+                sealed.check_hold(action)
+            except sealed.Tampered as tampered:
+                _refuse_release(action, run, tampered, log=audit)
+                return None
             if run.cancel_requested_at or run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
                 action_transition(action, A.SKIPPED, log=audit, actor=RELEASER, where=Q(next_attempt_at__lte=now),
                                   note={"why": f"its run is {run.status.replace('_', ' ')}"}, next_attempt_at=None)
@@ -106,6 +117,18 @@ def release(action_id: int) -> str | None:
     except StateConflict:
         return None
     return owner
+
+
+def _refuse_release(action: Action, run: Run, tampered: sealed.Tampered, *, log: AuditLog) -> None:
+    """A held step whose time is not the one its hold recorded: it never runs (skipped, its row's time kept as found),
+    the refusal is recorded for `verify_audit`, and its run goes before a person."""
+    why = f"{action.tool.name} (step {action.seq}) was not released: {tampered.problem}"
+    action_transition(action, A.SKIPPED, log=log, actor=RELEASER, note={"why": why[:500], "check": tampered.check},
+                      decision_reason=why)
+    log.record(sealed.TAMPERING, actor=RELEASER, action=action, check=tampered.check, problem=tampered.problem[:1000])
+    if run.status in (R.RUNNING, R.AWAITING_APPROVAL):
+        runstate.needs_attention(run, sealed.TAMPERED, why, action=action, log=log, actor=RELEASER)
+    logger.error("refused to release held action %s: %s", action.pk, tampered.problem)
 
 
 def release_due(now) -> int:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.models import CUSTOMER_REQUESTS_SECONDS, RUN_IDLE_TIMEOUT_SECONDS, ActionClass, Executor, Risk
+from ledger.models import (
+    CUSTOMER_REQUESTS_SECONDS, RUN_IDLE_TIMEOUT_SECONDS, SUBADDRESS_SEPARATORS, ActionClass, Executor, Risk,
+)
 from ledger.policy import checks, functions, tool_entry, twins
 
 # --- inline compensation twins ------------------------------------------------------------------------
@@ -101,10 +103,11 @@ def _parse_defaults(defaults: Any) -> dict:
     defaults = checks.require_mapping(defaults, "defaults")
     parsed: dict[str, Any] = {}
     unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive",
-                               "customer_requests"}
+                               "subaddress_separators", "customer_requests"}
     if unknown:
         checks.fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl, "
-                                                "run_idle_timeout, local_part_case_sensitive, customer_requests)")
+                                                "run_idle_timeout, local_part_case_sensitive, subaddress_separators, "
+                                                "customer_requests)")
     if "customer_requests" in defaults:
         window = defaults["customer_requests"]
         parsed["customer_requests_seconds"] = 0 if window in ("off", False) else int(checks.duration(
@@ -114,6 +117,12 @@ def _parse_defaults(defaults: Any) -> dict:
         if not isinstance(defaults["local_part_case_sensitive"], bool):
             checks.fail("defaults.local_part_case_sensitive", "must be true or false")
         parsed["local_part_case_sensitive"] = defaults["local_part_case_sensitive"]
+    if "subaddress_separators" in defaults:
+        separators = defaults["subaddress_separators"]
+        if not isinstance(separators, str) or len(separators) > 4 or set(separators) - set(SUBADDRESS_SEPARATORS):
+            checks.fail("defaults.subaddress_separators", f"must be up to 4 of the characters {SUBADDRESS_SEPARATORS} "
+                                                          "(\"+\", the default, as in alice+tag@…), or \"\" for none")
+        parsed["subaddress_separators"] = separators
     if "approval_threshold" in defaults:
         parsed["approval_threshold"] = checks.choice(defaults["approval_threshold"], Risk, "defaults.approval_threshold")
     if "approval_ttl" in defaults:

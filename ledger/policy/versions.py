@@ -21,7 +21,7 @@ from ledger.policy.twins import with_inline_twins
 from ledger.api.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
-                  "customer_requests_seconds")
+                  "customer_requests_seconds", "subaddress_separators")
 
 
 def policy_digest(fields: dict) -> str:

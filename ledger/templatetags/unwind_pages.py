@@ -45,14 +45,6 @@ def at(when):
 
 
 @register.filter
-def money_in(args, display) -> str:
-    """`{{ request.preview.args|money_in:request.action.tool.display }}`: the amounts a row shows, "€920.00"."""
-    from ledger.policy.display import money_in as amounts
-
-    return ", ".join(amounts(args, display or {}))
-
-
-@register.filter
 def breakable(name) -> str:
     """A dotted or snake_case name ("travel.cancel_flight") that may wrap after its dots and underscores on a narrow
     screen, never in the middle of a word: escaped, with <wbr> after each . and _."""

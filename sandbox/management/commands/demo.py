@@ -8,8 +8,14 @@ DATABASE_URL at), unless --keep; any other database is never removed. The termin
 checks and ends with where to click and the logins: the web server and the worker write to var/demo-web.log
 and var/demo-worker.log, and the email the demo sends goes to files in var/demo-mail/ and to the console's
 outbox page, never to the terminal.
+
+A demo on the demo's own database holds var/demo.lock while it runs (the lock dies with the process), so a second
+demo of the same clone knows it is there: it never starts afresh (or re-seeds) that database under it, and on a
+busy port it says which demo serves there and suggests a second one with a database of its own, whose env file,
+key, logs and mail then go to var/demo-PORT/ instead of the first one's.
 """
 import errno
+import fcntl
 import os
 import re
 import shlex
@@ -50,8 +56,20 @@ DEMO_CUSTOMER = "carol@company.com"
 VAR = Path(settings.BASE_DIR) / "var"
 DEMO_DATABASE = VAR / "demo.sqlite3"
 MAIL_DIR = VAR / "demo-mail"
-AGENT_KEY_FILE = VAR / "demo-agent.key"
-ENV_FILE = VAR / "demo.env"
+LOCK_FILE = VAR / "demo.lock"
+
+
+class Files:
+    """Where a demo writes what a person and a second terminal read: in var/ (`. var/demo.env`), or, for a second
+    demo beside a running one, in var/demo-PORT/ so that the first one's env file, key, logs and mail stay its own."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.mail = folder, folder / "demo-mail"
+        self.env, self.key = folder / "demo.env", folder / "demo-agent.key"
+        self.web_log, self.worker_log = folder / "demo-web.log", folder / "demo-worker.log"
+
+    def shown(self, path: Path) -> str:
+        return str(path.relative_to(settings.BASE_DIR))
 
 
 class Command(BaseCommand):
@@ -68,25 +86,35 @@ class Command(BaseCommand):
 
     def handle(self, *args, serve=False, check=False, port=8000, keep=False, **options):
         base_url = f"http://127.0.0.1:{port}"
-        # Before anything is touched: a second demo on a port in use would wipe the first one's database under it.
-        port_free_or_fail(port)
+        # Before anything is touched: a second demo must not wipe or re-seed a running one's database under it.
+        running = running_demo()
+        port_free_or_fail(port, running=running)
+        own = uses_demo_database(settings.DATABASES["default"])
+        if own and running:
+            raise CommandError(demo_running(running, port, what=(
+                "starting another on its database would re-seed it under it" if keep else
+                "a fresh demo would delete its database and mail under it")))
         VAR.mkdir(exist_ok=True)
+        self.lock = hold_demo_lock(base_url, port) if own else None
+        self.files = Files(VAR / f"demo-{port}" if running else VAR)
+        self.files.folder.mkdir(exist_ok=True)
         self.start_afresh(keep=keep)
         self.say("migrating the database")
         call_command("migrate", verbosity=0, interactive=False)
         key = self.seed()
-        write_env_file(base_url=base_url, key=key, database=settings.DATABASES["default"])
+        write_env_file(self.files, base_url=base_url, key=key, database=settings.DATABASES["default"])
         # The demo is what the sandbox is for: it is on in the processes the demo starts, whatever the shell says.
         # Its email goes to files and the console's outbox, not to the terminal (a shell's EMAIL_BACKEND still wins).
         env = dict(os.environ, UNWIND_BASE_URL=base_url, UNWIND_TOOL_BASE_URL=base_url, UNWIND_TASKS_SYNC="0",
                    UNWIND_SANDBOX="1", PYTHONUNBUFFERED="1")
         env.setdefault("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
-        env.setdefault("EMAIL_FILE_PATH", str(MAIL_DIR))
+        env.setdefault("EMAIL_FILE_PATH", str(self.files.mail))
+        logs = f"{self.files.shown(self.files.web_log)} and {self.files.shown(self.files.worker_log)}"
         processes = []
         signal.signal(signal.SIGTERM, stop_on_sigterm)  # `kill` stops the web server and the worker as Ctrl-C does
         try:
-            web_log = open(VAR / "demo-web.log", "w")
-            worker_log = open(VAR / "demo-worker.log", "w")
+            web_log = open(self.files.web_log, "w")
+            worker_log = open(self.files.worker_log, "w")
             # Each in a session of its own (Ctrl-C reaches the demo, which stops them in order), and each told to
             # stop should the demo itself die without a word (SIGKILL): no server or worker outlives it.
             processes.append(subprocess.Popen(
@@ -96,7 +124,7 @@ class Command(BaseCommand):
             processes.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=settings.BASE_DIR, env=env,
                                               stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
                                               preexec_fn=stop_when_parent_dies))
-            self.wait_for(base_url, processes)
+            self.wait_for(base_url, processes, logs=logs)
             # `make demo` leaves the last charge for you to decide; --check decides it as you would.
             checks, runs, waiting = self.scenarios(base_url, key, decide_the_waiting_charge=check)
             checks += self.console_checks(base_url, runs)
@@ -105,13 +133,13 @@ class Command(BaseCommand):
                 verdict = call_command_output("verify_audit")
                 self.say(verdict.strip())
                 if failed:
-                    raise CommandError(f"{failed} check(s) did not match; logs: var/demo-web.log, var/demo-worker.log")
+                    raise CommandError(f"{failed} check(s) did not match; logs: {logs}")
                 self.stdout.write(self.style.SUCCESS(f"all {len(checks)} checks match"))
                 return
             self.welcome(base_url, runs, waiting)
             while all(p.poll() is None for p in processes):
                 time.sleep(0.5)
-            raise CommandError("a demo process stopped; see var/demo-web.log and var/demo-worker.log")
+            raise CommandError(f"a demo process stopped; see {logs}")
         except KeyboardInterrupt:
             self.say("stopping")
         finally:
@@ -159,18 +187,18 @@ class Command(BaseCommand):
         name = f"demo-agent-{Agent.objects.filter(tenant=tenant).count() + 1}"
         _, key = agent_create(tenant=tenant, name=name, actor="system:demo")
         # For the curl examples in docs/demo.md: the key is a demo's, on this machine, readable by its owner only.
-        AGENT_KEY_FILE.unlink(missing_ok=True)
-        AGENT_KEY_FILE.touch(mode=0o600)
-        AGENT_KEY_FILE.write_text(key + "\n")
+        self.files.key.unlink(missing_ok=True)
+        self.files.key.touch(mode=0o600)
+        self.files.key.write_text(key + "\n")
         self.say(f"seeded tenant '{TENANT}' with {len(policy['tools'])} sandbox tools and agent {name} "
-                 f"(its key: {AGENT_KEY_FILE.relative_to(settings.BASE_DIR)})")
+                 f"(its key: {self.files.shown(self.files.key)})")
         return key
 
-    def wait_for(self, base_url: str, processes) -> None:
+    def wait_for(self, base_url: str, processes, *, logs: str) -> None:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if any(p.poll() is not None for p in processes):
-                raise CommandError("the web server or the worker did not start; see var/demo-web.log")
+                raise CommandError(f"the web server or the worker did not start; see {logs}")
             try:
                 if requests.get(f"{base_url}/healthz", timeout=2).status_code == 200:
                     return
@@ -294,9 +322,11 @@ class Command(BaseCommand):
         line(f"  recovery queue                     {base_url}/console/recovery/")
         for name, run_id in runs.items():
             line(f"  run of scenario {name:18s} {base_url}/console/runs/{run_id}/")
-        line(f"  email the demo sent (outbox)       {base_url}/console/outbox/   files: var/demo-mail/")
-        line(f"  API docs                           {base_url}/api/docs/   agent key: var/demo-agent.key")
-        line("  in a second terminal, first        . var/demo.env   (URL, agent key, database for manage.py)")
+        shown = self.files.shown
+        line(f"  email the demo sent (outbox)       {base_url}/console/outbox/   files: {shown(self.files.mail)}/")
+        line(f"  API docs                           {base_url}/api/docs/   agent key: {shown(self.files.key)}")
+        line(f"  in a second terminal, first        . {shown(self.files.env)}   "
+             "(URL, agent key, database for manage.py)")
         line("  inject a fault, watch an unwind    docs/demo.md")
         line(f"  MCP server for agents              {base_url}/mcp   run examples/mcp_session.py; docs/mcp.md")
         line("")
@@ -306,24 +336,92 @@ class Command(BaseCommand):
             line(f"  {username:10s} {password:15s} {role:10s} {what}")
 
 
-def port_free_or_fail(port: int) -> None:
-    """CommandError (exit 1, within a second) when 127.0.0.1:`port` cannot be served on, saying what to do."""
+def running_demo() -> str | None:
+    """The address of a demo of this clone running on the demo's own database (it holds var/demo.lock), or None."""
+    try:
+        handle = open(LOCK_FILE)
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "an address it did not record"
+    return None
+
+
+def hold_demo_lock(base_url: str, port: int):
+    """Take var/demo.lock for as long as this process runs, recording its address; CommandError when a demo that
+    started meanwhile holds it."""
+    handle = open(LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise CommandError(demo_running(running_demo() or "another address", port,
+                                        what="it started just now, on the same database")) from None
+    handle.truncate(0)
+    handle.write(base_url)
+    handle.flush()
+    return handle
+
+
+def demo_running(address: str, port: int, *, what: str) -> str:
+    """What a second demo says when this clone's demo runs at `address` on the demo's own database: a second demo
+    beside it on `port` (or, when `port` is taken, the next free one) with a database of its own."""
+    free = port if can_serve(port) else free_port_after(port)
+    return (f"this clone's demo is serving at {address} on {DEMO_DATABASE.relative_to(settings.BASE_DIR)}, and {what}; "
+            f"nothing was changed. Use that demo as it is (`. var/demo.env` in another terminal reaches it), or stop "
+            f"it (Ctrl-C in its terminal) first; or run a second demo beside it with a database of its own: make demo "
+            f"PORT={free} DATABASE_URL=sqlite:///var/demo-{free}.sqlite3")
+
+
+def free_port_after(port: int) -> int:
+    """The first port after `port` that 127.0.0.1 can be served on (`port` + 1 when none of the next 50 is free)."""
+    for candidate in range(port + 1, min(port + 51, 65536)):
+        if can_serve(candidate):
+            return candidate
+    return port + 1
+
+
+def can_serve(port: int) -> bool:
+    try:
+        bind_probe(port).close()
+    except OSError:
+        return False
+    return True
+
+
+def bind_probe(port: int) -> socket.socket:
+    """A socket bound to 127.0.0.1:`port` as the web server will bind it (OSError when it cannot be)."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # As the web server will (socketserver's allow_reuse_address): connections of a demo that just stopped, still in
     # TIME_WAIT, do not hold the port; a server listening on it does.
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(("127.0.0.1", port))
+    except OSError:
+        probe.close()
+        raise
+    return probe
+
+
+def port_free_or_fail(port: int, *, running: str | None = None) -> None:
+    """CommandError (exit 1, within a second) when 127.0.0.1:`port` cannot be served on, saying what to do: when this
+    clone's demo runs (`running`, its address), never a command that would start afresh on its database."""
+    try:
+        bind_probe(port).close()
     except OSError as exc:
         if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
             raise
         why = "in use" if exc.errno == errno.EADDRINUSE else "not allowed for this user"
+        if running:
+            raise CommandError(f"port {port} is {why}: " + demo_running(running, port, what=(
+                "a fresh demo would delete its database and mail under it"))) from None
         raise CommandError(
-            f"port {port} is {why} (another demo, or another server, listens on 127.0.0.1:{port}); nothing was "
-            f"changed. Stop the other one (Ctrl-C in its terminal), or start this one on another port: "
-            f"make demo PORT={port + 1}") from None
-    finally:
-        probe.close()
+            f"port {port} is {why} (another server listens on 127.0.0.1:{port}; no demo of this clone is running); "
+            f"nothing was changed. Stop the other one, or start this one on another port: "
+            f"make demo PORT={free_port_after(port)}") from None
 
 
 def database_url(database: dict) -> str:
@@ -333,7 +431,7 @@ def database_url(database: dict) -> str:
     return os.environ["DATABASE_URL"]
 
 
-def write_env_file(*, base_url: str, key: str, database: dict) -> None:
+def write_env_file(files: Files, *, base_url: str, key: str, database: dict) -> None:
     """var/demo.env: what a second terminal needs to reach this demo (`. var/demo.env`), readable by its owner only.
 
     The examples read UNWIND_URL and UNWIND_AGENT_KEY; manage.py reads DATABASE_URL and, as the demo does, runs on
@@ -341,18 +439,20 @@ def write_env_file(*, base_url: str, key: str, database: dict) -> None:
     """
     values = {"UNWIND_URL": base_url, "UNWIND_AGENT_KEY": key, "DATABASE_URL": database_url(database),
               "UNWIND_INSECURE_DEV_KEY": "1", "UNWIND_SANDBOX": "1"}
-    ENV_FILE.unlink(missing_ok=True)
-    ENV_FILE.touch(mode=0o600)
-    ENV_FILE.write_text("# Written by the demo; `. var/demo.env` in a second terminal reaches it.\n"
+    files.env.unlink(missing_ok=True)
+    files.env.touch(mode=0o600)
+    files.env.write_text(f"# Written by the demo; `. {files.shown(files.env)}` in a second terminal reaches it.\n"
                         + "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items()))
+
+
+def uses_demo_database(database: dict) -> bool:
+    """Whether `database` is the demo's own SQLite file (var/demo.sqlite3)."""
+    return database["ENGINE"].endswith("sqlite3") and Path(str(database["NAME"])).resolve() == DEMO_DATABASE.resolve()
 
 
 def demo_database_to_clear(database: dict, *, keep: bool) -> Path | None:
     """The database file a fresh demo removes: the demo's own SQLite file, unless kept; any other, never."""
-    if keep or not database["ENGINE"].endswith("sqlite3"):
-        return None
-    path = Path(str(database["NAME"]))
-    return DEMO_DATABASE if path.resolve() == DEMO_DATABASE.resolve() else None
+    return DEMO_DATABASE if not keep and uses_demo_database(database) else None
 
 
 def login_of(role: str) -> tuple[str, str]:

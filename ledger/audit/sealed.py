@@ -1,0 +1,154 @@
+"""The engine's check, just before it acts on a step's row, that the row is what the audit chain recorded.
+
+Anyone with the database's credentials can edit a step's row, and the next event the engine records for the step
+fingerprints the row as it then stands (`forward.approved`, `forward.running`): an edit made in between would be
+laundered by it, and the tool sent bytes nobody approved. So the event that makes a step (`chain.SEALED_KINDS`) also
+records its seal (`chain.seal`: a digest of the body its tool receives and of where the call goes), and a held step's
+`forward.held` event records when its window ends (`executes_at`). Both are inside the event's HMAC, whose key is not
+in the database.
+
+- `checked_args`, just before a call leaves (ledger/engine/execution.py): the seal recomputed from the row must be the
+  recorded one, the row's `args` (what approvers and pages read), `args_hash` (what an approval is bound to) and the
+  body must agree with each other, and a step sealed as needing approval must have an authentic `<kind>.approved`
+  event (a status moved past the approval in the database is no approval). It answers the arguments to send, parsed
+  from the very text it checked.
+- `check_hold`, when a held step's window ends (ledger/engine/holds.py): `next_attempt_at` must be the recorded time.
+
+A difference raises `Tampered`: the step is not sent (or not released), and its run goes before a person
+(`tampered`). `verify_chain` makes the same comparisons for every row (checks `sends` and `hold`) and names every
+refusal the engine recorded (`TAMPERING`), so neither is laundered by a later event.
+
+A step made before seals were recorded (its making event has no `sends`) is checked for the agreement alone.
+"""
+from __future__ import annotations
+
+import hmac
+from datetime import datetime
+
+from django.utils.dateparse import parse_datetime
+
+from ledger.audit.chain import SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text
+from ledger.canonical import canonical, digest
+from ledger.engine import received
+from ledger.models import Action, AuditEvent
+
+# The event the engine records when it refuses a step whose row differs from what the chain recorded; its data
+# names the `check` ("sends" or "hold") and the `problem`. `verify_chain` reports every one of them.
+TAMPERING = "tampering.refused"
+# The error class of a step refused so, and the recovery item's reason for its run.
+TAMPERED = "tampered"
+
+
+class Tampered(Exception):
+    """A step's row is not what the audit chain recorded of it: edited behind the services' back."""
+
+    def __init__(self, check: str, problem: str):
+        super().__init__(problem)
+        self.check, self.problem = check, problem
+
+
+def checked_args(action: Action):
+    """The arguments to send for `action`, once its row is checked against its seal (raises Tampered otherwise).
+
+    An object whose seal was recorded or checked in this process and whose values are still those it was computed
+    from (`chain.sealed_fields`: the API's inline step, the unwinder's fresh undo, an inline retry) is that call
+    already; anything read from the database is checked against the event that made it."""
+    remembered = getattr(action, "_sealed", None)
+    if remembered is not None and remembered[1] == sealed_fields(action):
+        return received.loads(action.args_text) if action.args_text else action.args
+    text = sent_text(action)
+    recorded, approved = recorded_seal(action)
+    problem = seal_problem(action, recorded, text) or approval_problem(action, recorded, approved)
+    if problem:
+        raise Tampered("sends", problem)
+    action._sealed = (recorded or seal(action, text), sealed_fields(action))
+    return received.loads(text)
+
+
+def seal_problem(action: Action, recorded: dict | None, text: str | None = None, *, event: int | None = None,
+                 target: bool = True) -> str:
+    """Why `action`'s row is not the call its seal `recorded` (None: made before seals were kept), or "" when it is.
+    Shared by the engine's check and `verify_chain` (which leaves out the `target` of a step that succeeded: its
+    result may have named it then)."""
+    text = sent_text(action) if text is None else text
+    where = f" (event #{event})" if event is not None else ""
+    what = f"{action.kind} step {action.seq} (action {action.pk})"
+    if recorded is not None:
+        now = seal(action, text)
+        if not hmac.compare_digest(str(recorded.get("body", "")), now["body"]):
+            return (f"{what} would send arguments other than those recorded when it was proposed{where}: its args_text "
+                    "was edited behind the services' back")
+        if not hmac.compare_digest(str(recorded.get("call", "")), now["call"]):
+            return (f"{what} would call another tool, or with another idempotency key, than recorded when it was "
+                    f"proposed{where}: edited behind the services' back")
+        if target and not hmac.compare_digest(str(recorded.get("target", "")), now["target"]):
+            return (f"{what} would act on another target ({action.target_id!r}) than recorded when it was "
+                    f"proposed{where}: edited behind the services' back")
+    try:
+        agrees = digest(canonical(received.loads(text))) == action.args_hash == digest(action.args)
+    except (TypeError, ValueError):
+        agrees = False
+    if not agrees:
+        return (f"{what}'s arguments, their hash (which approvals are bound to) and the text its tool would receive "
+                "disagree: edited behind the services' back")
+    return ""
+
+
+def approval_problem(action: Action, recorded: dict | None, approved: bool) -> str:
+    """Why `action` may not be sent for want of the approval its seal says it needs, or "" (`approved`: the chain
+    holds an authentic `<kind>.approved` event for it, recorded once its quorum decided)."""
+    needed = (recorded or {}).get("approvals") or 0
+    if not needed or approved:
+        return ""
+    return (f"{action.kind} step {action.seq} (action {action.pk}) was proposed needing {needed} person's approval "
+            f"and none is recorded in the audit chain: its status was moved behind the services' back")
+
+
+APPROVED_KINDS = tuple(f"{kind.partition('.')[0]}.approved" for kind in SEALED_KINDS)
+
+
+def recorded_seal(action: Action) -> tuple[dict | None, bool]:
+    """The seal the event that made `action` recorded (None for a step made before seals were kept), and whether an
+    authentic event recorded it approved; Tampered when there is no making event or it does not verify under the audit
+    key it names. One read of the step's few events of those kinds."""
+    events = list(AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk,
+                                            kind__in=(*SEALED_KINDS, *APPROVED_KINDS)).order_by("seq"))
+    made = next((event for event in events if event.kind in SEALED_KINDS), None)
+    what = f"{action.kind} step {action.seq} (action {action.pk})"
+    if made is None:
+        raise Tampered("sends", f"{what} has no record of its proposal in the audit chain: it was written or its "
+                                "event removed behind the services' back")
+    if not event_is_authentic(made):
+        raise Tampered("sends", f"the event that recorded {what} (#{made.seq}) does not verify under its audit key: "
+                                "edited behind the services' back")
+    approved = any(event.kind in APPROVED_KINDS and event_is_authentic(event) for event in events)
+    return (made.data.get("sends") if isinstance(made.data, dict) else None), approved
+
+
+def check_hold(action: Action) -> None:
+    """A held step's window ends when the chain recorded it would (raises Tampered otherwise)."""
+    event = (AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk, kind="forward.held",
+                                       data__has_key="executes_at").order_by("-seq").first())
+    what = f"held step {action.seq} (action {action.pk})"
+    if event is None:
+        raise Tampered("hold", f"{what} has no record of its hold in the audit chain: made held behind the "
+                               "services' back")
+    if not event_is_authentic(event):
+        raise Tampered("hold", f"the event that recorded the hold of {what} (#{event.seq}) does not verify under its "
+                               "audit key: edited behind the services' back")
+    problem = hold_problem(action, event.data["executes_at"], event=event.seq)
+    if problem:
+        raise Tampered("hold", problem)
+
+
+def hold_problem(action: Action, executes_at: str, *, event: int) -> str:
+    """Why `action`'s window does not end when the event `event` recorded (`executes_at`), or "" when it does."""
+    recorded = parse_datetime(executes_at) if isinstance(executes_at, str) else None
+    found = action.next_attempt_at
+    if isinstance(found, str):  # SQLite's raw column
+        found = parse_datetime(found)
+    if recorded is not None and isinstance(found, datetime) and found == recorded:
+        return ""
+    shown = found.isoformat() if isinstance(found, datetime) else "none"
+    return (f"held step {action.seq} (action {action.pk}) runs at {shown}, but its undo window was recorded to end at "
+            f"{executes_at} (event #{event}): its time was edited behind the services' back")
