@@ -155,7 +155,8 @@ class Ledger:
 
     @property
     def forward(self) -> list[Action]:
-        return [a for a in self.actions if a.kind == ActionKind.FORWARD and a.tool.action_class != ActionClass.READ_ONLY]
+        return [a for a in self.actions
+                if a.kind == ActionKind.FORWARD and a.tool.action_class != ActionClass.READ_ONLY]
 
     def latest_undo(self, action: Action) -> Action | None:
         undos = self.undos.get(action.pk)
@@ -351,7 +352,8 @@ def trail_is_true(ledger: Ledger, world: World) -> None:
             assert effect.applied, f"{where}: the trail says it was done; the world never held it"
         if "not_undone" in said and ledger_says != EITHER:
             assert effect.standing, f"{where}: the trail says it still stands; the world: {effect}"
-        if "changed" in said and not said & {"restored", "not_undone", "pending", "corrected"} and ledger_says != EITHER:
+        more = said & {"restored", "not_undone", "pending", "corrected"}
+        if "changed" in said and not more and ledger_says != EITHER:
             assert effect.standing, f"{where}: the trail says it is done (and nothing more); the world: {effect}"
         if "corrected" in said:
             undo = ledger.latest_undo(action)
