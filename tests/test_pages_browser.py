@@ -328,7 +328,7 @@ def test_drift_is_compared_side_by_side_with_the_choices(tools, live_server, pag
     panel = page.locator("#confirm-compensate")
     sync_api.expect(panel).to_contain_text("overwrites their change")
     panel.get_by_label("Reason").fill("Dana agreed")
-    panel.get_by_role("button", name="Confirm: compensate").click()
+    panel.get_by_role("button", name="Confirm: undo anyway, overwriting their change").click()
     sync_api.expect(page.locator("#run-status")).to_have_text("compensated")
 
 
