@@ -350,7 +350,9 @@ def trail_is_true(ledger: Ledger, world: World) -> None:
             assert not effect.applied, f"{where}: the trail says it was not taken; the world holds it"
         if "changed" in said:
             assert effect.applied, f"{where}: the trail says it was done; the world never held it"
-        if "not_undone" in said and ledger_says != EITHER:
+        # "This cannot be taken back: …" followed by "Instead, a correction was made: …" says it was corrected (a
+        # refund of a card payment), not that it still stands.
+        if "not_undone" in said and "corrected" not in said and ledger_says != EITHER:
             assert effect.standing, f"{where}: the trail says it still stands; the world: {effect}"
         more = said & {"restored", "not_undone", "pending", "corrected"}
         if "changed" in said and not more and ledger_says != EITHER:
