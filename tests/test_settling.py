@@ -163,7 +163,7 @@ def test_the_operators_send_again_moves_an_unknown_outcome_and_is_recorded_as_th
     wait_for_lease(sent.action)
     assert sweep_until_settled(sent.action, django_capture_on_commit_callbacks).status == "lost"
     item = RecoveryItem.objects.get(run=run)
-    assert operations_for(item)["resume"] == SEND_AGAIN
+    assert operations_for(item)["resume"].label == SEND_AGAIN
     page = client_for(tools.oscar).get(f"/console/recovery/{item.pk}/").content.decode()
     assert "The tool says it did not happen: send it again…" in page
     confirm = client_for(tools.oscar).get(f"/console/recovery/{item.pk}/resume/").content.decode()
