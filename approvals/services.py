@@ -21,6 +21,7 @@ from approvals.waiting import no_longer_waiting
 from ledger.audit.chain import ledger_transaction, recording
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
 from ledger.models import ROLE_ORDER, Action, ActionStatus, Membership, Role, Tool
+from ledger.engine import moves
 from ledger.engine.actions import action_approve, action_reject
 
 log = logging.getLogger("unwind.approvals")
@@ -323,6 +324,8 @@ def _decide(*, request: ApprovalRequest, user, approve: bool, reason: str, actor
             return why
         if is_requester(request, user):
             raise PermissionDenied("you asked for this action (or it acts on your behalf); someone else must decide")
+        moves.require(request.run, moves.APPROVER, "approve" if approve else "reject",
+                      action_id=request.action_id)
         if request.args_hash != request.action.args_hash:
             raise StateConflict("the action's arguments changed since this request was made; it no longer applies")
         try:

@@ -92,7 +92,10 @@ def correction_trail(run: Run) -> dict:
             if irreversible:
                 not_undone += 1
                 say("not_undone", f"This cannot be taken back: {_quiet(step)}.")
-                say("corrected", f"Instead, a correction was made: {_quiet(_step(comp))}.")
+                # The step's own "undone" sentence names what was corrected (the refund of €10.01); the correcting
+                # tool's own sentence ("we refunded a card charge") cannot say which.
+                correction = _declared(action, "undone") or _step(comp)
+                say("corrected", f"Instead, a correction was made: {_quiet(correction)}.")
             else:
                 say("restored", _restored(action, comp) + _overwritten(action, events, company))
         elif action.status == A.COMPENSATION_FAILED:

@@ -39,14 +39,7 @@ FINAL = (R.COMPLETED, R.COMPENSATED, R.CLOSED)
 # tests/test_lifecycle_model.py that performs it and is a strict xfail while it is open: once it is fixed that test
 # fails, saying to take its name out of here. While a name is here, the model records a violation that matches its
 # signature exactly (`seen`, printed at the end) and goes on exploring; UNWIND_SAGA_STRICT=1 fails on them as well.
-KNOWN_OPEN = {
-    "a_repeated_cancel_of_a_finished_run": "found by the model: the agent's cancel of a run it cancelled before, "
-                                           "now finished, is answered as a repeat by run_cancel while the moves "
-                                           "model refuses it (\"already compensated; there is nothing to cancel\")",
-    "deciding_an_undo_is_no_move": "found by the model: an undo that waits for approval (a refund) is approved or "
-                                   "rejected by approval_decide, while the moves model offers the approver no such "
-                                   "move (it offers approve and reject on forward steps only)",
-}
+KNOWN_OPEN: dict[str, str] = {}  # none open: each finding the model made is a named test that passes
 tolerated: set[str] = set()  # the names of KNOWN_OPEN the checks now record instead of failing on
 seen: dict[str, str] = {}  # known finding → the first violation of it recorded
 
@@ -115,6 +108,8 @@ class World:
             standing = self.tickets.get(action.args["ticket_id"]) == action.args["priority"]
         elif tool == "hr.create_user":
             standing = body["id"] in self.users
+        elif tool == "payments.refund":
+            standing = True  # a refund is a correction: nothing undoes it
         else:
             standing = body[{"travel.book_flight": "booking_id", "travel.reserve_hotel": "reservation_id",
                              "payments.charge": "charge_id"}[tool]] in self.standing[tool]

@@ -159,6 +159,17 @@ def run_moves(run: Run, actions: list[Action] | None = None) -> RunMoves:
                                     consequences=stop_consequences(run, actions, step)))
         if step.status == A.SUCCEEDED and attempts.compensable(step):
             moves.moves.append(Move(CUSTOMER, "ask_undo", True, action_id=step.pk, label="Undo this"))
+    for undo in actions:
+        if undo.kind == ActionKind.COMPENSATION and undo.status == A.AWAITING_APPROVAL:
+            # An undo that waits for a person (a refund above a threshold): approving it undoes its step; rejecting
+            # it leaves the step standing, and the run goes before an operator ("compensation failed").
+            forward = next((a for a in actions if a.pk == undo.compensates_id), None)
+            if forward is None:
+                continue
+            moves.moves.append(Move(APPROVER, "approve", True, action_id=undo.pk, label="Approve the undo",
+                                    consequences=(Consequence(UNDO, forward),)))
+            moves.moves.append(Move(APPROVER, "reject", True, action_id=undo.pk, label="Reject the undo",
+                                    consequences=(Consequence(LEFT_STANDING, forward),)))
     return moves
 
 
@@ -203,10 +214,10 @@ RESOLVED_WORDS = {"resume": "resumed", "compensate": "compensated", "close": "cl
 def _agent_moves(run: Run, actions: list[Action]) -> list[Move]:
     state = run.status.replace("_", " ")
     moves = []
-    if run.status in FINAL:
+    if run.cancel_requested_at:
+        cancel = Move(AGENT, "cancel", True, label="Cancel")  # a repeat (a client's retry): the run as it is now
+    elif run.status in FINAL:
         cancel = Move(AGENT, "cancel", False, refusal=f"run {run.pk} is already {run.status}; there is nothing to cancel")
-    elif run.cancel_requested_at:
-        cancel = Move(AGENT, "cancel", True, label="Cancel")  # a repeat: answered with the run as it is
     else:
         pending = [a for a in forward_steps(actions) if a.status in attempts.PENDING]
         if run.pivot_committed or run.status in (R.UNWINDING, R.NEEDS_ATTENTION):

@@ -140,7 +140,7 @@ def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:
         why = f"cancelled by {actor}" + (f": {reason}" if reason else "")
         audit.record("run.cancel_requested", actor=actor, run=run, reason=reason[:1000])
         if run.status in (R.UNWINDING, R.NEEDS_ATTENTION):
-            runstate.skip_pending(run, log=audit, actor=actor, why=why)
+            runstate.skip_pending(run, log=audit, actor=actor, why=why, forward_only=True)
             return run
         if run.pivot_committed:
             runstate.skip_pending(run, log=audit, actor=actor, why=why)
