@@ -12,7 +12,8 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
-from ledger.engine import decision, sql
+from ledger.db import sql
+from ledger.engine import decision
 from ledger.errors import NotFound
 from ledger.models import (
     ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
