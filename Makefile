@@ -78,7 +78,7 @@ $(BENCH_STAMP): $(BIN)/python pyproject.toml
 	@touch $(BENCH_STAMP) $(STAMP)
 
 # PostgreSQL at 127.0.0.1:5432 (BENCH_PG=postgres://user@host:port for another); a dedicated database,
-# BENCH_DB=unwind_bench, is dropped and created afresh. BENCH_QUICK=1 for a 1-2 minute smoke.
+# BENCH_DB=unwind_bench, is dropped and created afresh. BENCH_QUICK=1 for the smoke CI runs (every part, small samples).
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
 

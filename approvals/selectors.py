@@ -14,7 +14,7 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
 from approvals import surfaces
 from approvals.services import is_requester
-from ledger.engine import mapping
+from ledger.db import mapping
 from ledger.policy.display import shown_value
 from ledger.models import ROLE_ORDER, Action, ActionStatus, CompensationStrategy, Membership, Role, Tenant, Tool
 from ledger.policy.law import approvals_needed

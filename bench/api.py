@@ -165,11 +165,14 @@ def throughput(tenant, base: str, concurrency: int, seconds: float, server_pid: 
     return result
 
 
-def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4) -> dict:
+def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4, server=None) -> dict:
+    """On `server` (a running bench.server.Server, which part 6 shares), or on one of its own."""
+    from contextlib import nullcontext
+
     from bench.server import Server
 
-    with Server(workers=workers) as server:
-        result = {"server": f"gunicorn, {workers} sync workers", "overhead": overhead(tenant, server.url, n)}
+    with nullcontext(server) if server is not None else Server(workers=workers) as server:
+        result = {"server": f"gunicorn, {server.workers} sync workers", "overhead": overhead(tenant, server.url, n)}
         log(f"api: overhead p50 {result['overhead']['overhead_p50_ms']} ms")
         result["throughput"] = []
         for level in levels:

@@ -12,6 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_BASE = os.environ.get("BENCH_PG", "postgres://postgres@127.0.0.1:5432")
 BENCH_DB = os.environ.get("BENCH_DB", "unwind_bench")
 DATABASE_URL = f"{PG_BASE}/{BENCH_DB}"
+# DBOS's system database follows BENCH_DB, so two benchmarks on one server (CI's smoke beside a full run) never
+# drop each other's: dbos_saga_sys beside the default unwind_bench, <BENCH_DB>_dbos beside any other.
+DBOS_DB = os.environ.get("BENCH_DBOS_DB") or ("dbos_saga_sys" if BENCH_DB == "unwind_bench" else f"{BENCH_DB}_dbos")
 QUICK = os.environ.get("BENCH_QUICK", "") not in ("", "0")
 
 

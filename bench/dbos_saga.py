@@ -3,7 +3,7 @@
 The workflow and steps are those of ../shared/anchors/dbos_saga.py. It runs as a long-lived child of
 the benchmark so that its sagas can be timed in rounds interleaved with Unwind's and the floor's: it
 reads commands on stdin (`ok N START`, `fail N START`, `quit`) and answers each with one JSON line of
-per-saga seconds. DBOS keeps its system database, `dbos_saga_sys`, on the same server.
+per-saga seconds. DBOS keeps its system database (`dbos_saga_sys`, or `<BENCH_DB>_dbos`) on the same server.
 """
 import json
 import os
@@ -13,7 +13,8 @@ import time
 from dbos import DBOS, DBOSConfig
 
 base = os.environ.get("PG_URL", "postgresql://postgres@127.0.0.1:5432/unwind_bench").rsplit("/", 1)[0]
-config: DBOSConfig = {"name": "dbos_saga", "system_database_url": f"{base}/dbos_saga_sys", "log_level": "WARNING"}
+system = os.environ.get("BENCH_DBOS_DB", "dbos_saga_sys")  # bench/common.py's DBOS_DB, passed by the parent
+config: DBOSConfig = {"name": "dbos_saga", "system_database_url": f"{base}/{system}", "log_level": "WARNING"}
 DBOS(config=config)
 world = {}
 

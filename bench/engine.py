@@ -87,7 +87,7 @@ def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dic
     """Unwind, DBOS and the floor in interleaved rounds, so drift on a shared machine hits all three alike."""
     import subprocess
 
-    from bench.common import BENCH_DB, ROOT, psycopg_url
+    from bench.common import BENCH_DB, DBOS_DB, ROOT, psycopg_url
     from bench.counting import counting
     from bench.pgfloor import Floor
 
@@ -104,7 +104,7 @@ def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dic
 
     peer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_saga.py")], cwd=str(ROOT), text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB)))
+                            env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB), BENCH_DBOS_DB=DBOS_DB))
     assert peer.stdout.readline().strip() == "ready", "DBOS did not start"
 
     def dbos(case: str, count: int, start: int) -> list[float]:
@@ -181,11 +181,11 @@ def _dbos_process_transactions(case: str, n: int) -> int:
     """Transactions DBOS commits in its system database over one process's life, running n sagas."""
     import subprocess
 
-    from bench.common import BENCH_DB, ROOT, psycopg_url, xact_commits
+    from bench.common import BENCH_DB, DBOS_DB, ROOT, psycopg_url, xact_commits
 
-    before = xact_commits("dbos_saga_sys")
+    before = xact_commits(DBOS_DB)
     peer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_saga.py")], cwd=str(ROOT), text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB)))
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB), BENCH_DBOS_DB=DBOS_DB))
     assert peer.stdout.readline().strip() == "ready"
     if n:
         peer.stdin.write(f"{case} {n} {int(time.time() * 1000) * 1000}\n")
@@ -195,7 +195,7 @@ def _dbos_process_transactions(case: str, n: int) -> int:
     peer.stdin.flush()
     peer.wait(timeout=60)
     time.sleep(1.5)  # exited backends have flushed their statistics
-    return xact_commits("dbos_saga_sys") - before
+    return xact_commits(DBOS_DB) - before
 
 
 def transactions_per_saga(n: int = 100) -> dict:

@@ -221,11 +221,14 @@ def in_process(tenant, n: int, profile_path=None) -> dict:
 
 
 def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int = 4,
-            pairs: int = int(os.environ.get("BENCH_MCP_PAIRS", "2"))) -> dict:
+            pairs: int = int(os.environ.get("BENCH_MCP_PAIRS", "2")), server=None) -> dict:
+    """On `server` (part 2's, in `make bench`), or on one of its own."""
+    from contextlib import nullcontext
+
     from bench.server import Server
 
-    with Server(workers=workers) as server:
-        result = {"server": f"gunicorn, {workers} sync workers", "per_call": per_call(tenant, server.url, n)}
+    with nullcontext(server) if server is not None else Server(workers=workers) as server:
+        result = {"server": f"gunicorn, {server.workers} sync workers", "per_call": per_call(tenant, server.url, n)}
         p = result["per_call"]
         log(f"mcp: p50 REST {p['rest']['p50']} ms, MCP {p['mcp']['p50']} ms, no-op {p['noop']['p50']} ms "
             f"(MCP - REST {p['mcp_minus_rest_p50_ms']} ms, paired {p['paired_median_ms']} ms)")

@@ -1,7 +1,7 @@
 """`make bench`: every part on one PostgreSQL, in one run; a table with ratios, bench/results.json and
 bench/cost_vs_size.png.
 
-Settings (environment): BENCH_QUICK=1 (a 1-2 minute smoke), BENCH_PG (server, default
+Settings (environment): BENCH_QUICK=1 (a smoke of every part, about a minute; its files go to var/bench-quick/), BENCH_PG (server, default
 postgres://postgres@127.0.0.1:5432), BENCH_DB (default unwind_bench, dropped and created afresh),
 BENCH_N (sagas per case), BENCH_UNWIND_N, BENCH_API_N, BENCH_API_SECONDS, BENCH_CRASH_TRIALS,
 BENCH_SIZES (actions, comma-separated), BENCH_PAGE_REQUESTS, BENCH_OUT (where the files go, default bench/).
@@ -17,11 +17,13 @@ import platform
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
-from bench.common import BENCH_DB, QUICK, ROOT, bench_env, django_setup, log, recreate_database
+from bench.common import BENCH_DB, DBOS_DB, QUICK, ROOT, bench_env, django_setup, log, recreate_database
 
-OUT = Path(os.environ.get("BENCH_OUT") or Path(__file__).resolve().parent)
+# A smoke's figures are not a run's: under BENCH_QUICK they go to var/bench-quick/, never over bench/results.json.
+OUT = Path(os.environ.get("BENCH_OUT") or (ROOT / "var" / "bench-quick" if QUICK else Path(__file__).resolve().parent))
 
 
 def setting(name: str, full, quick):
@@ -31,16 +33,16 @@ def setting(name: str, full, quick):
     return type(full)(raw) if not isinstance(full, list) else [int(x) for x in raw.split(",") if x.strip()]
 
 
-N = setting("BENCH_N", 300, 40)
-UNWIND_N = setting("BENCH_UNWIND_N", 100, 15)
-API_N = setting("BENCH_API_N", 300, 40)
-API_SECONDS = setting("BENCH_API_SECONDS", 10.0, 3.0)
-CRASH_TRIALS = setting("BENCH_CRASH_TRIALS", 5, 2)
+N = setting("BENCH_N", 300, 20)
+UNWIND_N = setting("BENCH_UNWIND_N", 100, 8)
+API_N = setting("BENCH_API_N", 300, 20)
+API_SECONDS = setting("BENCH_API_SECONDS", 10.0, 1.0)
+CRASH_TRIALS = setting("BENCH_CRASH_TRIALS", 5, 1)
 SIZES = setting("BENCH_SIZES", [1_000, 100_000, 1_000_000], [1_000, 10_000])
-PAGE_REQUESTS = setting("BENCH_PAGE_REQUESTS", 30, 8)
-SIZE_SAGAS = 60 if not QUICK else 8
-RULES_N = setting("BENCH_RULES_N", 300, 40)
-TRACING_N = setting("BENCH_TRACING_N", 400, 40)
+PAGE_REQUESTS = setting("BENCH_PAGE_REQUESTS", 30, 5)
+SIZE_SAGAS = 60 if not QUICK else 5
+RULES_N = setting("BENCH_RULES_N", 300, 20)
+TRACING_N = setting("BENCH_TRACING_N", 400, 20)
 TRACING_PROCESSES = setting("BENCH_TRACING_PROCESSES", 3, 1)
 
 
@@ -49,12 +51,12 @@ def prepare() -> dict:
 
     from bench.common import PG_BASE, psycopg_url
 
-    log(f"fresh database {BENCH_DB} (and DBOS's dbos_saga_sys), migrated")
+    log(f"fresh database {BENCH_DB} (and DBOS's {DBOS_DB}), migrated")
     try:
         recreate_database(BENCH_DB)
     except psycopg.OperationalError as error:
         raise SystemExit(f"make bench needs PostgreSQL at {PG_BASE} (set BENCH_PG): {error}") from None
-    recreate_database("dbos_saga_sys")
+    recreate_database(DBOS_DB)
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=str(ROOT), env=bench_env(),
                    check=True)
 
@@ -74,71 +76,92 @@ def api_available() -> bool:
         return False
 
 
+@contextmanager
+def part(results: dict, name: str):
+    """Time one part of the run (its seconds go to results.json's environment.part_seconds); a part that raises
+    ends the run with its traceback and a non-zero exit, which is what CI's smoke (BENCH_QUICK=1) looks for."""
+    started = time.time()
+    yield
+    results["environment"].setdefault("part_seconds", {})[name] = round(time.time() - started, 1)
+
+
 def main() -> None:
     started = time.time()
+    OUT.mkdir(parents=True, exist_ok=True)
     env = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "quick": QUICK, "cpus": os.cpu_count(),
            "python": platform.python_version(), "load_before": os.getloadavg()[0]}
-    env.update(prepare())
+    results: dict = {"environment": env, "settings": {
+        "sagas_per_case": N, "unwind_runs": UNWIND_N, "api_pairs": API_N, "api_seconds_per_level": API_SECONDS,
+        "crash_trials": CRASH_TRIALS, "sizes": SIZES, "page_requests": PAGE_REQUESTS,
+        "tracing_sagas_per_mode": TRACING_N, "tracing_processes": TRACING_PROCESSES}}
+    with part(results, "prepare"):
+        env.update(prepare())
     django_setup(UNWIND_TASKS_SYNC="0")
     from django.db import connection
 
     env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=str(ROOT), capture_output=True,
                                    text=True, check=False).stdout.strip()
-    results: dict = {"environment": env, "settings": {
-        "sagas_per_case": N, "unwind_runs": UNWIND_N, "api_pairs": API_N, "api_seconds_per_level": API_SECONDS,
-        "crash_trials": CRASH_TRIALS, "sizes": SIZES, "page_requests": PAGE_REQUESTS,
-        "tracing_sagas_per_mode": TRACING_N, "tracing_processes": TRACING_PROCESSES}}
+    # Under BENCH_QUICK every part runs end to end on smaller samples: a smoke that fails when a part breaks.
+    small = (lambda full, quick: quick if QUICK else full)
 
-    from bench import crash, engine, scale
+    from bench import crash, engine, replay, rules, scale, tracing
 
-    log(f"engine: {N} sagas of each kind, interleaved with DBOS and the floor; {UNWIND_N} ten-step unwinds")
-    results["engine"] = engine.measure(N, UNWIND_N)
-    results["engine"]["python_path"] = engine.python_path(20 if QUICK else 100)
-    from bench import replay
-
-    results["engine"]["replay"] = replay.measure(40 if QUICK else 150)
-    results["engine_breakdown"] = engine.breakdown(20 if QUICK else 60)
-    results["transactions_per_saga"] = engine.transactions_per_saga(20 if QUICK else 100)
-    from bench import rules
-
-    log(f"rules: a proposal with five rules and two limits against one with none, {RULES_N} of each")
-    results["rules"] = rules.measure(RULES_N)
-    engine.profile(OUT / "profile_saga.txt", 20)
+    with part(results, "engine"):
+        log(f"engine: {N} sagas of each kind, interleaved with DBOS and the floor; {UNWIND_N} ten-step unwinds")
+        results["engine"] = engine.measure(N, UNWIND_N, warmup=small(10, 3))
+        results["engine"]["python_path"] = engine.python_path(small(100, 10))
+        results["engine"]["replay"] = replay.measure(small(150, 20), warmup=small(10, 3))
+        results["engine_breakdown"] = engine.breakdown(small(60, 10))
+        results["transactions_per_saga"] = engine.transactions_per_saga(small(100, 10))
+    with part(results, "rules"):
+        log(f"rules: a proposal with five rules and two limits against one with none, {RULES_N} of each")
+        results["rules"] = rules.measure(RULES_N)
+    with part(results, "profile"):
+        engine.profile(OUT / "profile_saga.txt", small(20, 5))
     connection.close()
 
-    from bench import tracing
-
-    log(f"tracing: {TRACING_N} ok sagas absent/off/on in turn, in each of {TRACING_PROCESSES} processes")
-    results["tracing"] = tracing.measure(TRACING_N, TRACING_PROCESSES)
+    with part(results, "tracing"):
+        log(f"tracing: {TRACING_N} ok sagas absent/off/on in turn, in each of {TRACING_PROCESSES} processes")
+        results["tracing"] = tracing.measure(TRACING_N, TRACING_PROCESSES)
 
     tenant, agent, _ = engine.tenant_with_tools()
     if api_available():
-        from bench import api
+        from bench import api, mcp
+        from bench.server import Server
 
-        log(f"api: {API_N} alternating requests, then 1/4/16 agents for {API_SECONDS:g} s each")
-        results["api"] = api.measure(tenant, n=API_N, seconds=API_SECONDS)
-        connection.close()
-        from bench import mcp
-
-        log(f"mcp: {API_N} REST/MCP/no-op requests in turn, then 1/4/16 agents, REST and MCP by turns")
-        results["mcp"] = mcp.measure(tenant, n=API_N, seconds=API_SECONDS)
+        server = Server()  # parts 2 and 6 on one server (gunicorn, 4 sync workers)
+        with part(results, "server_start"):
+            server.__enter__()
+        try:
+            with part(results, "api"):
+                log(f"api: {API_N} alternating requests, then 1/4/16 agents for {API_SECONDS:g} s each")
+                results["api"] = api.measure(tenant, n=API_N, seconds=API_SECONDS, server=server)
+            connection.close()
+            with part(results, "mcp"):
+                log(f"mcp: {API_N} REST/MCP/no-op requests in turn, then 1/4/16 agents, REST and MCP by turns")
+                results["mcp"] = mcp.measure(tenant, n=API_N, seconds=API_SECONDS, pairs=small(2, 1), server=server)
+        finally:
+            server.__exit__(None, None, None)
     else:
         results["api"] = {"not_measured": "the agent API (POST /api/v1/runs/{id}/actions) is not in the URLconf"}
     connection.close()
 
-    log(f"crash: {CRASH_TRIALS} kills after the tool call, recovered by a real worker")
-    results["crash"] = crash.measure(tenant, agent, CRASH_TRIALS)
+    with part(results, "crash"):
+        log(f"crash: {CRASH_TRIALS} kills after the tool call, recovered by a real worker")
+        results["crash"] = crash.measure(tenant, agent, CRASH_TRIALS, warmup=small(1, 0))
     connection.close()
 
-    log(f"scale: console pages at {SIZES} bulk actions")
-    results["scale"] = scale.measure(SIZES, PAGE_REQUESTS, SIZE_SAGAS)
+    with part(results, "scale"):
+        log(f"scale: console pages at {SIZES} bulk actions")
+        results["scale"] = scale.measure(SIZES, PAGE_REQUESTS, SIZE_SAGAS)
 
     env["load_after"] = os.getloadavg()[0]
     env["seconds"] = round(time.time() - started)
     (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, OUT / "cost_vs_size.png")
     print(table(results))
-    log(f"done in {env['seconds']} s: {OUT / 'results.json'}, {OUT / 'cost_vs_size.png'}")
+    log(f"done in {env['seconds']} s ({', '.join(f'{k} {v:g}' for k, v in env['part_seconds'].items())}): "
+        f"{OUT / 'results.json'}, {OUT / 'cost_vs_size.png'}")
 
 
 # --- the table -----------------------------------------------------------------------------------------
@@ -236,7 +259,8 @@ def table(r: dict) -> str:
     c = r["crash"]
     add(f"5. crash recovery (kill after the tool call → picked up → succeeded): p50 {c['finished_p50_s']:.2f} s, "
         f"max {c['finished_max_s']:.2f} s; target lease {c['target_s'] - 1:.0f} s + 1 s = {c['target_s']:.1f} s → "
-        f"p50 {verdict(c['finished_p50_s'] <= c['target_s'])}, max {verdict(c['finished_max_s'] <= c['target_s'])}")
+        f"p50 {verdict(c['finished_p50_s'] <= c['target_s'])}, max {verdict(c['finished_max_s'] <= c['target_s'])}"
+        + (" (no untimed trial first: the first includes the worker's boot)" if c.get("untimed_trials") == 0 else ""))
     if "mcp" in r:
         from bench import mcp
 

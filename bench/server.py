@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,27 +13,40 @@ import requests
 from bench.common import DATABASE_URL, ROOT, bench_env, log
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class Server:
-    def __init__(self, *, port: int = 8791, workers: int = 4, threads: int = 1):
-        self.port, self.workers, self.threads = port, workers, threads
-        self.url = f"http://127.0.0.1:{port}"
+    """`root`: the checkout to serve (bench/ab.py serves two revisions side by side); `database_url`: its database.
+    A free port unless one is named, so two benchmarks on one machine (CI's smoke beside a full run) never meet."""
+
+    def __init__(self, *, port: int | None = None, workers: int = 4, threads: int = 1, root=ROOT,
+                 database_url: str = DATABASE_URL, env: dict | None = None):
+        self.port, self.workers, self.threads = port or free_port(), workers, threads
+        self.root, self.database_url, self.extra_env = root, database_url, env or {}
+        self.url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
     def __enter__(self):
         gunicorn = os.path.join(os.path.dirname(sys.executable), "gunicorn")
-        env = bench_env(
+        settings = dict(
             DJANGO_SETTINGS_MODULE="bench.settings",
             # Persistent connections, as a production deployment runs: no connect per request.
-            DATABASE_URL=f"{DATABASE_URL}?conn_max_age=60",
+            DATABASE_URL=f"{self.database_url}?conn_max_age=60",
             # Both endpoints pass the throttle check; the rate only has to be out of the way.
             UNWIND_THROTTLE_RATE="10000000/min",
             UNWIND_TASKS_SYNC="0",
+            PYTHONPATH=str(self.root),
         )
+        env = bench_env(**{**settings, **self.extra_env})
         args = [gunicorn, "config.wsgi:application", "-b", f"127.0.0.1:{self.port}", "-w", str(self.workers),
                 "--log-level", "warning", "--timeout", "60"]
         if self.threads > 1:
             args += ["--worker-class", "gthread", "--threads", str(self.threads)]
-        self.process = subprocess.Popen(args, cwd=str(ROOT), env=env, start_new_session=True,
+        self.process = subprocess.Popen(args, cwd=str(self.root), env=env, start_new_session=True,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ def canonical(value: Any) -> Any:
     """A normalised copy: NFC strings, integral floats as ints, dict keys sorted on dump."""
     # Every fingerprint and event body goes through here, several times a step: the exact types JSON decodes to
     # are answered first, ASCII text (keys, hashes, ids) without normalising; anything else (a number that remembers
-    # its literal, ledger/engine/received.py; a tuple, a Decimal) takes `_general`, which gives the same answer for these.
+    # its literal, ledger/db/received.py; a tuple, a Decimal) takes `_general`, which gives the same answer for these.
     kind = type(value)
     if kind is str:
         if value.isascii():
@@ -48,7 +48,7 @@ def _general(value: Any) -> Any:
     if isinstance(value, str):
         return _text(value)
     if isinstance(value, int):
-        return int(value)  # a plain int, even from a number that remembers its literal (ledger/engine/received.py)
+        return int(value)  # a plain int, even from a number that remembers its literal (ledger/db/received.py)
     if isinstance(value, (float, Decimal)):
         number = Decimal(str(value))
         if number == number.to_integral_value():

@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger.audit.chain import ledger_transaction
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import Agent, AuditHead, DeployKey, Membership, Role, Tenant

@@ -27,7 +27,8 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from ledger.engine import decision, sql
+from ledger.db import sql
+from ledger.engine import decision
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links, waits

@@ -29,7 +29,7 @@ from mcp.server.streamable_http import check_accept_headers
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 from pydantic import ValidationError
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger import tracing
 from ledger.api import waits
 from ledger.api.problems import PROBLEM_JSON, problem

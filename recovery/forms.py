@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django import forms
 
-from ledger.engine import received
+from ledger.db import received
 from ledger.models import Risk, RunStatus
 from ledger.engine.unknowns import CHOICES as UNKNOWN_CHOICES
 from recovery.metrics import DEFAULT_WINDOW, WINDOWS

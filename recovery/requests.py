@@ -21,7 +21,8 @@ from ledger.agent_text import mail_text, neutral
 from ledger.audit.chain import ledger_transaction
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionKind, ActionStatus, Role, Run, RunStatus
-from ledger.engine import moves, runstate, sql
+from ledger.db import sql
+from ledger.engine import moves, runstate
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem, RequestKind, TrailShareLink
 from recovery.trail import SHARE_TOKEN, _proposed, _sentence, _token_hash, trail_share_url
 

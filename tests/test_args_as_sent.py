@@ -16,7 +16,7 @@ from django.db import connection
 from ledger.policy import registry
 from ledger.audit.verify import verify_chain
 from ledger.models import Action
-from ledger.engine.received import LiteralFloat, LiteralInt, dumps, loads
+from ledger.db.received import LiteralFloat, LiteralInt, dumps, loads
 from tests.recorder import recorder  # noqa: F401 - the fixture
 from unwind_client import Unwind
 

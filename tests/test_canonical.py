@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.canonical import dumps
-from ledger.engine.received import LiteralFloat, LiteralInt
+from ledger.db.received import LiteralFloat, LiteralInt
 
 
 def plain(value):

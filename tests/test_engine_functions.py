@@ -19,7 +19,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from ledger.engine import fastpath, plpgsql, sql
+from ledger.db import sql
+from ledger.engine import fastpath, plpgsql
 from tests.conftest import needs_postgres
 
 ROOT = Path(__file__).resolve().parent.parent

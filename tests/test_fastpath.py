@@ -93,7 +93,7 @@ def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
 def statements(captured) -> int:
     """The engine's statements on the ledger: not the test's savepoints, nor the check of the functions a connection
     makes once, nor the reads of the in-process sandbox tools and of the `act` helper, which go through the ORM
-    (qualified columns, which `ledger/engine/sql.py` never writes)."""
+    (qualified columns, which `ledger/db/sql.py` never writes)."""
     return sum(1 for q in captured.captured_queries
                if ("ledger_" in q["sql"] or "public.unwind_" in q["sql"])
                and not q["sql"].startswith(("SAVEPOINT", "RELEASE", "SELECT pg_catalog.md5"))

@@ -69,7 +69,8 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     """Found by chaos (seed 872911): a compensation reclaimed after a lost worker got no answer and could not be read
     back, so it ended lost; the next unwinder found its step still compensating and waited for good, leaving the run
     unwinding with nothing in the recovery queue. It must go to a person, naming the undo that may have acted."""
-    from ledger.engine import outcomes, runstate, sql, unwinding
+    from ledger.db import sql
+    from ledger.engine import outcomes, runstate, unwinding
     from ledger.audit.chain import ledger_transaction
     from ledger.executors.call import ToolError
     from ledger.models import Run

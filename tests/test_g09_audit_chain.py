@@ -2,7 +2,7 @@
 import pytest
 from django.core.management import CommandError, call_command
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger.audit.chain import ledger_transaction
 from ledger.audit.verify import verify_chain
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Run

@@ -1,7 +1,8 @@
 """The layout is the architecture: imports run one way, and the ledger knows nothing of the apps built on it.
 
 Read from the source with `ast`, lazy imports inside functions and imports for type checkers included: a circle
-hidden in a function body is still a circle a reader has to untangle (docs/architecture.md draws the layers).
+hidden in a function body is still a circle a reader has to untangle (docs/architecture.md draws the layers). Inside
+the ledger, imports run down its floors (LEDGER_FLOORS), never up.
 """
 import ast
 from pathlib import Path
@@ -91,6 +92,58 @@ def test_the_ledger_imports_none_of_the_apps_built_on_it():
     wrong = {(name, target) for name, targets in graph().items() if name.split(".")[0] == "ledger"
              for target in targets if target.split(".")[0] in ABOVE_THE_LEDGER}
     assert wrong == set()
+
+
+# Inside the ledger, floors, lowest first: a module imports only from its own floor or the floors below it (within a
+# floor, packages may import each other, and the circle test above keeps that from closing a loop). Every part of
+# ledger/ is named here, so a new module or package has to be given its floor (docs/architecture.md draws them).
+LEDGER_FLOORS = (
+    # the ground floor: no models, no services; db/ holds the raw SQL the hot paths need and the helpers that read
+    # its rows back (sql, mapping, received)
+    ("ledger", "ledger.errors", "ledger.canonical", "ledger.agent_text", "ledger.log_redaction",
+     "ledger.tracing_provider", "ledger.db"),
+    ("ledger.models", "ledger.events", "ledger.tracing"),
+    # what a step is allowed to do, what calls its tool, what records it
+    ("ledger.policy", "ledger.executors", "ledger.audit"),
+    # a step's life, tenants and agents
+    ("ledger.engine", "ledger.tenancy"),
+    # the doors: the agent API, the admin, Django's entry points
+    ("ledger.api", "ledger.admin", "ledger.tasks", "ledger.urls", "ledger.apps", "ledger.management",
+     "ledger.templatetags"),
+)
+
+
+def floor_of(module: str, floors=LEDGER_FLOORS) -> int | None:
+    """The floor of a ledger module: that of the longest name in LEDGER_FLOORS it is, or is inside of (`ledger`
+    itself names only ledger/__init__.py)."""
+    best = None
+    for number, names in enumerate(floors):
+        for name in names:
+            inside = "." in name and module.startswith(name + ".")
+            if (module == name or inside) and (best is None or len(name) > len(best[1])):
+                best = (number, name)
+    return best[0] if best else None
+
+
+def upward(edges: dict[str, set[str]], floors=LEDGER_FLOORS) -> set[tuple[str, str]]:
+    """Imports inside the ledger from a lower floor to a higher one."""
+    return {(name, target) for name, targets in edges.items() if name.split(".")[0] == "ledger"
+            for target in targets if target.split(".")[0] == "ledger" and floor_of(target, floors) > floor_of(name, floors)}
+
+
+def test_every_part_of_the_ledger_has_a_floor():
+    assert {name for name in modules() if name.split(".")[0] == "ledger" and floor_of(name) is None} == set()
+
+
+def test_no_import_inside_the_ledger_points_upward():
+    assert upward(graph()) == set()
+
+
+def test_the_floor_check_finds_an_upward_import():
+    floors = (("ledger.db",), ("ledger.policy",), ("ledger.api",))
+    edges = {"ledger.policy.versions": {"ledger.api.selectors", "ledger.db.sql"}, "ledger.api.runs": {"ledger.db"},
+             "ledger.db.sql": set()}
+    assert upward(edges, floors) == {("ledger.policy.versions", "ledger.api.selectors")}
 
 
 def test_the_client_imports_nothing_of_the_service():

@@ -1,7 +1,7 @@
 """Issue 27: the two paths held to one behaviour.
 
 On PostgreSQL each plain transaction of a step is one call of a PL/pgSQL function (ledger/engine/fastpath.py); SQLite and
-every fallback take the Python path (ledger/engine/*, ledger/engine/sql.py, ledger/engine/transitions.py). Every scenario the
+every fallback take the Python path (ledger/engine/*, ledger/db/sql.py, ledger/engine/transitions.py). Every scenario the
 engine supports runs here twice in one test database, once with the fast path and once with UNWIND_FAST_PATH off,
 each from the same sandbox world, and the ledgers the two leave are compared row by row and value by value: runs,
 actions, attempts, checkpoints, recovery items, approval requests and the audit events, in order. Only what must

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings as hsettings, strategies as 
 
 from ledger.errors import UnwindError
 from ledger.models import Action
-from ledger.engine.received import loads
+from ledger.db.received import loads
 from ledger.engine.proposal import action_propose
 from ledger.policy.versions import tool_upsert
 from tests.helpers import open_run

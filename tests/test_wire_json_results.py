@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from ledger.engine import mapping
+from ledger.db import mapping
 from tests.wire_support import tool_service, wired  # noqa: F401 - fixtures
 
 pytest_plugins = ["tests.api_fixtures"]

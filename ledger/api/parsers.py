@@ -5,7 +5,7 @@ non-finite numbers, integers beyond 64 bits (except inside a proposal's `args`, 
 as written and stored as text), NUL characters and lone surrogates (PostgreSQL rejects both in text and jsonb),
 nesting deeper than a sane document, and bodies larger than the upload limit.
 
-Numbers keep the text they were written as (ledger/engine/received.py), so a tool receives `500.0` and `1e2`, not
+Numbers keep the text they were written as (ledger/db/received.py), so a tool receives `500.0` and `1e2`, not
 what a float or the canonical form would make of them.
 """
 import json
@@ -15,7 +15,7 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import BaseParser
 
-from ledger.engine.received import LiteralFloat, LiteralInt
+from ledger.db.received import LiteralFloat, LiteralInt
 
 MAX_DEPTH = 64
 MAX_INT = 2**63 - 1

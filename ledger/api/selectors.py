@@ -12,12 +12,14 @@ from datetime import datetime
 
 from django.db.models import Q, QuerySet
 
-from ledger.engine import decision, sql
+from ledger.db import sql
+from ledger.engine import decision
 from ledger.errors import NotFound
 from ledger.models import (
-    ACTIVE_ACTION_STATUSES, POLICY_FIELDS, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
+    ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
     Tenant, TenantPolicyVersion, Tool,
 )
+from ledger.policy.versions import policy_of_version
 
 ACTION_RELATED = ("tool", "run")
 
@@ -168,11 +170,6 @@ class PolicyVersion:
     first: bool = False
     tool_id: int | None = None
     rules: list = field(default_factory=list)  # the version's rules and limits in words (ledger/engine/decision.py)
-
-
-def policy_of_version(tool: Tool) -> dict:
-    """The policy fields of one version, as stored: what its digest covers and what a diff compares."""
-    return {name: getattr(tool, name) for name in POLICY_FIELDS}
 
 
 def policy_changes(before: dict | None, after: dict) -> list[FieldChange]:

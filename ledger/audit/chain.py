@@ -30,7 +30,7 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from ledger.engine import received, sql
+from ledger.db import received, sql
 from ledger.canonical import digest, dumps
 from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, TenantPolicyVersion, Tool
 

@@ -29,7 +29,7 @@ from django.utils.dateparse import parse_datetime
 
 from ledger.audit.chain import SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text
 from ledger.canonical import canonical, digest
-from ledger.engine import received
+from ledger.db import received
 from ledger.models import Action, AuditEvent
 
 # The event the engine records when it refuses a step whose row differs from what the chain recorded; its data

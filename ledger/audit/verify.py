@@ -13,7 +13,7 @@ from django.conf import settings
 
 from django.db import connection
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger.audit import sealed
 from ledger.audit.chain import (
     ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, action_fingerprint, fingerprinted_models, row_fingerprint,

@@ -8,7 +8,8 @@ from django.utils import timezone
 from ledger import events
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import canonical, storable
-from ledger.engine import attempts, holds, outcomes, runstate, sql
+from ledger.db import sql
+from ledger.engine import attempts, holds, outcomes, runstate
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.leases import db_now, lease_at_write, queued_seconds
 from ledger.engine.transitions import action_transition, run_transition

@@ -15,7 +15,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ledger.audit.chain import AuditLog
-from ledger.engine import leases, sql
+from ledger.db import sql
+from ledger.engine import leases
 from ledger.engine.leases import queued_seconds
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionKind, ActionStatus as A, Attempt, CompensationStrategy, Run, Tool

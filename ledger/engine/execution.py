@@ -20,7 +20,8 @@ from django.db.models import Q
 from ledger import tracing
 from ledger.audit import sealed
 from ledger.audit.chain import AuditLog, ledger_transaction
-from ledger.engine import attempts, failpoints, outcomes, readback, runstate, sql, unwinding
+from ledger.db import sql
+from ledger.engine import attempts, failpoints, outcomes, readback, runstate, unwinding
 from ledger.engine.dispatch import HELD, enqueue, new_owner
 from ledger.engine.transitions import action_transition
 from ledger.errors import StateConflict

@@ -67,7 +67,8 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
-from ledger.engine import plpgsql, sql, transitions
+from ledger.db import sql
+from ledger.engine import plpgsql, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 

@@ -23,7 +23,8 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from ledger import events
-from ledger.engine import attempts, runstate, sql
+from ledger.db import sql
+from ledger.engine import attempts, runstate
 from ledger.engine.leases import db_now
 from ledger.audit import sealed
 from ledger.audit.chain import AuditLog, ledger_transaction

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.utils import timezone
 
-from ledger.engine import sql
+from ledger.db import sql
 
 
 def queued_seconds(tool) -> float:

@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
-from ledger.engine import attempts, failpoints, fastpath, mapping, readback, runstate, sql, unwinding
+from ledger.db import mapping, sql
+from ledger.engine import attempts, failpoints, fastpath, readback, runstate, unwinding
 from ledger.engine.leases import db_now, lease_at_write
 from ledger.engine.transitions import action_transition, moved, run_transition
 from ledger.errors import StateConflict

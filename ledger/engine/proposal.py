@@ -12,24 +12,13 @@ from django.db import IntegrityError
 from ledger import events, tracing
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import digest, storable
-from ledger.engine import attempts, decision, fastpath, holds, readback, received, runstate, sql
+from ledger.db import received, sql
+from ledger.engine import attempts, decision, fastpath, holds, readback, runstate
 from ledger.engine.dispatch import new_owner
 from ledger.engine.transitions import run_transition
 from ledger.errors import (
-    IdempotencyMismatch,
-    RepeatMismatch,
-    RunCancelled,
-    RunNotActive,
-    SameContentInFlight,
-    StateConflict,
-    StillInFlight,
-    TargetMismatch,
-    TargetNotFound,
-    TargetUnreadable,
-    TooManyOpenApprovals,
-    UnknownTool,
-    UnwindError,
-    ValidationFailed,
+    IdempotencyMismatch, RepeatMismatch, RunCancelled, RunNotActive, SameContentInFlight, StateConflict, StillInFlight,
+    TargetMismatch, TargetNotFound, TargetUnreadable, TooManyOpenApprovals, UnknownTool, UnwindError, ValidationFailed,
 )
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ledger.canonical import canonical, dumps as canonical_text
-from ledger.engine import attempts, failpoints, mapping, received
+from ledger.db import mapping, received
+from ledger.engine import attempts, failpoints
 from ledger.executors import egress
 from ledger.executors.call import ToolError, ToolOutcome, http_read, python_read, resolve_url
 from ledger.models import Action, Attempt, Tool

@@ -9,7 +9,8 @@ from django.db.models import Max
 from django.utils import timezone
 
 from ledger import events
-from ledger.engine import attempts, fastpath, runstate, sql
+from ledger.db import sql
+from ledger.engine import attempts, fastpath, runstate
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, ValidationFailed

@@ -9,7 +9,8 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.audit.chain import AuditLog
-from ledger.engine import attempts, sql, unknowns
+from ledger.db import sql
+from ledger.engine import attempts, unknowns
 from ledger.engine.dispatch import enqueue
 from ledger.engine.transitions import action_transition, run_transition
 from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Checkpoint, Run, RunStatus as R

@@ -11,7 +11,7 @@ import copy
 from django.db.models import Q
 from django.utils import timezone
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger.audit.chain import AuditLog
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
-from ledger.engine import attempts, mapping, readback, sql, unwinding
+from ledger.db import mapping, sql
+from ledger.engine import attempts, readback, unwinding
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import dumps as canonical_text
 from ledger.errors import StateConflict, ValidationFailed

@@ -14,7 +14,8 @@ from django.utils import timezone
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import canonical, digest
-from ledger.engine import attempts, fastpath, mapping, readback, received, runstate, sql
+from ledger.db import mapping, received, sql
+from ledger.engine import attempts, fastpath, readback, runstate
 from ledger.engine.dispatch import enqueue
 from ledger.engine.leases import lease_at_write
 from ledger.engine.transitions import action_transition, moved

@@ -15,7 +15,7 @@ import requests
 from django.conf import settings
 
 from ledger.executors import egress, signing
-from ledger.engine import received
+from ledger.db import received
 from ledger.policy import registry
 from ledger import tracing
 

@@ -30,7 +30,7 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from ledger.engine import sql
+from ledger.db import sql
 from ledger.policy.checks import duration, fail, number
 from ledger.models import ActionKind, ActionStatus as A, LimitMeasure, LimitTotal, Run
 

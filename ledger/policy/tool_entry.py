@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ledger.engine import mapping
+from ledger.db import mapping
 from ledger.errors import ValidationFailed
 from ledger.executors import egress
 from ledger.models import ActionClass, ApprovalRule, CompensationStrategy, Executor, OnRefusal, Risk, SagaRole

@@ -18,7 +18,6 @@ from ledger.policy.document import parse_document
 from ledger.policy.limits import keep_totals_of
 from ledger.policy.tool_entry import parse_tool
 from ledger.policy.twins import with_inline_twins
-from ledger.api.selectors import policy_of_version
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
                   "customer_requests_seconds", "subaddress_separators")
@@ -26,6 +25,11 @@ DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeou
 
 def policy_digest(fields: dict) -> str:
     return digest({name: fields.get(name) for name in POLICY_FIELDS})
+
+
+def policy_of_version(tool: Tool) -> dict:
+    """The policy fields of one version, as stored: what its digest covers and what a diff compares."""
+    return {name: getattr(tool, name) for name in POLICY_FIELDS}
 
 
 def _check_compensation_tools(tenant: Tenant, tools: dict[str, dict], *, where: str) -> None:

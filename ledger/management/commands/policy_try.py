@@ -8,7 +8,7 @@ from ledger.errors import UnwindError
 from ledger.management.policy_files import read_policy_file
 from ledger.models import Risk, Run, Tool
 from ledger.policy.document import parse_document
-from ledger.engine.received import loads
+from ledger.db.received import loads
 from ledger.engine.proposal import validate_args
 
 
