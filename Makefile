@@ -15,7 +15,7 @@ demo demo-check test check-saga run worker migrate chaos bench schema: export UN
 demo demo-check: export DATABASE_URL ?= sqlite:///var/demo.sqlite3
 DEMO_KEEP := $(if $(filter 1 yes true,$(KEEP)),--keep,)
 
-.PHONY: demo demo-check test check-saga test-deps test-pg migrate run worker chaos bench schema clean help
+.PHONY: demo demo-check test check-saga test-deps bench-deps test-pg migrate run worker chaos bench schema clean help
 
 help:
 	@echo "make demo        install, migrate, seed, serve with a worker, run the scenarios; Ctrl-C stops all"
@@ -49,6 +49,8 @@ demo-check: $(STAMP)
 	UNWIND_SANDBOX=1 $(BIN)/python manage.py demo --check --port $(PORT) $(DEMO_KEEP)
 
 test-deps: $(TEST_STAMP)
+
+bench-deps: $(BENCH_STAMP)
 
 # Then the TypeScript client's own tests on a live server, when Node.js is present (TS=0 skips them).
 test: $(TEST_STAMP)

@@ -72,7 +72,10 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
     settings.UNWIND_TOOL_BASE_URL = live_server.url
     settings.UNWIND_THROTTLE_RATE = "1000000/min"
     settings.UNWIND_INLINE_WAIT = 1.0
-    settings.UNWIND_LEASE_SECONDS = 6  # the scripted claims' leases: the tool's timeout + this
+    # The scripted claims' leases (the tool's timeout + this) must outlast the start of the process that dies at its
+    # failpoint, which takes seconds on a loaded machine; else the workers' sweep takes the step over first and the
+    # process finds nothing of its own to run (seen on a 2-core machine at load 7).
+    settings.UNWIND_LEASE_SECONDS = 20
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the workers, as in production
     cache.clear()
     cast = cast_create(tool_timeout=3)  # resets both tenants' sandbox worlds
