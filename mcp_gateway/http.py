@@ -4,6 +4,8 @@ A session is its `McpSession` row, nothing else: `initialize` writes it and answ
 every later request (on any gunicorn worker, on any machine, after any restart) reads the row by that id, checks
 that the request's agent holds it and that it was not ended, and carries on with the same run. DELETE ends it.
 
+2026-07-28 requests (stateless, no session) are answered by mcp_gateway/modern.py, which shares `call` below.
+
 The protocol is the handshake revisions' (2024-11-05 to 2025-11-25, `mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS`):
 one JSON-RPC message per POST. A request is answered on its own response, as JSON (`application/json`) when the
 client accepts it; the one call that waits (`unwind_status` with `wait`, from a client that sent a `progressToken`
@@ -34,7 +36,7 @@ from ledger import tracing
 from ledger.api import waits
 from ledger.api.problems import PROBLEM_JSON, problem
 from ledger.models import Agent
-from mcp_gateway import gateway, sessions
+from mcp_gateway import gateway, sessions, tasks
 from mcp_gateway.gateway import Caller
 from mcp_gateway.models import McpSession
 from mcp_gateway.server import INSTRUCTIONS, NAME, VERSION
@@ -166,10 +168,11 @@ def end(request, agent: Agent) -> HttpResponse:
 
 
 def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool,
-         on_loop: bool) -> HttpResponse:
+         on_loop: bool, as_task: bool = False) -> HttpResponse:
     """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step, holding one
     of the agent's wait slots (429 too_many_waits past UNWIND_MAX_WAITS_PER_AGENT), on the event loop under the ASGI
-    server (`on_loop`), in this thread under WSGI."""
+    server (`on_loop`), in this thread under WSGI. With `as_task` (a 2026-07-28 client that declared the Tasks
+    extension), a step that waits answers a task handle instead of the pending result (mcp_gateway/tasks.py)."""
     try:
         called = types.CallToolRequestParams.model_validate(params)
     except ValidationError as invalid:
@@ -177,6 +180,8 @@ def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_ss
                       wants_json=wants_json)
     with tracing.mcp_call(params.get("_meta"), called.name):
         outcome = gateway.dispatch(caller, called.name, called.arguments)
+    if as_task and outcome.waiting is not None and called.name != "unwind_status":
+        return answer(result(request_id, tasks.created(caller, outcome)), wants_json=wants_json)
     bound = gateway.waiting_bound(called.name, called.arguments)
     if outcome.waiting is None or bound <= 0:
         return answer(result(request_id, dump(gateway.result_of(outcome))), wants_json=wants_json)
