@@ -26,6 +26,7 @@ from mcp.server.streamable_http import check_accept_headers
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS, InboundLadderRejection, classify_inbound_request, \
     decode_header_value, validate_mcp_param_headers
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from ledger.api import waits
 from ledger.errors import UnwindError
@@ -113,8 +114,11 @@ def serve(request, agent: Agent) -> HttpResponse:
         listed = types.ListToolsResult(tools=gateway.tool_list(caller))
         return http.answer(http.result(request_id, http.dump(listed)), wants_json=wants_json)
     if method == "tools/call":
-        arguments = params.get("arguments")
-        mismatch = validate_mcp_param_headers(schema, arguments if isinstance(arguments, dict) else {},
+        try:
+            called = types.CallToolRequestParams.model_validate(params)
+        except ValidationError as invalid:
+            return rejected(types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}", request_id)
+        mismatch = validate_mcp_param_headers(schema, called.arguments or {},
                                               request.headers)  # the spec's MUST for `x-mcp-header` arguments
         if mismatch is not None:
             return rejected(mismatch.code, mismatch.message, request_id)

@@ -433,3 +433,52 @@ def test_a_run_handle_of_another_agent_is_not_found(live):
     assert error1 and called["code"] == "not_found" and error2 and rolled["code"] == "not_found"
     assert error3 and bad["code"] == "validation_error"
     assert Run.objects.get(pk=begun["run_id"]).status == "running" and effects("hr.create_user") == []
+
+
+@pytest.mark.parametrize("case, status, code", [
+    ("no _meta", 400, -32602), ("a version the body does not carry", 400, -32020),
+    ("an unsupported version", 400, -32022), ("params not an object", 400, -32602),
+    ("a boolean id", 400, -32600), ("a batch", 400, -32600), ("tasks/get without a task", 400, -32602),
+    ("tools/call without Mcp-Name", 400, -32020), ("a run handle that is an object", 200, None),
+    ("arguments that are a list", 400, -32602)])
+def test_the_stateless_transport_refuses_bad_requests_with_a_json_rpc_error(live, case, status, code):
+    method, name = ("tasks/get", None) if case == "tasks/get without a task" else ("tools/call", "hr.create_user")
+    headers = modern_headers(live.world.key, method, name)
+    body = modern_body(method, {} if method == "tasks/get" else {"name": "hr.create_user", "arguments": USER})
+    if case == "no _meta":
+        del body["params"]["_meta"]
+    elif case == "a version the body does not carry":
+        body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2025-06-18"
+    elif case == "an unsupported version":
+        headers["Mcp-Protocol-Version"] = "2099-01-01"
+        body["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = "2099-01-01"
+    elif case == "params not an object":
+        body["params"] = ["x"]
+    elif case == "a boolean id":
+        body["id"] = True
+    elif case == "a batch":
+        body = [body]
+    elif case == "tools/call without Mcp-Name":
+        del headers["Mcp-Name"]
+    elif case == "a run handle that is an object":
+        body["params"]["_meta"]["dev.unwind/run"] = {"pk": 1}
+    elif case == "arguments that are a list":
+        body["params"]["arguments"] = [1]
+    answered = requests.post(live.url, json=body, headers=headers, timeout=10)
+    assert answered.status_code == status, answered.text
+    if code is None:  # a tool error the model can read
+        assert answered.json()["result"]["structuredContent"]["code"] == "validation_error"
+    else:
+        assert answered.json()["error"]["code"] == code, answered.json()
+    if case == "an unsupported version":
+        assert "2026-07-28" in answered.json()["error"]["data"]["supported"]
+    assert not Run.objects.exists() and effects("hr.create_user") == []
+
+
+def test_a_notification_is_acknowledged_and_a_delete_is_refused(live):
+    note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+    noted = requests.post(live.url, json=note, headers=modern_headers(live.world.key, "notifications/cancelled"),
+                          timeout=10)
+    assert noted.status_code == 202 and noted.content == b""
+    deleted = requests.delete(live.url, headers=modern_headers(live.world.key, "tools/call"), timeout=10)
+    assert deleted.status_code == 405
