@@ -2,12 +2,13 @@
 endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads). The one exception is
 `progress_on_loop`: `unwind_status {wait}` under the ASGI server waits on its event loop (ledger/api/waits.py).
 
-Over the handshake revisions an MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
-first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
-unwound by the worker's sweep once the session has been idle longer than `UNWIND_MCP_SESSION_IDLE`. Every step is
-the REST API's: `action_propose`, executed inline within `UNWIND_INLINE_WAIT` (or by the worker), with the same
-policy, approvals, ordering law and content matching, so a call re-sent after a reconnect answers with the
-recorded outcome (the MCP request id is never an idempotency key: a reconnecting client sends a new one).
+Over the handshake revisions an MCP session is one agent's conversation; its tool calls go into one run at a time.
+The run is opened on the first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by
+`unwind_rollback`, and unwound by the worker's sweep once the session has been idle longer than
+`UNWIND_MCP_SESSION_IDLE`. Every step is the REST API's: `action_propose`, executed inline within
+`UNWIND_INLINE_WAIT` (or by the worker), with the same policy, approvals, ordering law and content matching, so a
+call re-sent after a reconnect answers with the recorded outcome (the MCP request id is never an idempotency key: a
+reconnecting client sends a new one).
 
 Over 2026-07-28 (stateless, mcp_gateway/modern.py) there is no session: the run is a handle the client carries,
 the `run_id` that `unwind_begin` answered, passed back as the `unwind_run` argument of a tool call or under
