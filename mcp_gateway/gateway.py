@@ -82,6 +82,7 @@ class Caller:
     agent: Agent | None = field(default=None, compare=False)
     session: McpSession | None = field(default=None, compare=False)
     run_handle: object = field(default=None, compare=False)  # stateless: the `_meta` run handle, as sent (hostile)
+    tool: Tool | None = field(default=None, compare=False)  # stateless: the tool its Mcp-Name header named, read once
 
     @property
     def stateless(self) -> bool:
@@ -247,17 +248,16 @@ def tool_list(caller: Caller) -> list[types.Tool]:
     return [types.Tool(**tool) for tool in [*tools, *(STATELESS_GATEWAY_TOOLS if stateless else GATEWAY_TOOLS)]]
 
 
-def schema_if_callable(agent: Agent, name: str) -> dict | None:
-    """The input schema of `name` if it is a tool this agent may call here (the gateway's own, or a current tool of
-    its tenant that tools/list shows), else None: decided from the name alone, before a request's arguments are read
-    (mcp_gateway/modern.py)."""
+def callable_tool(agent: Agent, name: str) -> Tool | bool:
+    """Whether `name` is a tool this agent may call here, decided from the name alone, before a request's arguments
+    are read (mcp_gateway/modern.py): True for the gateway's own, the row of a current tool of its tenant that
+    tools/list shows, False for anything else."""
     if name in GATEWAY_NAMES:
-        return {}
+        return True
     if name.startswith(RESERVED_PREFIX):
-        return None
-    found = list(Tool.objects.filter(tenant_id=agent.tenant_id, name=name, is_current=True).exclude(
-        executor=Executor.CLIENT).values_list("args_schema", flat=True)[:1])
-    return (found[0] or {}) if found else None
+        return False
+    tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
+    return tool if tool is not None and tool.executor != Executor.CLIENT else False
 
 
 def result_of(answer: Answer) -> types.CallToolResult:
@@ -407,8 +407,8 @@ def run_of_handle(agent: Agent, handle) -> Run:
     if isinstance(handle, bool) or not isinstance(handle, int) or handle < 1:
         raise ValidationFailed("the run handle must be the run_id unwind_begin answered (a positive integer)",
                                field="run_id")
-    run = Run.objects.filter(pk=handle, tenant_id=agent.tenant_id, agent=agent).first()
-    if run is None:
+    run = sql.get(Run, pk=handle)
+    if run is None or run.tenant_id != agent.tenant_id or run.agent_id != agent.pk:
         raise NotFound(f"there is no run {handle}")
     return run
 
@@ -559,7 +559,8 @@ def call(caller: Caller, name: str, args: dict) -> Answer:
     """A tool call of the session: a proposed action in its run, executed as the REST API does."""
     agent = agent_of(caller)
     session = None if caller.stateless else session_of(caller, agent)
-    tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
+    tool = caller.tool if caller.tool is not None and caller.tool.name == name else \
+        sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
     if tool is not None and (tool.executor == Executor.CLIENT or name.startswith(RESERVED_PREFIX)):
         return Answer({"code": "not_callable_over_mcp",
                        "message": f"{name} is executed by the agent itself (executor: client); use the REST API, "

@@ -168,13 +168,13 @@ def end(request, agent: Agent) -> HttpResponse:
 
 
 def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool,
-         on_loop: bool, as_task: bool = False) -> HttpResponse:
+         on_loop: bool, as_task: bool = False, called: types.CallToolRequestParams | None = None) -> HttpResponse:
     """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step, holding one
     of the agent's wait slots (429 too_many_waits past UNWIND_MAX_WAITS_PER_AGENT), on the event loop under the ASGI
     server (`on_loop`), in this thread under WSGI. With `as_task` (a 2026-07-28 client that declared the Tasks
     extension), a step that waits answers a task handle instead of the pending result (mcp_gateway/tasks.py)."""
     try:
-        called = types.CallToolRequestParams.model_validate(params)
+        called = called or types.CallToolRequestParams.model_validate(params)
     except ValidationError as invalid:
         return answer(error(request_id, types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}"),
                       wants_json=wants_json)

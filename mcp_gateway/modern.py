@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from ledger.api import waits
 from ledger.errors import UnwindError
-from ledger.models import Agent
+from ledger.models import Agent, Tool
 from mcp_gateway import gateway, http, tasks
 from mcp_gateway.gateway import Caller
 from mcp_gateway.server import INSTRUCTIONS, NAME, VERSION
@@ -57,19 +57,19 @@ def rejected(code: int, message: str, request_id=None, data=None) -> HttpRespons
     return http.answer(body, status=ERROR_CODE_HTTP_STATUS.get(code, 200))
 
 
-def refused_by_name(request, agent: Agent) -> HttpResponse | dict | None:
+def refused_by_name(request, agent: Agent) -> HttpResponse | Tool | bool:
     """The policy the routing headers allow before the body is read: a tools/call names a tool this agent may
-    call here (answered with its input schema), else it is refused now (INVALID_PARAMS, the spec's unknown-tool
-    error) and its body is never parsed. None for any other method."""
+    call here (answered with its row, or True for the gateway's own), else it is refused now (INVALID_PARAMS, the
+    spec's unknown-tool error) and its body is never parsed. False for any other method."""
     if request.headers.get(METHOD_HEADER) != "tools/call":
-        return None
+        return False
     name = decode_header_value(request.headers.get(NAME_HEADER))
     if not name:
         return rejected(types.HEADER_MISMATCH, "a tools/call needs the tool's name in the Mcp-Name header")
-    schema = gateway.schema_if_callable(agent, name)
-    if schema is None:
+    tool = gateway.callable_tool(agent, name)
+    if tool is False:
         return rejected(types.INVALID_PARAMS, f"Unknown tool: {name[:200]} (no tool of that name may be called here)")
-    return schema
+    return tool
 
 
 def serve(request, agent: Agent) -> HttpResponse:
@@ -81,9 +81,9 @@ def serve(request, agent: Agent) -> HttpResponse:
     wants_json, takes_sse = check_accept_headers(request)
     if not (wants_json or takes_sse):
         return http.refuse(406, types.INVALID_REQUEST, "Not Acceptable: accept application/json or text/event-stream")
-    schema = refused_by_name(request, agent)
-    if isinstance(schema, HttpResponse):
-        return schema
+    tool = refused_by_name(request, agent)
+    if isinstance(tool, HttpResponse):
+        return tool
     try:
         message = json.loads(request.body)
     except (ValueError, RecursionError):
@@ -104,7 +104,7 @@ def serve(request, agent: Agent) -> HttpResponse:
     meta = params["_meta"]
     caller = Caller(agent_id=agent.pk, session_id="", transport=gateway.STATELESS,
                     base_url=f"{request.scheme}://{request.get_host()}", agent=agent,
-                    run_handle=meta.get(gateway.RUN_META_KEY))
+                    run_handle=meta.get(gateway.RUN_META_KEY), tool=tool if isinstance(tool, Tool) else None)
     method = message["method"]
     if method == "server/discover":
         found = types.DiscoverResult(supported_versions=SUPPORTED, capabilities=CAPABILITIES,
@@ -118,13 +118,13 @@ def serve(request, agent: Agent) -> HttpResponse:
             called = types.CallToolRequestParams.model_validate(params)
         except ValidationError as invalid:
             return rejected(types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}", request_id)
-        mismatch = validate_mcp_param_headers(schema, called.arguments or {},
-                                              request.headers)  # the spec's MUST for `x-mcp-header` arguments
-        if mismatch is not None:
-            return rejected(mismatch.code, mismatch.message, request_id)
+        if isinstance(tool, Tool):  # `Mcp-Param-*` headers equal the arguments marked `x-mcp-header` (a MUST)
+            mismatch = validate_mcp_param_headers(tool.args_schema, called.arguments or {}, request.headers)
+            if mismatch is not None:
+                return rejected(mismatch.code, mismatch.message, request_id)
         as_task = tasks.declared(verdict.client_capabilities)
         return http.call(caller, request_id, params, wants_json=wants_json, takes_sse=takes_sse,
-                         on_loop=waits.served_async(request), as_task=as_task)
+                         on_loop=waits.served_async(request), as_task=as_task, called=called)
     if method in TASK_METHODS:
         return task_method(caller, method, params, request_id, wants_json)
     return rejected(types.METHOD_NOT_FOUND, f"Method not found: {method[:100]}", request_id)
