@@ -265,20 +265,29 @@ def test_a_held_step_is_a_working_task_and_tasks_cancel_is_the_agents_stop(live)
     assert effects("payments.charge") == []
 
 
-def test_a_held_step_released_ends_its_task_with_the_result(live):
-    hold(live.world, "payments.charge", "1s")
+def test_a_held_step_released_ends_its_task_with_the_result_across_a_restart(live):
+    """The task and the run live in the ledger only: the server restarted between the call and the polls, and a
+    new client (a new connection, no state) carries on with the handles it kept."""
+    hold(live.world, "payments.charge", "2s")
 
-    async def script(client):
+    async def first(client):
         _, begun = await call(client, "unwind_begin", {})
-        handle = await call_for_task(client, "payments.charge", {**CHARGE, "unwind_run": begun["run_id"]})
+        return begun, await call_for_task(client, "payments.charge", {**CHARGE, "unwind_run": begun["run_id"]})
+
+    begun, handle = session(live, first)
+    live.server.stop()
+    live.server.start()
+
+    async def after(client):
         held = await task_call(client.session, "tasks/get", handle.task_id)
         released = await in_thread(sweep_after, (await in_thread(Action.objects.get, tool__name="payments.charge")).pk)
-        return handle, held, released, await task_call(client.session, "tasks/get", handle.task_id)
+        ended = await task_call(client.session, "tasks/get", handle.task_id)
+        return held, released, ended, await call(client, "unwind_commit", {"run_id": begun["run_id"]})
 
-    handle, held, released, ended = session(live, script)
+    held, released, ended, (_, committed) = session(live, after)
     assert handle.status == held["status"] == "working" and released["released"] == 1
     assert ended["status"] == "completed" and ended["result"]["structuredContent"]["status"] == "succeeded"
-    assert len(effects("payments.charge")) == 1
+    assert committed["run_status"] == "completed" and len(effects("payments.charge")) == 1
 
 
 def test_the_client_resolves_a_task_to_the_tools_result(live):
