@@ -37,8 +37,8 @@ from ledger.engine import decision, sql
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links, waits
-from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
-    ValidationFailed
+from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnknownTool, \
+    UnwindError, ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
 from ledger.policy.law import approvals_needed
@@ -248,13 +248,19 @@ def tool_list(caller: Caller) -> list[types.Tool]:
     return [types.Tool(**tool) for tool in [*tools, *(STATELESS_GATEWAY_TOOLS if stateless else GATEWAY_TOOLS)]]
 
 
+def plausible_name(name: str) -> bool:
+    """A name that could be a tool's (policy allows at most 120 characters); NUL is never one (PostgreSQL refuses
+    it in text, so it must not reach a query)."""
+    return 0 < len(name) <= 200 and "\x00" not in name
+
+
 def callable_tool(agent: Agent, name: str) -> Tool | bool:
     """Whether `name` is a tool this agent may call here, decided from the name alone, before a request's arguments
     are read (mcp_gateway/modern.py): True for the gateway's own, the row of a current tool of its tenant that
     tools/list shows, False for anything else."""
     if name in GATEWAY_NAMES:
         return True
-    if name.startswith(RESERVED_PREFIX):
+    if name.startswith(RESERVED_PREFIX) or not plausible_name(name):
         return False
     tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
     return tool if tool is not None and tool.executor != Executor.CLIENT else False
@@ -404,7 +410,7 @@ def check_only(args: dict, allowed: set[str]) -> None:
 
 def run_of_handle(agent: Agent, handle) -> Run:
     """The run a stateless request names: one of this agent's runs; another agent's is answered as missing."""
-    if isinstance(handle, bool) or not isinstance(handle, int) or handle < 1:
+    if isinstance(handle, bool) or not isinstance(handle, int) or not 1 <= handle < 2 ** 63:
         raise ValidationFailed("the run handle must be the run_id unwind_begin answered (a positive integer)",
                                field="run_id")
     run = sql.get(Run, pk=handle)
@@ -621,6 +627,8 @@ def dispatch(caller: Caller, name: str, args) -> Answer:
     try:
         if not isinstance(args, dict):
             raise ValidationFailed("arguments must be an object")
+        if not plausible_name(name):
+            raise UnknownTool(f"there is no tool {name[:200].replace(chr(0), '?')!r}")
         if name == "unwind_begin":
             return begin(caller, args)
         if name == "unwind_commit":

@@ -491,3 +491,42 @@ def test_a_notification_is_acknowledged_and_a_delete_is_refused(live):
     assert noted.status_code == 202 and noted.content == b""
     deleted = requests.delete(live.url, headers=modern_headers(live.world.key, "tools/call"), timeout=10)
     assert deleted.status_code == 405
+
+
+NUL_NAME = "=?base64?" + __import__("base64").b64encode("hr.create_user\x00x".encode()).decode() + "?="
+
+
+@pytest.mark.parametrize("case", ["NUL in Mcp-Name", "NUL in an argument", "NUL in the goal", "a huge run handle",
+                                  "NUL in a task handle"])
+def test_hostile_values_are_refused_never_a_500(live, case):
+    method = "tasks/get" if case == "NUL in a task handle" else "tools/call"
+    name, params = "hr.create_user", {"name": "hr.create_user", "arguments": {**USER, "unwind_run": 1}}
+    if case == "NUL in Mcp-Name":
+        name = NUL_NAME
+    elif case == "NUL in an argument":
+        params["arguments"]["name"] = "Ashu\x00"
+    elif case == "NUL in the goal":
+        name, params = "unwind_begin", {"name": "unwind_begin", "arguments": {"goal": "x\x00y"}}
+    elif case == "a huge run handle":
+        params["arguments"]["unwind_run"] = 10 ** 30
+    else:
+        name, params = "abc\x00".encode().hex(), {"taskId": "abc\x00:def"}
+    answered = requests.post(live.url, json=modern_body(method, params),
+                             headers=modern_headers(live.world.key, method, name), timeout=10)
+    assert answered.status_code < 500, answered.text
+    body = answered.json()
+    assert "error" in body or body["result"]["isError"] is True, body
+    assert not Run.objects.exists() and effects("hr.create_user") == []
+
+
+def test_a_nul_in_a_tool_name_over_the_handshake_is_a_tool_error(live):
+    headers = {"Authorization": f"Bearer {live.world.key}", "Accept": "application/json, text/event-stream"}
+    opened = requests.post(live.url, timeout=10, headers=headers, json={
+        "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}})
+    headers.update({"Mcp-Session-Id": opened.headers["Mcp-Session-Id"], "Mcp-Protocol-Version": "2025-06-18"})
+    answered = requests.post(live.url, timeout=10, headers=headers, json={
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "hr.create_user\x00", "arguments": USER}})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["result"]["structuredContent"]["code"] == "unknown_tool"
+    assert not Run.objects.exists() and effects("hr.create_user") == []
