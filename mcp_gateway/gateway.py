@@ -83,6 +83,7 @@ class Caller:
     session: McpSession | None = field(default=None, compare=False)
     run_handle: object = field(default=None, compare=False)  # stateless: the `_meta` run handle, as sent (hostile)
     tool: Tool | None = field(default=None, compare=False)  # stateless: the tool its Mcp-Name header named, read once
+    url_elicitation: bool = field(default=False, compare=False)  # stateless: the request's client takes URL mode
 
     @property
     def stateless(self) -> bool:

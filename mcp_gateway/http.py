@@ -36,7 +36,7 @@ from ledger import tracing
 from ledger.api import waits
 from ledger.api.problems import PROBLEM_JSON, problem
 from ledger.models import Agent
-from mcp_gateway import gateway, sessions, tasks
+from mcp_gateway import gateway, sessions
 from mcp_gateway.gateway import Caller
 from mcp_gateway.models import McpSession
 from mcp_gateway.server import INSTRUCTIONS, NAME, VERSION
@@ -168,11 +168,11 @@ def end(request, agent: Agent) -> HttpResponse:
 
 
 def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool,
-         on_loop: bool, as_task: bool = False, called: types.CallToolRequestParams | None = None) -> HttpResponse:
+         on_loop: bool, instead=None, called: types.CallToolRequestParams | None = None) -> HttpResponse:
     """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step, holding one
     of the agent's wait slots (429 too_many_waits past UNWIND_MAX_WAITS_PER_AGENT), on the event loop under the ASGI
-    server (`on_loop`), in this thread under WSGI. With `as_task` (a 2026-07-28 client that declared the Tasks
-    extension), a step that waits answers a task handle instead of the pending result (mcp_gateway/tasks.py)."""
+    server (`on_loop`), in this thread under WSGI. `instead` (2026-07-28, mcp_gateway/modern.py) may answer a step
+    that waits otherwise: a task handle, or a request to open the approval page (mcp_gateway/tasks.py)."""
     try:
         called = called or types.CallToolRequestParams.model_validate(params)
     except ValidationError as invalid:
@@ -180,8 +180,9 @@ def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_ss
                       wants_json=wants_json)
     with tracing.mcp_call(params.get("_meta"), called.name):
         outcome = gateway.dispatch(caller, called.name, called.arguments)
-    if as_task and outcome.waiting is not None and called.name != "unwind_status":
-        return answer(result(request_id, tasks.created(caller, outcome)), wants_json=wants_json)
+    replaced = instead(called, outcome) if instead is not None and outcome.waiting is not None else None
+    if replaced is not None:
+        return answer(result(request_id, replaced), wants_json=wants_json)
     bound = gateway.waiting_bound(called.name, called.arguments)
     if outcome.waiting is None or bound <= 0:
         return answer(result(request_id, dump(gateway.result_of(outcome))), wants_json=wants_json)

@@ -19,6 +19,7 @@ envelope, a header mismatch, bad params or an unknown task, 404 for an unknown m
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import mcp_types as types
 from django.http import HttpResponse
@@ -104,7 +105,8 @@ def serve(request, agent: Agent) -> HttpResponse:
     meta = params["_meta"]
     caller = Caller(agent_id=agent.pk, session_id="", transport=gateway.STATELESS,
                     base_url=f"{request.scheme}://{request.get_host()}", agent=agent,
-                    run_handle=meta.get(gateway.RUN_META_KEY), tool=tool if isinstance(tool, Tool) else None)
+                    run_handle=meta.get(gateway.RUN_META_KEY), tool=tool if isinstance(tool, Tool) else None,
+                    url_elicitation=takes_url_elicitation(verdict.client_capabilities))
     method = message["method"]
     if method == "server/discover":
         found = types.DiscoverResult(supported_versions=SUPPORTED, capabilities=CAPABILITIES,
@@ -124,10 +126,29 @@ def serve(request, agent: Agent) -> HttpResponse:
                 return rejected(mismatch.code, mismatch.message, request_id)
         as_task = tasks.declared(verdict.client_capabilities)
         return http.call(caller, request_id, params, wants_json=wants_json, takes_sse=takes_sse,
-                         on_loop=waits.served_async(request), as_task=as_task, called=called)
+                         on_loop=waits.served_async(request), instead=partial(instead_of_pending, caller, as_task),
+                         called=called)
     if method in TASK_METHODS:
         return task_method(caller, method, params, request_id, wants_json)
     return rejected(types.METHOD_NOT_FOUND, f"Method not found: {method[:100]}", request_id)
+
+
+def takes_url_elicitation(capabilities) -> bool:
+    elicitation = capabilities.get("elicitation") if isinstance(capabilities, dict) else None
+    return isinstance(elicitation, dict) and isinstance(elicitation.get("url"), dict)
+
+
+def instead_of_pending(caller: Caller, as_task: bool, called, outcome) -> dict | None:
+    """What a 2026-07-28 tools/call whose step waits answers instead of the pending result: a task handle when the
+    client declared the Tasks extension; else, once, a request to open the approval page when the person at the
+    client may decide it (mcp_gateway/tasks.py); else nothing (the pending result, as over the handshake)."""
+    if called.name == "unwind_status":
+        return None
+    if as_task:
+        return tasks.created(caller, outcome)
+    if called.request_state is None:
+        return tasks.input_required(caller, outcome)
+    return None
 
 
 def task_method(caller: Caller, method: str, params: dict, request_id, wants_json: bool) -> HttpResponse:

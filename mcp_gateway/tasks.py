@@ -2,13 +2,13 @@
 
 When a 2026-07-28 client declares the extension in its request's capabilities, a tools/call whose step waits (for an
 approval, or held in an undo window) answers a task handle instead of today's pending result: `input_required` while
-a person must approve (the approval happens on Unwind's pages, not in the client: there is no input the client could
-send, so `inputRequests` is empty and the status message names the approval page), `working` while the step is held
-or still running. `tasks/get` answers the step as it stands: `completed` with the tool's result (a rejection or a
+a person must approve (the approval happens on Unwind's pages, not in the client: the status message names the
+approval page, and `inputRequests` asks the client to open it only when the person the tenant maps to the agent may
+decide it, `approval_page_requests`), `working` while the step is held or still running. `tasks/get` answers the step as it stands: `completed` with the tool's result (a rejection or a
 failure is a result with isError, as the spec says), or `cancelled` once the step was stopped and never executed.
 `tasks/cancel` is the agent's cancel of the step's run, the same move as unwind_rollback (ledger/engine/moves.py
 decides whether it is offered, and what it undoes), so a held step is never executed and, before the pivot, what the
-run did is undone. `tasks/update` has nothing to take (no input is ever asked of the client) and is acknowledged.
+run did is undone. `tasks/update` is acknowledged: what the client answers (the page was opened) decides nothing.
 
 The handle is the step's id signed, with the project's secret key, together with the agent and its key that made it:
 nothing is stored and any web process answers it. Another agent's key, an altered handle and an unknown step are all
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from django.core import signing
 
+from approvals.selectors import approval_for, decision_state
 from ledger.api import selectors
 from ledger.errors import NotFound, StateConflict
 from ledger.models import Action, ActionStatus as A, Agent
@@ -74,7 +75,7 @@ def task_of(caller: Caller, action: Action, task_id: str) -> dict:
     if answer.waiting is not None:
         if action.status == A.AWAITING_APPROVAL:
             return {**task, "status": "input_required", "statusMessage": answer.payload["message"],
-                    "inputRequests": {}}
+                    "inputRequests": approval_page_requests(caller, action)}
         return {**task, "status": "working", "statusMessage": answer.payload["message"]}
     if action.status == A.SKIPPED:
         who = f" by the {action.stopped_by}" if action.stopped_by else ""
@@ -84,6 +85,40 @@ def task_of(caller: Caller, action: Action, task_id: str) -> dict:
     result = gateway.result_of(answer).model_dump(by_alias=True, mode="json", exclude_none=True)
     return {**task, "status": "completed", "statusMessage": answer.payload.get("message") or
             f"{action.tool.name} {action.status.replace('_', ' ')}", "result": result}
+
+
+def approval_page_requests(caller: Caller, action: Action) -> dict:
+    """The approval page as a URL-mode elicitation, for a step awaiting approval, when the request's client takes URL
+    elicitation and the person the tenant maps to this agent (`Agent.person`) may decide it now; else none.
+
+    The URL is the approval page itself, which asks the person to sign in and shows the exact arguments: an
+    agent that reads it can do nothing with it. "Accepted" only means the page was opened."""
+    agent = gateway.agent_of(caller)
+    if not caller.url_elicitation or agent.person_id is None:
+        return {}
+    approval = gateway.approval_of(caller, action)
+    person = agent.person
+    found = approval_for(person, approval["id"]) if approval and person.is_active else None
+    if found is None or not decision_state(found, person).can_decide:
+        return {}
+    message = (f"{action.tool.name} waits for your approval. Open the approval page to decide: you decide there, "
+               "signed in as yourself, for exactly these arguments.")
+    return {f"approval-{approval['id']}": {"method": "elicitation/create", "params": {
+        "mode": "url", "message": message, "url": approval["url"]}}}
+
+
+def input_required(caller: Caller, answer: Answer) -> dict | None:
+    """Without the Tasks extension: for a step awaiting approval that the person at the client may decide, an
+    InputRequiredResult asking the client to open the approval page (once: the client's retry carries the
+    `requestState`, and is answered as the step stands, pending until the person decided on the page)."""
+    agent = gateway.agent_of(caller)
+    action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=answer.waiting)
+    if action.status != A.AWAITING_APPROVAL:
+        return None
+    requests = approval_page_requests(caller, action)
+    if not requests:
+        return None
+    return {"resultType": "input_required", "inputRequests": requests, "requestState": f"approval-page:{action.pk}"}
 
 
 def created(caller: Caller, answer: Answer) -> dict:

@@ -23,7 +23,7 @@ from mcp import Client
 from mcp.client.extension import ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, Request, Result, TextContent
+from mcp_types import CallToolResult, ElicitResult, Request, Result, TextContent
 from pydantic import TypeAdapter
 
 from approvals.models import ApprovalRequest
@@ -107,19 +107,20 @@ async def task_call(session, method: str, task_id: str) -> dict:
 
 
 @contextlib.asynccontextmanager
-async def connected(url: str, key: str, mode: str, *, tasks: bool = True):
-    """The official client: `auto` probes server/discover (2026-07-28 here), `legacy` sends initialize."""
+async def connected(url: str, key: str, mode: str, *, tasks: bool = True, elicitation=None):
+    """The official client: `auto` probes server/discover (2026-07-28 here), `legacy` sends initialize. With an
+    `elicitation` callback it declares elicitation (form and URL mode)."""
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"},
                                   timeout=httpx2.Timeout(30, read=60)) as http:
         client = Client(streamable_http_client(url, http_client=http), mode=mode,
-                        extensions=[Tasks()] if tasks else None)
+                        extensions=[Tasks()] if tasks else None, elicitation_callback=elicitation)
         async with client:
             yield client
 
 
-def session(live, script, *, mode: str = "auto", key: str | None = None, tasks: bool = True):
+def session(live, script, *, mode: str = "auto", key: str | None = None, tasks: bool = True, elicitation=None):
     async def main():
-        async with connected(live.url, key or live.world.key, mode, tasks=tasks) as client:
+        async with connected(live.url, key or live.world.key, mode, tasks=tasks, elicitation=elicitation) as client:
             return await script(client)
     return asyncio.run(main())
 
@@ -530,3 +531,103 @@ def test_a_nul_in_a_tool_name_over_the_handshake_is_a_tool_error(live):
     assert answered.status_code == 200, answered.text
     assert answered.json()["result"]["structuredContent"]["code"] == "unknown_tool"
     assert not Run.objects.exists() and effects("hr.create_user") == []
+
+
+# --- the person at the client (URL-mode elicitation) -------------------------------------------------------------
+
+async def opens_nothing(context, params):
+    raise AssertionError(f"the client was asked to open {getattr(params, 'url', params)}")
+
+
+@pytest.mark.parametrize("person, offered", [("alice", True), ("victor", False), (None, False)])
+def test_the_approval_page_is_offered_in_the_task_only_to_a_person_who_may_decide(live, person, offered):
+    """The tenant maps the agent's client to a person: an approver (alice) is asked, in the task's input requests,
+    to open the approval page; a viewer (victor), or nobody mapped, is not: the approval goes to the approvers."""
+    from ledger.tenancy import agent_person_set
+
+    if person is not None:
+        agent_person_set(agent=live.world.agent, person=getattr(live.world, person), actor="test")
+
+    async def script(client):
+        _, begun = await call(client, "unwind_begin", {})
+        handle = await call_for_task(client, "payments.charge", {**CHARGE, "unwind_run": begun["run_id"]})
+        return handle, await task_call(client.session, "tasks/get", handle.task_id)
+
+    handle, polled = session(live, script, elicitation=opens_nothing)
+    approval = ApprovalRequest.objects.get()
+    assert handle.status == polled["status"] == "input_required"
+    if offered:
+        assert polled["inputRequests"] == {f"approval-{approval.pk}": {"method": "elicitation/create", "params": {
+            "mode": "url", "url": f"{live.server.url}/approvals/{approval.pk}/",
+            "message": "payments.charge waits for your approval. Open the approval page to decide: you decide "
+                       "there, signed in as yourself, for exactly these arguments."}}}
+    else:
+        assert polled["inputRequests"] == {}
+    assert approval.status == "pending" and effects("payments.charge") == []
+
+
+def test_without_tasks_the_client_opens_the_page_and_the_person_decides_there(live):
+    """The client is asked once to open the approval page (input required); "accept" means only that it opened:
+    the call's retry answers the step as it stands, which is what the person decided on the page."""
+    from ledger.tenancy import agent_person_set
+
+    agent_person_set(agent=live.world.agent, person=live.world.alice, actor="test")
+    opened = []
+
+    async def person_at_the_client(context, params):
+        opened.append(params)
+        action = await in_thread(Action.objects.get, tool__name="payments.charge")
+        await in_thread(decide, live.world, action.pk, approve=True)  # on the page, signed in as alice
+        return ElicitResult(action="accept")
+
+    async def script(client):
+        _, begun = await call(client, "unwind_begin", {})
+        return await call(client, "payments.charge", {**CHARGE, "unwind_run": begun["run_id"]})
+
+    is_error, done = session(live, script, tasks=False, elicitation=person_at_the_client)
+    approval = ApprovalRequest.objects.get()
+    assert [(p.mode, p.url) for p in opened] == [("url", f"{live.server.url}/approvals/{approval.pk}/")]
+    assert not is_error and done["status"] == "succeeded" and done["replayed"] is True
+    assert len(effects("payments.charge")) == 1
+
+
+def test_accepting_without_deciding_leaves_the_step_pending(live):
+    from ledger.tenancy import agent_person_set
+
+    agent_person_set(agent=live.world.agent, person=live.world.alice, actor="test")
+
+    async def accepts(context, params):
+        return ElicitResult(action="accept")
+
+    async def script(client):
+        _, begun = await call(client, "unwind_begin", {})
+        return await call(client, "payments.charge", {**CHARGE, "unwind_run": begun["run_id"]})
+
+    is_error, pending = session(live, script, tasks=False, elicitation=accepts)
+    assert not is_error and pending["pending"] is True and pending["status"] == "awaiting_approval"
+    assert ApprovalRequest.objects.get().status == "pending" and effects("payments.charge") == []
+
+
+@pytest.mark.django_db
+def test_only_a_member_of_the_tenant_can_be_mapped_to_an_agents_client(tools):
+    from django.core.management import CommandError, call_command
+
+    from ledger.errors import ValidationFailed
+    from ledger.tenancy import agent_person_set
+
+    with pytest.raises(ValidationFailed, match="mallory is not a member of acme"):
+        agent_person_set(agent=tools.agent, person=tools.mallory, actor="test")  # globex's admin
+    agent = agent_person_set(agent=tools.agent, person=tools.alice, actor="user:ada")
+    assert agent.person == tools.alice
+    event = AuditEvent.objects.filter(kind="agent.person_set").get()
+    assert event.actor == "user:ada" and event.data["person"] == "alice"
+    with pytest.raises(CommandError, match="there is no user 'mallory' in acme"):
+        call_command("create_agent", "acme", "desktop", "--person", "mallory")
+    call_command("create_agent", "acme", "desktop", "--person", "ben")
+    assert agent_named("desktop").person == tools.ben
+
+
+def agent_named(name: str):
+    from ledger.models import Agent
+
+    return Agent.objects.select_related("person").get(name=name)
