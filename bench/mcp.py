@@ -1,8 +1,9 @@
 """Part 6: MCP against REST, on one gunicorn server with 4 worker processes (no sticky routing: any worker answers).
 
 - per call: REST `POST /api/v1/runs/{id}/actions`, MCP `tools/call` (raw JSON-RPC over streamable HTTP with the
-  session's `Mcp-Session-Id`, JSON answer), and the no-op endpoint, one agent, the three requests in turn, so all
-  see the same conditions; the MCP session is initialized once;
+  session's `Mcp-Session-Id`, JSON answer), MCP `tools/call` over 2026-07-28 (stateless: the `_meta` envelope, the
+  routing headers and the run handle on every request) and the no-op endpoint, one agent, the four requests in
+  turn, so all see the same conditions; the MCP session is initialized once;
 - throughput: 1, 4 and 16 agents at once, REST and MCP in pairs of rounds at each level, in turns (ABBA), each agent
   with its own key, run (REST) or session (MCP) and connection.
 
@@ -21,6 +22,9 @@ from bench.api import ACTIONS_PER_RUN, Agent, _cpu_by_process, cpu_split, drive
 from bench.common import log, summary
 
 PROTOCOL = "2025-11-25"
+MODERN = "2026-07-28"
+ENVELOPE = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"}}
 
 
 class RestAgent(Agent):
@@ -79,6 +83,44 @@ class McpAgent(Agent):
         return seconds
 
 
+class ModernMcpAgent(McpAgent):
+    """An agent speaking 2026-07-28 as the official client does: no initialize and no session; each request carries
+    the `_meta` envelope and the routing headers, and each call the run handle unwind_begin answered."""
+
+    def __init__(self, base: str, key: str, name: str):
+        Agent.__init__(self, base, key, name)
+        self.headers = {**self.headers, "Accept": "application/json, text/event-stream",
+                        "Mcp-Protocol-Version": MODERN, "Mcp-Method": "tools/call"}
+        self.request_id = 0
+        self.begin()
+
+    def begin(self) -> None:
+        status, answer, _ = self.rpc("tools/call", {"name": "unwind_begin", "arguments": {}})
+        assert status == 200 and not answer["result"].get("isError"), answer
+        self.run_id, self.done_in_run = answer["result"]["structuredContent"]["run_id"], 0
+
+    def rpc(self, method: str, params: dict) -> tuple[int, dict, str | None]:
+        self.headers["Mcp-Name"] = params["name"]
+        meta = {**ENVELOPE, **({"dev.unwind/run": self.run_id} if self.run_id else {})}
+        return super().rpc(method, {**params, "_meta": meta})
+
+    def act(self) -> float:
+        """One no-op tools/call in the agent's run (committed and begun again every ACTIONS_PER_RUN, untimed)."""
+        if self.done_in_run >= ACTIONS_PER_RUN:
+            status, answer, _ = self.rpc("tools/call", {"name": "unwind_commit", "arguments": {}})
+            assert status == 200 and not answer["result"].get("isError"), answer
+            self.run_id = None
+            self.begin()
+        self.counter += 1
+        started = time.perf_counter()
+        status, answer, _ = self.rpc("tools/call", {"name": "bench.noop",
+                                                    "arguments": {"agent": self.name, "n": self.counter}})
+        seconds = time.perf_counter() - started
+        assert status == 200 and answer["result"]["structuredContent"]["status"] == "succeeded", answer
+        self.done_in_run += 1
+        return seconds
+
+
 def new_rest_agents(tenant, count: int, base: str) -> list[RestAgent]:
     from ledger.tenancy import agent_create
 
@@ -96,16 +138,22 @@ def new_mcp_agents(tenant, count: int, base: str) -> list[McpAgent]:
 
 
 def per_call(tenant, base: str, n: int) -> dict:
+    from ledger.tenancy import agent_create
+
     rest, mcp = new_rest_agents(tenant, 1, base)[0], new_mcp_agents(tenant, 1, base)[0]
+    stamp = int(time.time() * 1000)
+    modern = ModernMcpAgent(base, agent_create(tenant=tenant, name=f"mcp26-{stamp}")[1], f"s{stamp}")
     for _ in range(10):  # warm every worker's connections and imports
-        rest.noop(), rest.act(), mcp.act()
-    noops, actions, calls = [], [], []
+        rest.noop(), rest.act(), mcp.act(), modern.act()
+    noops, actions, calls, stateless = [], [], [], []
     for _ in range(n):
         noops.append(rest.noop())
         actions.append(rest.act())
         calls.append(mcp.act())
-    result = {"rest": summary(actions), "mcp": summary(calls), "noop": summary(noops)}
+        stateless.append(modern.act())
+    result = {"rest": summary(actions), "mcp": summary(calls), "mcp_2026": summary(stateless), "noop": summary(noops)}
     result["mcp_minus_rest_p50_ms"] = round(result["mcp"]["p50"] - result["rest"]["p50"], 3)
+    result["mcp_2026_minus_rest_p50_ms"] = round(result["mcp_2026"]["p50"] - result["rest"]["p50"], 3)
     # The same difference pair by pair (each MCP call against the REST call just before it): drift cancels.
     paired = sorted((m - r) * 1000 for m, r in zip(calls, actions))
     result["paired_median_ms"] = round(paired[len(paired) // 2], 3)
@@ -163,6 +211,10 @@ class InProcess:
             content_type="application/json")
         self.mcp_headers = {"HTTP_MCP_SESSION_ID": opened["Mcp-Session-Id"], "HTTP_MCP_PROTOCOL_VERSION": PROTOCOL}
         self.run_id, self.done, self.mcp_done, self.counter = None, ACTIONS_PER_RUN, 0, 0
+        self.modern = Client(HTTP_AUTHORIZATION=f"Bearer {agent_create(tenant=tenant, name=f'ps-{stamp}')[1]}",
+                             HTTP_ACCEPT="application/json, text/event-stream", HTTP_MCP_PROTOCOL_VERSION=MODERN,
+                             HTTP_MCP_METHOD="tools/call")
+        self.modern_run, self.modern_done = None, ACTIONS_PER_RUN
 
     def rest_call(self) -> None:
         if self.done >= ACTIONS_PER_RUN:
@@ -191,18 +243,37 @@ class InProcess:
         return answered.json()
 
 
+    def modern_call(self, name: str = "bench.noop", arguments: dict | None = None) -> dict:
+        """A 2026-07-28 tools/call: the envelope and the run handle in `_meta`, the routing headers."""
+        if name == "bench.noop" and self.modern_done >= ACTIONS_PER_RUN:
+            if self.modern_run is not None:
+                self.modern_call("unwind_commit", {})
+            self.modern_run = None
+            self.modern_run = self.modern_call("unwind_begin", {})["result"]["structuredContent"]["run_id"]
+            self.modern_done = 0
+        self.counter += 1
+        meta = {**ENVELOPE, **({"dev.unwind/run": self.modern_run} if self.modern_run else {})}
+        answered = self.modern.post("/mcp", {"jsonrpc": "2.0", "id": self.counter, "method": "tools/call", "params": {
+            "name": name, "arguments": {"n": self.counter} if arguments is None else arguments, "_meta": meta}},
+            content_type="application/json", HTTP_MCP_NAME=name)
+        assert answered.status_code == 200 and not answered.json()["result"]["isError"], answered.content[:300]
+        if name == "bench.noop":
+            self.modern_done += 1
+        return answered.json()
+
+
 def in_process(tenant, n: int, profile_path=None) -> dict:
     """Process CPU per request, REST and MCP by turns; and (profile_path) a pyinstrument profile of each."""
     both = InProcess(tenant)
     for _ in range(20):
-        both.rest_call(), both.mcp_call()
-    rest, mcp = [], []
+        both.rest_call(), both.mcp_call(), both.modern_call()
+    rest, mcp, modern = [], [], []
     for _ in range(n):
-        for calls, one in ((rest, both.rest_call), (mcp, both.mcp_call)):
+        for calls, one in ((rest, both.rest_call), (mcp, both.mcp_call), (modern, both.modern_call)):
             started = time.process_time()
             one()
             calls.append(time.process_time() - started)
-    result = {"rest_cpu": summary(rest), "mcp_cpu": summary(mcp)}
+    result = {"rest_cpu": summary(rest), "mcp_cpu": summary(mcp), "mcp_2026_cpu": summary(modern)}
     if profile_path is not None:
         from pyinstrument import Profiler
 
@@ -230,8 +301,9 @@ def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int =
     with nullcontext(server) if server is not None else Server(workers=workers) as server:
         result = {"server": f"gunicorn, {server.workers} sync workers", "per_call": per_call(tenant, server.url, n)}
         p = result["per_call"]
-        log(f"mcp: p50 REST {p['rest']['p50']} ms, MCP {p['mcp']['p50']} ms, no-op {p['noop']['p50']} ms "
-            f"(MCP - REST {p['mcp_minus_rest_p50_ms']} ms, paired {p['paired_median_ms']} ms)")
+        log(f"mcp: p50 REST {p['rest']['p50']} ms, MCP {p['mcp']['p50']} ms, MCP 2026-07-28 {p['mcp_2026']['p50']} "
+            f"ms, no-op {p['noop']['p50']} ms (MCP - REST {p['mcp_minus_rest_p50_ms']} ms, paired "
+            f"{p['paired_median_ms']} ms; 2026-07-28 - REST {p['mcp_2026_minus_rest_p50_ms']} ms)")
         result["throughput"] = throughput(tenant, server.url, levels, seconds, server.process.pid, pairs)
     return result
 
@@ -240,14 +312,19 @@ def lines(r: dict) -> list[str]:
     """The part's lines in the bench table."""
     if "per_call" not in r:
         c = r["in_process"]
+        modern = f", MCP 2026-07-28 {c['mcp_2026_cpu']['p50']:.2f} ms" if "mcp_2026_cpu" in c else ""
         return [f"6. MCP against REST, process CPU per request in process (p50): REST {c['rest_cpu']['p50']:.2f} ms, "
-                f"MCP {c['mcp_cpu']['p50']:.2f} ms"]
+                f"MCP {c['mcp_cpu']['p50']:.2f} ms{modern}"]
     p = r["per_call"]
     gap = p["mcp_minus_rest_p50_ms"]
     out = [f"6. MCP against REST ({r['server']}, no sticky routing), per call p50: REST propose "
            f"{p['rest']['p50']:.1f} ms, MCP tools/call {p['mcp']['p50']:.1f} ms, no-op {p['noop']['p50']:.1f} ms: "
            f"MCP - REST {gap:+.1f} ms (paired {p['paired_median_ms']:+.1f}); target within 1.5 ms → "
            f"{'met' if gap <= 1.5 else 'NOT met'}"]
+    if "mcp_2026" in p:
+        modern = p["mcp_2026_minus_rest_p50_ms"]
+        out.append(f"   MCP 2026-07-28 (stateless) tools/call {p['mcp_2026']['p50']:.1f} ms: MCP - REST {modern:+.1f} ms "
+                   f"→ {'met' if modern <= 1.5 else 'NOT met'}")
     cells = "; ".join(f"{t['agents']} agents REST {t['rest_actions_per_s']:.0f} / MCP {t['mcp_actions_per_s']:.0f} "
                       f"actions/s ({t['mcp_over_rest']:.2f})" for t in r["throughput"])
     top = r["throughput"][-1]
@@ -276,7 +353,7 @@ def main() -> None:
 
     result = {"in_process": in_process(tenant, API_N, Path(__file__).resolve().parent / "profile_mcp.txt")}
     log(f"mcp: process CPU per request p50: REST {result['in_process']['rest_cpu']['p50']} ms, MCP "
-        f"{result['in_process']['mcp_cpu']['p50']} ms")
+        f"{result['in_process']['mcp_cpu']['p50']} ms, MCP 2026-07-28 {result['in_process']['mcp_2026_cpu']['p50']} ms")
     if os.environ.get("BENCH_MCP_IN_PROCESS_ONLY") in (None, "", "0"):
         levels = tuple(int(x) for x in os.environ.get("BENCH_MCP_LEVELS", "1,4,16").split(","))
         result.update(measure(tenant, n=API_N, seconds=API_SECONDS, levels=levels))

@@ -156,6 +156,8 @@ class AgentAddForm(forms.ModelForm):
 @admin.register(Agent)
 class AgentAdmin(IssuedKeyAdmin):
     noun = "agent key"
+    fields = (*IssuedKeyAdmin.fields, "person")  # who uses its MCP client (set by `create_agent --person`)
+    readonly_fields = fields
     help_text = ("Add an agent here (superusers) or with `manage.py create_agent TENANT NAME`: either shows the API "
                  "key once; only its hash is stored, and only its prefix is shown here.")
 

@@ -126,6 +126,11 @@ class Agent(models.Model):
     key_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    person = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        help_text="The person who uses this agent's MCP client, as the tenant maps it (`agent_person_set`): when "
+                  "they may decide an approval the agent waits for, a client that takes URL elicitation is asked to "
+                  "open the approval page for them (docs/mcp.md).")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="agent_name_unique_per_tenant")]

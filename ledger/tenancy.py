@@ -59,6 +59,20 @@ def agent_create(*, tenant: Tenant, name: str, actor: str = "system:admin") -> t
     return agent, raw
 
 
+def agent_person_set(*, agent: Agent, person, actor: str) -> Agent:
+    """Map the agent's MCP client to the person who uses it (None: to nobody). The person must be a member of the
+    agent's tenant; what it grants is only that an approval they may decide is offered to them in the client, as a
+    link to the approval page where they still decide as themselves (mcp_gateway/tasks.py)."""
+    if person is not None and not Membership.objects.filter(tenant_id=agent.tenant_id, user=person).exists():
+        raise ValidationFailed(f"{person.get_username()} is not a member of {agent.tenant.slug}", field="person")
+    with ledger_transaction(agent.tenant_id) as audit:
+        Agent.objects.filter(pk=agent.pk).update(person=person)
+        audit.record("agent.person_set", actor=actor, agent=agent.pk,
+                     person=person.get_username() if person is not None else "")
+    agent.refresh_from_db()
+    return agent
+
+
 def agent_revoke(*, agent: Agent, actor: str) -> Agent:
     with ledger_transaction(agent.tenant_id) as audit:
         Agent.objects.filter(pk=agent.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -2,12 +2,18 @@
 endpoint calls it in the request's thread, the stdio server's SDK handlers in worker threads). The one exception is
 `progress_on_loop`: `unwind_status {wait}` under the ASGI server waits on its event loop (ledger/api/waits.py).
 
-An MCP session is one agent's conversation; its tool calls go into one run at a time. The run is opened on the
-first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by `unwind_rollback`, and
-unwound by the worker's sweep once the session has been idle longer than `UNWIND_MCP_SESSION_IDLE`. Every step is
-the REST API's: `action_propose`, executed inline within `UNWIND_INLINE_WAIT` (or by the worker), with the same
-policy, approvals, ordering law and content matching, so a call re-sent after a reconnect answers with the
-recorded outcome (the MCP request id is never an idempotency key: a reconnecting client sends a new one).
+Over the handshake revisions an MCP session is one agent's conversation; its tool calls go into one run at a time.
+The run is opened on the first call (or by `unwind_begin`), completed by `unwind_commit`, cancelled and unwound by
+`unwind_rollback`, and unwound by the worker's sweep once the session has been idle longer than
+`UNWIND_MCP_SESSION_IDLE`. Every step is the REST API's: `action_propose`, executed inline within
+`UNWIND_INLINE_WAIT` (or by the worker), with the same policy, approvals, ordering law and content matching, so a
+call re-sent after a reconnect answers with the recorded outcome (the MCP request id is never an idempotency key: a
+reconnecting client sends a new one).
+
+Over 2026-07-28 (stateless, mcp_gateway/modern.py) there is no session: the run is a handle the client carries,
+the `run_id` that `unwind_begin` answered, passed back as the `unwind_run` argument of a tool call or under
+`dev.unwind/run` in its `_meta` (and as `run_id` to unwind_commit, unwind_rollback and unwind_status). The handle is
+checked against the ledger on every call (a run of this agent), never remembered by a process.
 
 Answers are `Answer`s: a JSON payload, and whether it is a tool error (`isError`) carrying a problem's `code`.
 
@@ -32,8 +38,8 @@ from ledger.engine import decision
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links, waits
-from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnwindError, \
-    ValidationFailed
+from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnknownTool, \
+    UnwindError, ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
 from ledger.policy.law import approvals_needed
@@ -44,8 +50,12 @@ from mcp_gateway.models import McpSession
 from recovery.hold_notices import notice_of
 
 RESERVED_PREFIX = "unwind_"
+STATELESS = "stateless"  # the transport of a 2026-07-28 request: no session, the run is the client's handle
+RUN_META_KEY = "dev.unwind/run"  # where a 2026-07-28 request's `_meta` carries the run handle
+RUN_ARGUMENT = "unwind_run"  # or a tool call's own argument (taken out before the tool sees its arguments)
 OPEN = (R.RUNNING, R.AWAITING_APPROVAL)  # a run the session may still act in
 DEFAULT_GOAL = "MCP session"
+DEFAULT_RUN_GOAL = "MCP run"  # a 2026-07-28 unwind_begin without a goal
 MAX_STATUS_WAIT = 30.0
 POLL_INTERVAL = 0.1
 PROGRESS_EVERY = 1.0
@@ -72,6 +82,13 @@ class Caller:
     base_url: str
     agent: Agent | None = field(default=None, compare=False)
     session: McpSession | None = field(default=None, compare=False)
+    run_handle: object = field(default=None, compare=False)  # stateless: the `_meta` run handle, as sent (hostile)
+    tool: Tool | None = field(default=None, compare=False)  # stateless: the tool its Mcp-Name header named, read once
+    url_elicitation: bool = field(default=False, compare=False)  # stateless: the request's client takes URL mode
+
+    @property
+    def stateless(self) -> bool:
+        return self.transport == STATELESS
 
 
 @dataclass
@@ -144,18 +161,28 @@ def approval_words(tool: Tool, threshold: str) -> str:
     return f"needs approval ({why}): it waits until {people}; the result then says pending, with the approval URL"
 
 
-def description_of(tool: Tool, threshold: str) -> str:
+JOINS_SESSION_RUN = "Calls join this session's run (opened on the first call; see unwind_begin)."
+JOINS_HANDLE_RUN = (f"Calls join the run named by {RUN_ARGUMENT} (or {RUN_META_KEY} in _meta): the run_id unwind_begin "
+                    "answered.")
+RUN_HANDLE_SCHEMA = {"type": "integer", "minimum": 1,
+                     "description": "The run this call joins: the run_id unwind_begin answered (Unwind takes it out "
+                                    "of the arguments before the tool sees them)."}
+
+
+def description_of(tool: Tool, threshold: str, *, stateless: bool = False) -> str:
     """The tool's own description, then what Unwind adds: its saga role, risk and whether approval may be needed."""
     role = "read-only: changes nothing" if tool.action_class == "read_only" else ROLE_WORDS.get(tool.saga_role,
                                                                                                   tool.saga_role)
     own = (tool.description or tool.name).strip()
     return (f"{own}\n\nThrough Unwind: saga role {role}. Risk {tool.risk}; {approval_words(tool, threshold)}. "
-            f"Calls join this session's run (opened on the first call; see unwind_begin).")
+            f"{JOINS_HANDLE_RUN if stateless else JOINS_SESSION_RUN}")
 
 
-def input_schema_of(tool: Tool) -> dict:
+def input_schema_of(tool: Tool, *, stateless: bool = False) -> dict:
     schema = dict(tool.args_schema or {})
     schema.setdefault("type", "object")
+    if stateless:
+        schema["properties"] = {**(schema.get("properties") or {}), RUN_ARGUMENT: RUN_HANDLE_SCHEMA}
     return schema
 
 
@@ -187,14 +214,58 @@ GATEWAY_TOOLS = [
          "wait": {"type": "number", "minimum": 0, "maximum": MAX_STATUS_WAIT}}}},
 ]
 GATEWAY_NAMES = {tool["name"] for tool in GATEWAY_TOOLS}
+RUN_ID_SCHEMA = {"type": "integer", "minimum": 1, "description": "The run: the run_id unwind_begin answered."}
+# Over 2026-07-28 there is no session to hold the run: unwind_begin answers its run_id, the client passes it back.
+STATELESS_GATEWAY_TOOLS = [
+    {"name": "unwind_begin",
+     "description": "Start a run with a goal and who it is for (shown to approvers and kept in the ledger), or take "
+                    "up an open run of yours (run_id). Answers the run_id: pass it with every tool call of the run "
+                    f"(as {RUN_ARGUMENT}, or {RUN_META_KEY} in _meta) and to unwind_commit or unwind_rollback. A tool "
+                    "call without a run is refused.",
+     "input_schema": GATEWAY_TOOLS[0]["input_schema"]},
+    {"name": "unwind_commit",
+     "description": "Complete the run: its steps stand. Refused while a step is still in flight.",
+     "input_schema": {"type": "object", "additionalProperties": False, "required": ["run_id"],
+                      "properties": {"run_id": RUN_ID_SCHEMA}}},
+    {"name": "unwind_rollback",
+     "description": "Cancel the run: steps still pending are skipped and what was done is undone, newest first "
+                    "(before the pivot; after it, a person is asked).",
+     "input_schema": {"type": "object", "additionalProperties": False, "required": ["run_id"], "properties": {
+         "run_id": RUN_ID_SCHEMA,
+         "reason": {"type": "string", "maxLength": 1000, "description": "Why, kept in the ledger."}}}},
+    {"name": "unwind_status",
+     "description": "The run's status and its steps (run_id). With action_id, waits up to wait seconds (at most 30) "
+                    "for that step to settle, e.g. while it awaits approval, and answers with its outcome.",
+     "input_schema": {"type": "object", "additionalProperties": False, "properties": {
+         "run_id": RUN_ID_SCHEMA, **GATEWAY_TOOLS[3]["input_schema"]["properties"]}}},
+]
 
 
 def tool_list(caller: Caller) -> list[types.Tool]:
     agent = agent_of(caller)
     threshold = agent.tenant.approval_threshold
-    tools = [{"name": t.name, "description": description_of(t, threshold), "input_schema": input_schema_of(t)}
-             for t in listed_tools(agent)]
-    return [types.Tool(**tool) for tool in [*tools, *GATEWAY_TOOLS]]
+    stateless = caller.stateless
+    tools = [{"name": t.name, "description": description_of(t, threshold, stateless=stateless),
+              "input_schema": input_schema_of(t, stateless=stateless)} for t in listed_tools(agent)]
+    return [types.Tool(**tool) for tool in [*tools, *(STATELESS_GATEWAY_TOOLS if stateless else GATEWAY_TOOLS)]]
+
+
+def plausible_name(name: str) -> bool:
+    """A name that could be a tool's (policy allows at most 120 characters); NUL is never one (PostgreSQL refuses
+    it in text, so it must not reach a query)."""
+    return 0 < len(name) <= 200 and "\x00" not in name
+
+
+def callable_tool(agent: Agent, name: str) -> Tool | bool:
+    """Whether `name` is a tool this agent may call here, decided from the name alone, before a request's arguments
+    are read (mcp_gateway/modern.py): True for the gateway's own, the row of a current tool of its tenant that
+    tools/list shows, False for anything else."""
+    if name in GATEWAY_NAMES:
+        return True
+    if name.startswith(RESERVED_PREFIX) or not plausible_name(name):
+        return False
+    tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
+    return tool if tool is not None and tool.executor != Executor.CLIENT else False
 
 
 def result_of(answer: Answer) -> types.CallToolResult:
@@ -337,12 +408,57 @@ def check_only(args: dict, allowed: set[str]) -> None:
         raise ValidationFailed(f"{unknown[0]!r} is not an argument of this tool", field=unknown[0])
 
 
+# --- the run as a handle (2026-07-28) ---------------------------------------------------------------------------
+
+def run_of_handle(agent: Agent, handle) -> Run:
+    """The run a stateless request names: one of this agent's runs; another agent's is answered as missing."""
+    if isinstance(handle, bool) or not isinstance(handle, int) or not 1 <= handle < 2 ** 63:
+        raise ValidationFailed("the run handle must be the run_id unwind_begin answered (a positive integer)",
+                               field="run_id")
+    run = sql.get(Run, pk=handle)
+    if run is None or run.tenant_id != agent.tenant_id or run.agent_id != agent.pk:
+        raise NotFound(f"there is no run {handle}")
+    return run
+
+
+def handle_in(caller: Caller, args: dict):
+    """The run handle of a stateless call of a gateway tool: its run_id argument, else the one in `_meta`."""
+    handle = args.get("run_id", caller.run_handle)
+    if handle is None:
+        raise ValidationFailed("pass run_id: the run_id unwind_begin answered", field="run_id")
+    return handle
+
+
+def handle_words(run: Run) -> str:
+    return (f"pass run_id {run.pk} with every tool call of the run (as {RUN_ARGUMENT}, or {RUN_META_KEY} in _meta) "
+            "and to unwind_commit or unwind_rollback")
+
+
+def begin_stateless(agent: Agent, args: dict) -> Answer:
+    """Open a run and answer its handle, or (`run_id`) take up an open run of this agent: nothing is remembered
+    here, the client passes the handle back."""
+    if args.get("run_id") is not None:
+        run = run_of_handle(agent, args["run_id"])
+        if run.status != R.RUNNING:
+            raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; only a running run can be taken up",
+                               run_status=run.status)
+        return Answer(run_answer(run, message=f"run {run.pk} is taken up: {handle_words(run)}; a call it already "
+                                              "made answers with its recorded outcome"))
+    goal, on_behalf_of = text_arg(args, "goal", 10000), text_arg(args, "on_behalf_of", 200)
+    run = run_open(tenant=agent.tenant, agent=agent, goal=goal or DEFAULT_RUN_GOAL,
+                   on_behalf_of=on_behalf_of, actor=f"agent:{agent.name}", idle_timeout=idle_timeout(agent))
+    return Answer(run_answer(run, message=f"run {run.pk} is open: {handle_words(run)}. It is unwound if it stays "
+                                          f"idle {run.idle_timeout_seconds} s."))
+
+
 def begin(caller: Caller, args: dict) -> Answer:
     """Open the session's run with a goal, or (`run_id`) take up an open run of this agent, e.g. after the client
     started a new MCP session: its calls then join that run, and a re-sent call answers with the recorded outcome."""
     agent = agent_of(caller)
-    session = session_of(caller, agent)
     check_only(args, {"goal", "on_behalf_of", "run_id"})
+    if caller.stateless:
+        return begin_stateless(agent, args)
+    session = session_of(caller, agent)
     goal, on_behalf_of = text_arg(args, "goal", 10000), text_arg(args, "on_behalf_of", 200)
     if session.run_id is not None and session.run.status in OPEN:
         raise StateConflict(f"this session's run {session.run_id} is {session.run.status.replace('_', ' ')}; finish "
@@ -377,6 +493,11 @@ def session_run(caller: Caller) -> tuple[McpSession, Agent, Run]:
 
 
 def commit(caller: Caller, args: dict) -> Answer:
+    if caller.stateless:
+        check_only(args, {"run_id"})
+        agent = agent_of(caller)
+        run = run_complete(run=run_of_handle(agent, handle_in(caller, args)), actor=f"agent:{agent.name}")
+        return Answer(run_answer(run, message=f"run {run.pk} is completed."))
     check_only(args, set())
     session, agent, run = session_run(caller)
     run = run_complete(run=run, actor=f"agent:{agent.name}")
@@ -384,14 +505,28 @@ def commit(caller: Caller, args: dict) -> Answer:
     return Answer(run_answer(run, message=f"run {run.pk} is completed; the next tool call opens a new run."))
 
 
-def rollback(caller: Caller, args: dict) -> Answer:
-    check_only(args, {"reason"})
-    reason = text_arg(args, "reason", 1000)
-    session, agent, run = session_run(caller)
-    run = run_cancel(run=run, actor=f"agent:{agent.name}", reason=reason or "unwind_rollback over MCP")
+def cancel_as_agent(run: Run, agent: Agent, reason: str) -> Run:
+    """The agent's cancel (the engine's move, ledger/engine/moves.py), and its unwind within the inline wait."""
+    run = run_cancel(run=run, actor=f"agent:{agent.name}", reason=reason)
     if run.status == R.UNWINDING:
         inline.unwind_within(run.pk, tenant_id=run.tenant_id, wait=settings.UNWIND_INLINE_WAIT)
     run.refresh_from_db()
+    return run
+
+
+def rollback(caller: Caller, args: dict) -> Answer:
+    reason_words = "unwind_rollback over MCP"
+    if caller.stateless:
+        check_only(args, {"reason", "run_id"})
+        agent = agent_of(caller)
+        run = run_of_handle(agent, handle_in(caller, args))
+        run = cancel_as_agent(run, agent, text_arg(args, "reason", 1000) or reason_words)
+        return Answer({**run_answer(run, message=f"run {run.pk} was cancelled: it is "
+                                                 f"{run.status.replace('_', ' ')}."), "undone": undone_steps(run)})
+    check_only(args, {"reason"})
+    reason = text_arg(args, "reason", 1000)
+    session, agent, run = session_run(caller)
+    run = cancel_as_agent(run, agent, reason or reason_words)
     McpSession.objects.filter(pk=session.pk).update(run=None)
     return Answer({**run_answer(run, message=f"run {run.pk} was cancelled: it is {run.status.replace('_', ' ')}; the "
                                              "next tool call opens a new run."), "undone": undone_steps(run)})
@@ -399,7 +534,7 @@ def rollback(caller: Caller, args: dict) -> Answer:
 
 def status(caller: Caller, args: dict) -> Answer:
     """The run, or (with action_id) one of the agent's steps; waiting is the caller's (see server.wait_for)."""
-    check_only(args, {"action_id", "wait"})
+    check_only(args, {"action_id", "wait", *({"run_id"} if caller.stateless else ())})
     status_wait(args)
     agent = agent_of(caller)
     action_id = args.get("action_id")
@@ -408,6 +543,11 @@ def status(caller: Caller, args: dict) -> Answer:
             raise ValidationFailed("action_id must be an integer", field="action_id")
         action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=action_id)
         return action_answer(caller, action)
+    if caller.stateless:
+        handle = args.get("run_id", caller.run_handle)
+        if handle is None:
+            return Answer({"run_id": None, "message": "pass run_id: the run_id unwind_begin answered"})
+        return Answer(run_answer(run_of_handle(agent, handle)))
     session = session_of(caller, agent)
     if session.run_id is None:
         return Answer({"run_id": None, "message": "no run is open; the next tool call (or unwind_begin) opens one"})
@@ -426,13 +566,26 @@ def status_wait(args: dict) -> float:
 def call(caller: Caller, name: str, args: dict) -> Answer:
     """A tool call of the session: a proposed action in its run, executed as the REST API does."""
     agent = agent_of(caller)
-    session = session_of(caller, agent)
-    tool = sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
+    session = None if caller.stateless else session_of(caller, agent)
+    tool = caller.tool if caller.tool is not None and caller.tool.name == name else \
+        sql.get(Tool, tenant_id=agent.tenant_id, name=name, is_current=True)
     if tool is not None and (tool.executor == Executor.CLIENT or name.startswith(RESERVED_PREFIX)):
         return Answer({"code": "not_callable_over_mcp",
                        "message": f"{name} is executed by the agent itself (executor: client); use the REST API, "
                                   "which lets the agent report its outcome"}, is_error=True)
-    run = run_for_call(session, agent)
+    if session is not None:
+        run = run_for_call(session, agent)
+    else:
+        args = dict(args)
+        handle = args.pop(RUN_ARGUMENT, None)
+        if handle is None:
+            handle = caller.run_handle
+        if handle is None:
+            return Answer({"code": "run_required",
+                           "message": f"{name} was not called: a call joins a run, and this one named none. Call "
+                                      f"unwind_begin, then pass its run_id as {RUN_ARGUMENT} (or {RUN_META_KEY} in "
+                                      "_meta)."}, is_error=True)
+        run = run_of_handle(agent, handle)
     succeeded = None
     try:
         with inline.tenant_slot(run.tenant_id) as slot:
@@ -476,6 +629,8 @@ def dispatch(caller: Caller, name: str, args) -> Answer:
     try:
         if not isinstance(args, dict):
             raise ValidationFailed("arguments must be an object")
+        if not plausible_name(name):
+            raise UnknownTool(f"there is no tool {name[:200].replace(chr(0), '?')!r}")
         if name == "unwind_begin":
             return begin(caller, args)
         if name == "unwind_commit":

@@ -4,6 +4,8 @@ A session is its `McpSession` row, nothing else: `initialize` writes it and answ
 every later request (on any gunicorn worker, on any machine, after any restart) reads the row by that id, checks
 that the request's agent holds it and that it was not ended, and carries on with the same run. DELETE ends it.
 
+2026-07-28 requests (stateless, no session) are answered by mcp_gateway/modern.py, which shares `call` below.
+
 The protocol is the handshake revisions' (2024-11-05 to 2025-11-25, `mcp_types.version.HANDSHAKE_PROTOCOL_VERSIONS`):
 one JSON-RPC message per POST. A request is answered on its own response, as JSON (`application/json`) when the
 client accepts it; the one call that waits (`unwind_status` with `wait`, from a client that sent a `progressToken`
@@ -166,17 +168,21 @@ def end(request, agent: Agent) -> HttpResponse:
 
 
 def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_sse: bool,
-         on_loop: bool) -> HttpResponse:
+         on_loop: bool, instead=None, called: types.CallToolRequestParams | None = None) -> HttpResponse:
     """tools/call: the gateway's dispatch, answered at once; only unwind_status {wait} waits for its step, holding one
     of the agent's wait slots (429 too_many_waits past UNWIND_MAX_WAITS_PER_AGENT), on the event loop under the ASGI
-    server (`on_loop`), in this thread under WSGI."""
+    server (`on_loop`), in this thread under WSGI. `instead` (2026-07-28, mcp_gateway/modern.py) may answer a step
+    that waits otherwise: a task handle, or a request to open the approval page (mcp_gateway/tasks.py)."""
     try:
-        called = types.CallToolRequestParams.model_validate(params)
+        called = called or types.CallToolRequestParams.model_validate(params)
     except ValidationError as invalid:
         return answer(error(request_id, types.INVALID_PARAMS, f"Invalid params: {invalid.errors()[0]['msg']}"),
                       wants_json=wants_json)
     with tracing.mcp_call(params.get("_meta"), called.name):
         outcome = gateway.dispatch(caller, called.name, called.arguments)
+    replaced = instead(called, outcome) if instead is not None and outcome.waiting is not None else None
+    if replaced is not None:
+        return answer(result(request_id, replaced), wants_json=wants_json)
     bound = gateway.waiting_bound(called.name, called.arguments)
     if outcome.waiting is None or bound <= 0:
         return answer(result(request_id, dump(gateway.result_of(outcome))), wants_json=wants_json)

@@ -14,7 +14,7 @@ from ledger.api import waits
 from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
 from ledger.api.problems import problem
 from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
-from mcp_gateway import http
+from mcp_gateway import http, modern
 
 CHALLENGE = 'Bearer realm="unwind"'
 
@@ -68,6 +68,8 @@ def answer_request(request):
                                   "standalone GET stream: messages ride the response of the request they belong to")
         response["Allow"] = "POST, DELETE"
         return response
+    if modern.is_modern(request):
+        return modern.serve(request, agent)  # 2026-07-28: stateless, no session
     return http.serve(request, agent)
 
 

@@ -31,6 +31,7 @@ def record(tool: str, args: dict, ctx: Context) -> None:
         line = {"tool": tool, "args": args, "key": meta.get("unwind/idempotency_key")}
         if meta.get("traceparent"):  # W3C trace context, when the caller traces (tests/test_tracing.py)
             line["traceparent"] = meta.get("traceparent")
+        line["protocol"] = ctx.protocol_version  # the revision the call came in
         out.write(json.dumps(line) + "\n")
 
 

@@ -149,8 +149,14 @@ def assert_refused_field(response: requests.Response, field: str, words: str) ->
 # --- calls through the proxy -------------------------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server", ["crm", "desk"])
-def test_a_call_goes_through_the_proxy_to_the_upstream_tool(upstream, server):
+@pytest.mark.parametrize("server, protocol, spoken", [
+    ("crm", "auto", "2026-07-28"), ("crm", "legacy", "2025-11-25"), ("crm", "2026-07-28", "2026-07-28"),
+    ("desk", "auto", "2026-07-28"), ("desk", "legacy", "2025-11-25")])
+def test_a_call_goes_through_the_proxy_to_the_upstream_tool(upstream, settings, server, protocol, spoken):
+    """The official client speaks the upstream's revision: 2026-07-28 to a server that answers server/discover
+    (`auto`, the default, or pinned), the initialize handshake when the deployer says `legacy`."""
+    settings.UNWIND_MCP_SERVERS = {**settings.UNWIND_MCP_SERVERS,
+                                   server: {**settings.UNWIND_MCP_SERVERS[server], "protocol": protocol}}
     loaded = load(upstream, policy(server))
     assert loaded.status_code == 200, loaded.text
     assert Tool.objects.get(tenant=upstream.acme, name="seats.book", is_current=True).endpoint == f"{server}/book"
@@ -163,8 +169,9 @@ def test_a_call_goes_through_the_proxy_to_the_upstream_tool(upstream, server):
     assert body["status"] == "succeeded", body
     assert body["result"] == {"booking_id": "bk-3C", "seat": "3C"}, "structuredContent is the step's result"
     action = Action.objects.get(pk=body["id"])
-    assert upstream.upstream.calls() == [{"tool": "book", "args": {"seat": "3C"}, "key": action.tool_key}], \
-        "one call upstream, carrying Unwind's idempotency key in _meta"
+    assert upstream.upstream.calls() == [{"tool": "book", "args": {"seat": "3C"}, "key": action.tool_key,
+                                          "protocol": spoken}], \
+        "one call upstream, in the revision asked for, carrying Unwind's idempotency key in _meta"
     completed = client.post(f"{client.base}/api/v1/runs/{run_id}/complete", timeout=30)
     assert completed.status_code == 200 and completed.json()["status"] == "completed", completed.text
     assert upstream.upstream.calls("cancel") == []
@@ -206,7 +213,7 @@ def test_a_later_failure_calls_the_upstream_compensation_twin(upstream):
     assert settled["run_status"] == "compensated", settled
     assert upstream.upstream.calls("cancel") == [
         {"tool": "cancel", "args": {"booking_id": "bk-3C"},
-         "key": Action.objects.get(run_id=run_id, kind="compensation").tool_key}]
+         "key": Action.objects.get(run_id=run_id, kind="compensation").tool_key, "protocol": "2026-07-28"}]
     assert upstream.upstream.calls("charge") == []
 
 
@@ -318,6 +325,9 @@ def test_settings_refuse_a_server_url_outside_the_allowed_origins(settings):
         mcp_upstream.check_settings()
     settings.UNWIND_MCP_SERVERS = {"crm": {"url": "https://crm.example/mcp", "command": "/bin/sh"}}
     with pytest.raises(ImproperlyConfigured, match="exactly one of url"):
+        mcp_upstream.check_settings()
+    settings.UNWIND_MCP_SERVERS = {"crm": {"url": "https://crm.example/mcp", "protocol": "2025-06-18"}}
+    with pytest.raises(ImproperlyConfigured, match=r"protocol must be one of auto, legacy, 2026-07-28"):
         mcp_upstream.check_settings()
     settings.UNWIND_MCP_SERVERS = {"crm": {"url": "https://crm.example/mcp", "headers": {"Authorization": "Bearer t"}}}
     mcp_upstream.check_settings()

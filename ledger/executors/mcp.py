@@ -23,6 +23,11 @@ the Unwind host. What is enforced for a streamable HTTP server:
 
 A stdio server is a command the deployer wrote in settings; it is started per call with exactly the
 declared arguments and environment (over a minimal default environment, not Unwind's own).
+
+Which revision of the protocol: `"protocol": "auto"` (the default) is the official client's own negotiation: it
+probes `server/discover` and speaks 2026-07-28 (stateless: no initialize, no session) to a server that answers it,
+else falls back to the `initialize` handshake. `"legacy"` sends `initialize` only (one round trip less for a server
+known to speak only the handshake revisions); a modern version (`"2026-07-28"`) is adopted without a probe.
 """
 from __future__ import annotations
 
@@ -41,7 +46,8 @@ from django.core.exceptions import ImproperlyConfigured
 from ledger.executors import egress
 
 SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-SERVER_KEYS = {"url", "headers", "command", "args", "env", "tenants"}
+SERVER_KEYS = {"url", "headers", "command", "args", "env", "tenants", "protocol"}
+PROTOCOLS = ("auto", "legacy", "2026-07-28")
 # MCP tool names (spec 2025-11-25): 1 to 128 of letters, digits, _ - . /
 UPSTREAM_TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
 
@@ -59,6 +65,7 @@ class Server:
     args: tuple = ()
     env: dict = field(default_factory=dict)
     tenants: tuple | None = None  # the tenants whose policy may name it; None: every tenant
+    protocol: str = "auto"  # the SDK client's mode: auto (discover, else initialize), legacy, or a modern version
 
     def serves(self, tenant: str) -> bool:
         return self.tenants is None or tenant in self.tenants
@@ -84,6 +91,9 @@ def _server(name: Any, spec: Any) -> Server:
     if tenants is not None and (not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants)):
         raise ImproperlyConfigured(f"{where}.tenants must be a list of tenant slugs")
     tenants = tuple(tenants) if tenants is not None else None
+    protocol = spec.get("protocol", "auto")
+    if protocol not in PROTOCOLS:
+        raise ImproperlyConfigured(f"{where}.protocol must be one of {', '.join(PROTOCOLS)}")
     if bool(spec.get("url")) == bool(spec.get("command")):
         raise ImproperlyConfigured(f"{where} needs exactly one of url (streamable HTTP) or command (stdio)")
     if spec.get("url"):
@@ -95,14 +105,14 @@ def _server(name: Any, spec: Any) -> Server:
         except egress.Refused as why:
             raise ImproperlyConfigured(f"{where}.url {why}") from None
         return Server(name=name, url=url, headers=_strings(spec.get("headers", {}), f"{where}.headers"),
-                      tenants=tenants)
+                      tenants=tenants, protocol=protocol)
     if "headers" in spec:
         raise ImproperlyConfigured(f"{where}.headers belong to a streamable HTTP server (url)")
     command, args = spec["command"], spec.get("args", [])
     if not isinstance(command, str) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise ImproperlyConfigured(f"{where}: command must be a string and args a list of strings")
     return Server(name=name, command=command, args=tuple(args), env=_strings(spec.get("env", {}), f"{where}.env"),
-                  tenants=tenants)
+                  tenants=tenants, protocol=protocol)
 
 
 def servers() -> dict[str, Server]:
@@ -232,7 +242,8 @@ def _unreachable(exchange: "Exchange", fallback: str) -> Unreachable:
 
 
 class Exchange:
-    """One session's progress: `opened` once initialize succeeded (before that, no tools/call was sent)."""
+    """One session's progress: `opened` once the client negotiated (discover or initialize succeeded: before that,
+    no tools/call was sent)."""
 
     def __init__(self):
         self.opened = False
@@ -240,9 +251,9 @@ class Exchange:
 
 
 async def _with_session(server: Server, exchange: Exchange, use: Callable[[Any], Awaitable[Any]], timeout: float):
-    """Open a session to `server`, initialize it, and return `use(session)`; Unreachable when none opened."""
+    """Connect to `server` as its `protocol` says, and return `use(session)`; Unreachable when none opened."""
     import anyio
-    from mcp import ClientSession, StdioServerParameters, stdio_client
+    from mcp import Client, StdioServerParameters, stdio_client
     from mcp.client.streamable_http import streamable_http_client
 
     if server.url:
@@ -256,11 +267,10 @@ async def _with_session(server: Server, exchange: Exchange, use: Callable[[Any],
         params = StdioServerParameters(command=server.command, args=list(server.args), env=server.env or None)
         transport = stdio_client(params, errlog=_errlog())
     try:
-        async with transport as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                exchange.opened = True
-                return await use(session)
+        # No response cache: a client lives for one call, and a listing must be read as the server has it now.
+        async with Client(transport, mode=server.protocol, cache=None) as client:
+            exchange.opened = True
+            return await use(client.session)
     except anyio.get_cancelled_exc_class():
         raise
     except Exception as exc:
