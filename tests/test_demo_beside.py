@@ -22,6 +22,11 @@ from django.conf import settings
 
 from sandbox.management.commands.demo import DEMO_DATABASE, VAR
 
+# The demo runs on its own SQLite file, whatever the suite's database: the SQLite run of the suite tests it, and
+# a PostgreSQL run would only start the same processes again.
+pytestmark = pytest.mark.skipif(not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+                                reason="the demo runs on its own SQLite file: the SQLite run tests it")
+
 KEPT = ["demo.sqlite3", "demo.sqlite3-wal", "demo.sqlite3-shm", "demo.env", "demo-agent.key", "demo-web.log",
         "demo-worker.log", "demo-mail"]
 

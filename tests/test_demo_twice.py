@@ -17,6 +17,11 @@ from django.conf import settings
 
 from sandbox.management.commands.demo import DEMO_DATABASE
 
+# The demo runs on its own SQLite file, whatever the suite's database: the SQLite run of the suite tests it, and
+# a PostgreSQL run would only start the same processes again.
+pytestmark = pytest.mark.skipif(not settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"),
+                                reason="the demo runs on its own SQLite file: the SQLite run tests it")
+
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
