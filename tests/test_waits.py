@@ -182,6 +182,37 @@ def test_waits_answer_as_soon_as_their_step_settles(served, settings):
     assert len(effects("payments.charge")) == 1 and open_waits() == 0
 
 
+def server_threads() -> int:
+    """This process's threads but the test's own clients' (the ASGI server runs in it)."""
+    return sum(1 for thread in threading.enumerate() if not thread.name.startswith("client"))
+
+
+def test_an_open_wait_holds_no_thread(asgi_served, settings):
+    """Twenty waits over REST and MCP, open at once: the server has as many threads as with none (under Django's
+    own handling each held the thread it made for the request's synchronous code until the wait ended)."""
+    settings.UNWIND_MAX_WAITS_PER_AGENT = 30
+    base, key = asgi_served.url, asgi_served.world.key
+    charge = pending_charge(base, key)
+    session = mcp_session(base, key)
+    assert wait(base, key, charge["id"], 0.3).status_code == 202  # the lanes and the poller exist from here on
+    time.sleep(0.5)
+    before = server_threads()
+    with ThreadPoolExecutor(max_workers=20, thread_name_prefix="client") as pool:
+        held = [pool.submit(wait, base, key, charge["id"], 25) for _ in range(15)]
+        held += [pool.submit(mcp_status_wait, base, session, charge["id"], 25) for _ in range(5)]
+        until(lambda: open_waits() == 20)
+        time.sleep(0.5)
+        during = server_threads()
+        cancelled = requests.post(f"{base}/api/v1/runs/{charge['run']}/cancel", json={"reason": "done"},
+                                  headers=bearer(key), timeout=10)
+        assert cancelled.status_code == 200, cancelled.text
+        answers = [future.result(timeout=15) for future in held]
+    assert during <= before + 1, (before, during)  # one: a request being answered as it is counted
+    assert [(a.status_code, a.json()["status"]) for a in answers[:15]] == [(200, "skipped")] * 15
+    assert [a.json()["result"]["structuredContent"]["status"] for a in answers[15:]] == ["skipped"] * 5
+    assert open_waits() == 0
+
+
 def test_a_client_that_hangs_up_gives_its_wait_back(asgi_served, settings):
     base, key = asgi_served.url, asgi_served.world.key
     charge = pending_charge(base, key)
