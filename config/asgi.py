@@ -41,6 +41,12 @@ class Handler(ASGIHandler):
     once: a wait done in an asynchronous view instead would have every middleware hop between that thread and the
     loop twice (Django's `MiddlewareMixin`), which every other request would pay for too."""
 
+    async def run_get_response(self, request):
+        response = await super().run_get_response(request)
+        if getattr(response, "pending", None) is not None:
+            response.pending.request = request
+        return response
+
     async def send_response(self, response, send):
         if getattr(response, "pending", None) is not None:
             response = await waits.answered_on_loop(response)

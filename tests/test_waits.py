@@ -22,6 +22,7 @@ import httpx2
 import pytest
 import requests
 from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -34,6 +35,8 @@ from ledger.models import Action, AuditEvent, WaitSlot
 from ledger.tenancy import agent_create
 from tests.api_support import effects
 from tests.asgi_server import asgi_server
+from tests.conftest import needs_postgres
+from tests.test_database_unavailable import Cut, assert_unavailable
 
 pytest_plugins = ["tests.api_fixtures"]  # the api fixture: acme and globex with the sandbox tools, transactional
 
@@ -211,6 +214,27 @@ def test_an_open_wait_holds_no_thread(asgi_served, settings):
     assert [(a.status_code, a.json()["status"]) for a in answers[:15]] == [(200, "skipped")] * 15
     assert [a.json()["result"]["structuredContent"]["status"] for a in answers[15:]] == ["skipped"] * 5
     assert open_waits() == 0
+
+
+@needs_postgres
+def test_a_database_lost_as_a_wait_is_answered_answers_503(asgi_served):
+    """The wait is answered after the middleware ran (config/asgi.py): a database that stops answering then is still
+    503 problem+json with Retry-After, as for any request, and the next wait is served."""
+    base, key = asgi_served.url, asgi_served.world.key
+    charge = pending_charge(base, key)
+    cutter = Cut()
+    connection_created.connect(cutter.install)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="client") as pool:
+            held = pool.submit(wait, base, key, charge["id"], 1.5)
+            until(lambda: open_waits() == 1)
+            cutter.arm('UPDATE "ledger_waitslot"')  # the wait's slot given back, as its answer is made
+            answer = held.result(timeout=20)
+    finally:
+        connection_created.disconnect(cutter.install)
+    assert cutter.cut == 1
+    assert_unavailable(answer)
+    assert wait(base, key, charge["id"], 0.2).status_code == 202
 
 
 def test_a_client_that_hangs_up_gives_its_wait_back(asgi_served, settings):

@@ -38,10 +38,12 @@ from typing import Callable
 from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.exception import response_for_exception
 from django.db import IntegrityError, close_old_connections, connections, transaction
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ledger.api import selectors
+from ledger.api.problems import DatabaseUnavailableMiddleware
 from ledger.engine.leases import db_now
 from ledger.errors import UnwindError
 from ledger.models import WaitSlot
@@ -221,6 +223,7 @@ class Pending:
     deadline: float
     slot: Slot
     answer: Callable[[bool], HttpResponseBase]
+    request: HttpRequest | None = None  # set by config.asgi.Handler: what an answer that fails is made for
 
     def answered(self, settled: bool) -> HttpResponseBase:
         wait_slot_release(self.slot)
@@ -254,7 +257,10 @@ async def answered_on_loop(placeholder: HttpResponseBase) -> HttpResponseBase:
     except BaseException:
         await in_lane(wait_slot_release)(wait.slot)  # the client left (Django cancels the request's task)
         raise
-    answer = await in_lane(wait.answered)(settled)
+    try:
+        answer = await in_lane(wait.answered)(settled)
+    except Exception as error:  # noqa: BLE001 - answered as the view's own exception would have been
+        answer = await in_lane(unanswered)(wait.request, error)
     if hasattr(answer, "render") and not getattr(answer, "is_rendered", True):
         answer = await in_lane(answer.render)()
     for name, value in placeholder.items():
@@ -265,6 +271,14 @@ async def answered_on_loop(placeholder: HttpResponseBase) -> HttpResponseBase:
     if not answer.streaming:
         answer["Content-Length"] = str(len(answer.content))
     return answer
+
+
+def unanswered(request, error: Exception) -> HttpResponseBase:
+    """The answer to a wait whose answer failed, the middleware having run already: a database that stopped
+    answering is 503 with Retry-After, as for any request (ledger/api/problems.py); anything else what Django
+    answers a view's exception."""
+    return DatabaseUnavailableMiddleware(None).process_exception(request, error) \
+        or response_for_exception(request, error)
 
 
 def let_go_of_the_request_thread() -> None:
