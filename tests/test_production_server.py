@@ -2,12 +2,12 @@
 server"), started as it is written (gunicorn, four ASGI workers) in the environment docs/production.env gives
 (DEBUG off, HTTPS behind a proxy, a database pool), on PostgreSQL, on a free loopback port.
 
-- One agent keeps 200 waits open (150 REST, 50 MCP) and a 201st is refused 429; the web processes have no more
-  threads with the 200 open than before (each held one under Django's own handling of a request); meanwhile
+- One agent keeps 200 waits open (150 REST, 50 MCP) and a 201st is refused 429; each web process's threads stay
+  bounded however many waits it holds (each wait held one under Django's own handling of a request); meanwhile
   /healthz and another agent's reads and proposals are answered, and timed (p50/p95 printed with `-s`, not
   asserted: the machine is shared; docs/production.md keeps the figures of runs of it); the issue's own attack (six
-  waits of 30 s by a third agent) runs through the whole test, and no worker is killed. Under the former command (`gunicorn config.wsgi -w 4`) /healthz timed out and gunicorn
-  killed its four workers at 30 s.
+  waits of 30 s by a third agent) runs through the whole test, and no worker is killed. Under the former command
+  (`gunicorn config.wsgi -w 4`) /healthz timed out and gunicorn killed its four workers at 30 s.
 - Ten sockets send one header line a second: another client is served throughout, and the slow sockets are
   disconnected at the worker's read deadline (config/http_worker.py).
 """

@@ -21,8 +21,8 @@ in the database.
   laundered twice, and the undo tool sent bytes nobody recorded.
 
 A difference raises `Tampered`: the step is not sent (or not released), and its run goes before a person
-(`tampered`). `verify_chain` makes the same comparisons for every row (checks `sends`, `hold` and `undo`) and names every
-refusal the engine recorded (`TAMPERING`), so neither is laundered by a later event.
+(`tampered`). `verify_chain` makes the same comparisons for every row (checks `sends`, `hold` and `undo`) and names
+every refusal the engine recorded (`TAMPERING`), so neither is laundered by a later event.
 
 A step made before seals were recorded (its making event has no `sends`) is checked for the agreement alone.
 """
@@ -191,8 +191,8 @@ def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     if event is None:
         return None, None
     if not event_is_authentic(event):
-        raise Tampered("undo", f"the event that recorded the success of {what} (#{event.seq}) does not verify under its "
-                               "audit key: edited behind the services' back")
+        raise Tampered("undo", f"the event that recorded the success of {what} (#{event.seq}) does not verify under "
+                               "its audit key: edited behind the services' back")
     return str(event.data["undo"]), event.seq
 
 
