@@ -190,9 +190,20 @@ def server_threads() -> int:
     return sum(1 for thread in threading.enumerate() if not thread.name.startswith("client"))
 
 
+def mcp_status_stream(base: str, headers: dict, action_id: int, seconds: float) -> dict:
+    """`unwind_status {wait}` with a progress token: answered as an event stream; its last event, the result."""
+    answer = requests.post(f"{base}/mcp", headers=headers, timeout=seconds + 30, json={
+        "jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {
+            "name": "unwind_status", "arguments": {"action_id": action_id, "wait": seconds},
+            "_meta": {"progressToken": "p"}}})
+    assert answer.headers["Content-Type"].startswith("text/event-stream"), answer.text[:300]
+    return json.loads([line for line in answer.text.splitlines() if line.startswith("data: ")][-1][6:])
+
+
 def test_an_open_wait_holds_no_thread(asgi_served, settings):
-    """Twenty waits over REST and MCP, open at once: the server has as many threads as with none (under Django's
-    own handling each held the thread it made for the request's synchronous code until the wait ended)."""
+    """Twenty-five waits over REST and MCP (answered at once, or as a stream of progress), open at once: the server
+    has as many threads as with none (under Django's own handling each held the thread it made for the request's
+    synchronous code until the wait ended)."""
     settings.UNWIND_MAX_WAITS_PER_AGENT = 30
     base, key = asgi_served.url, asgi_served.world.key
     charge = pending_charge(base, key)
@@ -200,17 +211,20 @@ def test_an_open_wait_holds_no_thread(asgi_served, settings):
     assert wait(base, key, charge["id"], 0.3).status_code == 202  # the lanes and the poller exist from here on
     time.sleep(0.5)
     before = server_threads()
-    with ThreadPoolExecutor(max_workers=20, thread_name_prefix="client") as pool:
+    with ThreadPoolExecutor(max_workers=25, thread_name_prefix="client") as pool:
         held = [pool.submit(wait, base, key, charge["id"], 25) for _ in range(15)]
         held += [pool.submit(mcp_status_wait, base, session, charge["id"], 25) for _ in range(5)]
-        until(lambda: open_waits() == 20)
+        streamed = [pool.submit(mcp_status_stream, base, session, charge["id"], 25) for _ in range(5)]
+        until(lambda: open_waits() == 25)
         time.sleep(0.5)
         during = server_threads()
         cancelled = requests.post(f"{base}/api/v1/runs/{charge['run']}/cancel", json={"reason": "done"},
                                   headers=bearer(key), timeout=10)
         assert cancelled.status_code == 200, cancelled.text
         answers = [future.result(timeout=15) for future in held]
+        finals = [future.result(timeout=15) for future in streamed]
     assert during <= before + 1, (before, during)  # one: a request being answered as it is counted
+    assert [final["result"]["structuredContent"]["status"] for final in finals] == ["skipped"] * 5
     assert [(a.status_code, a.json()["status"]) for a in answers[:15]] == [(200, "skipped")] * 15
     assert [a.json()["result"]["structuredContent"]["status"] for a in answers[15:]] == ["skipped"] * 5
     assert open_waits() == 0
