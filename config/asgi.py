@@ -1,9 +1,11 @@
 """The ASGI application: what the production command serves (docs/production.md: `gunicorn config.asgi -k
 config.http_worker.Worker`).
 
-Under ASGI the waits (ledger/api/waits.py) are awaited on each web process's event loop instead of holding a worker,
-and Django runs each request's synchronous code (middleware, views) in a thread made for that request, which ends
-with it. So two things about database connections are set here, for the web server only:
+Under ASGI the waits (ledger/api/waits.py) are awaited on each web process's event loop instead of holding a worker
+or a thread: a view that would wait answers a `pending` placeholder, which goes back through the middleware like any
+response, and `Handler.send_response` waits for its step before it sends the answer. Django runs each request's
+synchronous code (middleware, views) in a thread made for that request, which ends with it (or, for a wait, when its
+synchronous code is done). So two things about database connections are set here, for the web server only:
 
 - With UNWIND_DB_POOL (PostgreSQL), connections come from a pool of that size per process: a burst of requests
   waits for a connection instead of opening one each until PostgreSQL refuses everyone. Only here, not in the
@@ -16,7 +18,7 @@ with it. So two things about database connections are set here, for the web serv
 import os
 
 from django.conf import settings
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 _database = settings.DATABASES["default"]
@@ -24,11 +26,34 @@ if settings.UNWIND_DB_POOL and _database["ENGINE"].endswith("postgresql"):
     _database["CONN_MAX_AGE"] = 0  # a connection goes back to the pool when its thread is done with it
     _database["OPTIONS"]["pool"] = {"min_size": min(2, settings.UNWIND_DB_POOL), "max_size": settings.UNWIND_DB_POOL,
                                     "timeout": settings.UNWIND_DB_POOL_TIMEOUT}
-application = get_asgi_application()
+django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402 - after the settings are loaded
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
+
+from ledger.api import waits  # noqa: E402
+
+
+class Handler(ASGIHandler):
+    """Django's ASGI handler, which waits for the step of a `pending` response on the event loop before it sends its
+    answer (`waits.answered_on_loop`). The middleware stay synchronous, and every request runs them in one thread,
+    once: a wait done in an asynchronous view instead would have every middleware hop between that thread and the
+    loop twice (Django's `MiddlewareMixin`), which every other request would pay for too."""
+
+    async def run_get_response(self, request):
+        response = await super().run_get_response(request)
+        if getattr(response, "pending", None) is not None:
+            response.pending.request = request
+        return response
+
+    async def send_response(self, response, send):
+        if getattr(response, "pending", None) is not None:
+            response = await waits.answered_on_loop(response)
+        await super().send_response(response, send)
+
+
+application = Handler()
 
 
 def close_the_requests_connections(sender, **kwargs):

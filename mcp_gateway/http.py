@@ -224,6 +224,7 @@ def call(caller: Caller, request_id, params: dict, *, wants_json: bool, takes_ss
         yield final_event()
 
     async def events_on_loop():
+        waits.let_go_of_the_request_thread()  # streamed after the view returned, in the request's context
         try:
             async for step in gateway.progress_on_loop(outcome, bound):
                 yield notice(*step)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ledger.api import waits
 from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
 from ledger.api.problems import problem
 from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
@@ -43,7 +42,9 @@ class KeyHolder:
 
 
 @csrf_exempt  # no cookie is ever accepted here: the caller is whoever holds the Bearer key
-def answer_request(request):
+def mcp_endpoint(request):
+    """Under the ASGI server an `unwind_status {wait}` waits on the event loop once this has answered, not in a
+    thread (ledger/api/waits.py)."""
     token = key_of(request)
     if token is not None and token.startswith(DEPLOY_KEY_PREFIX):
         return refusal(request, status=403, code="deploy_key_cannot_act", title="Not allowed",
@@ -72,6 +73,3 @@ def answer_request(request):
         return modern.serve(request, agent)  # 2026-07-28: stateless, no session
     return http.serve(request, agent)
 
-
-# Under the ASGI server an `unwind_status {wait}` waits on the event loop, not in a worker (ledger/api/waits.py).
-mcp_endpoint = waits.waiting_view(answer_request, checks_in_lane=False)

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def short_lease(world, name, **overrides):
-    spec = dict(in_process_policy()["tools"][name], timeout=0.2, **overrides)
+    spec = {**in_process_policy()["tools"][name], "timeout": 0.2, **overrides}
     tool_upsert(tenant=world.acme, name=name, spec=spec, actor="test")
 
 

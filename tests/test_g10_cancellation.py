@@ -77,7 +77,12 @@ def test_a_step_that_may_have_acted_is_read_back_not_skipped_by_a_cancel(tools, 
     from sandbox import callables
     from tests.test_g05_crash_safety import short_lease, sweep_until_settled, wait_for_lease
 
-    short_lease(tools, "email.send")
+    # The lease runs out at its timeout + UNWIND_LEASE_SECONDS after the send; the lost call is surely over at twice
+    # the timeout + 1 s: the sweep must take the step over between the two. A first sweep in a process imports what
+    # it sweeps (the MCP SDK's models, over a second on a loaded machine), which once ate that margin: it is done
+    # here first, and the margin is 4 s.
+    sweep()
+    short_lease(tools, "email.send", timeout=4)
     run = open_run(tools)
     args = {"to": "a@x.io", "subject": "Offer", "body": "b"}
     sent = action_propose(run=run, tool_name="email.send", args=args, actor="agent:booker")

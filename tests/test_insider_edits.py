@@ -6,7 +6,7 @@ SQL, a person approves over HTTP where the step waits for one, and a real `manag
 sweep clock) sends the step, as in production: the live server queues the work instead of running it. What must
 hold each time: the step is not sent (the sandbox's call log has no call of its tool), it fails closed to a person
 (a recovery item `tampered` naming what differs), and `manage.py verify_audit` fails naming the check (`sends`,
-`hold`; `totals` for the budget reset).
+`hold`, `undo` for what a succeeded step's undo is built from; `totals` for the budget reset).
 """
 from __future__ import annotations
 
@@ -301,6 +301,94 @@ def test_a_step_pointed_at_another_target_is_refused(insider):
     refused_as_tampered(Action.objects.get(pk=waiting["id"]), run, "another target ('T-204')")
     assert calls("crm.update_ticket") == 1  # the first step's; the second never left
     assert "another target" in verify_audit_fails("sends")
+
+
+# --- an undo's inputs: what a succeeded step's undo is built from is what its success recorded --------------------
+
+def unwind_over_http(insider, run_id: int, *, fast: bool) -> Run:
+    insider.start_worker(UNWIND_FAST_PATH="1" if fast else "0")
+    cancelled = insider.agent.post(f"{insider.base}/api/v1/runs/{run_id}/cancel", json={"reason": "changed my mind"},
+                                   timeout=60)
+    assert cancelled.status_code == 200, cancelled.text
+    return settled(run_id)
+
+
+def undo_refused(run_id: int, step_id: int, run: Run) -> RecoveryItem:
+    undo = Action.objects.get(run_id=run_id, kind="compensation")
+    assert undo.compensates_id == step_id
+    item = refused_as_tampered(undo, run, "would be built from a result, compensation plan, arguments or snapshot "
+                                          "other than those recorded when the step succeeded")
+    assert Action.objects.get(pk=step_id).status == "compensation_failed"
+    return item
+
+
+def one_call_engine(fast: bool, settings) -> None:
+    if fast and connection.vendor != "postgresql":
+        pytest.skip("the one-call unwind is PostgreSQL's")
+    settings.UNWIND_FAST_PATH = fast
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+def test_a_succeeded_steps_result_edited_before_its_undo_is_never_sent(insider, settings, fast):
+    """The step created a user; the insider rewrites its result to name another. Unwinding it would delete that one:
+    the undo is built, and refused before it leaves."""
+    one_call_engine(fast, settings)
+    run_id = insider.open_run()
+    created = insider.propose(run_id, "hr.create_user", {"email": "a@example.com", "name": "A"})
+    assert created["status"] == "succeeded", created
+    success = AuditEvent.objects.get(action_ref=created["id"], kind="forward.succeeded")
+    assert len(success.data["undo"]) == 64  # the undo seal, inside the event's HMAC
+    result = dict(Action.objects.get(pk=created["id"]).result, id="usr_someone_else")
+    insider.sql("UPDATE ledger_action SET result = %s WHERE id = %s", [json.dumps(result), created["id"]])
+    run = unwind_over_http(insider, run_id, fast=fast)
+    undo_refused(run_id, created["id"], run)
+    assert calls("hr.delete_user") == 0  # neither B nor A: nothing reached the undo's tool
+    verify_audit_fails("undo")
+
+
+def test_a_succeeded_steps_compensation_plan_edited_before_its_undo_is_never_sent(insider):
+    """The plan's mapping rewritten to a fixed user, and the undo needs a person's approval: while it waits (the
+    unwinder's events have fingerprinted the edited step since), `verify_audit` already names the edit; approved, the
+    undo is refused before it leaves."""
+    spec = dict(POLICY["tools"]["hr.create_user"])
+    spec["compensation"] = dict(spec["compensation"], approval="manual")
+    tool_upsert(tenant=insider.world.acme, name="hr.create_user", spec=spec, actor="test")
+    run_id = insider.open_run()
+    created = insider.propose(run_id, "hr.create_user", {"email": "a@example.com", "name": "A"})
+    assert created["status"] == "succeeded", created
+    step = Action.objects.get(pk=created["id"])
+    plan = dict(step.compensation_plan, args={"user_id": "usr_someone_else"})
+    insider.sql("UPDATE ledger_action SET compensation_plan = %s WHERE id = %s", [json.dumps(plan), step.pk])
+    insider.start_worker()
+    cancelled = insider.agent.post(f"{insider.base}/api/v1/runs/{run_id}/cancel", json={"reason": "changed my mind"},
+                                   timeout=60)
+    assert cancelled.status_code == 200, cancelled.text
+    assert wait_until(lambda: Action.objects.filter(run_id=run_id, kind="compensation",
+                                                    status="awaiting_approval").exists(), 60)
+    assert AuditEvent.objects.filter(action_ref=step.pk, kind="forward.compensating").exists()
+    assert "would be built from a result, compensation plan" in verify_audit_fails("undo")
+    undo = Action.objects.get(run_id=run_id, kind="compensation")
+    insider.approve(undo.pk, who="oscar")
+    undo_refused(run_id, step.pk, settled(run_id))
+    assert calls("hr.delete_user") == 0
+    verify_audit_fails("undo")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+def test_the_args_a_correction_is_built_from_edited_after_the_step_are_never_sent(insider, settings, fast):
+    """An email's correction goes to `$args.to`: the insider rewrites the sent email's arguments (the text and the
+    object, and their hash, all three) to an outside address, to have Unwind mail it."""
+    one_call_engine(fast, settings)
+    run_id = insider.open_run()
+    mailed = insider.propose(run_id, "email.send", MAIL)
+    assert mailed["status"] == "succeeded", mailed
+    edited = dict(MAIL, to="mallory@evil.example")
+    insider.sql("UPDATE ledger_action SET args = %s, args_text = %s, args_hash = %s WHERE id = %s",
+                [json.dumps(edited), json.dumps(edited), digest(edited), mailed["id"]])
+    run = unwind_over_http(insider, run_id, fast=fast)
+    undo_refused(run_id, mailed["id"], run)
+    assert calls("email.send") == 1  # the email itself; no correction, to anyone
+    verify_audit_fails("undo")
 
 
 # --- finding 7: running totals recomputed from the steps ----------------------------------------------------------

@@ -464,9 +464,10 @@ class Normaliser:
       that points at the wrong one still differs.
     - Times (created, updated, finished, sent, leases, deadlines, event times): taken from the clock.
     - The audit chain's seq, prev_hash and hash, the events' `run_state`/`action_state` fingerprints and the seals of
-      the events that make a step (`sends`: digests over its key and arguments, which name the run and sandbox records):
+      the events that make a step (`sends`: digests over its key and arguments, which name the run and sandbox records)
+      and of those after which its undo is what it is (`undo`: a digest over its result, key and arguments too):
       positions in the tenant's chain and digests over the ids and times above. The events' order and every other
-      datum are compared; `verify_chain` checks both chains (each step against its seal too).
+      datum are compared; `verify_chain` checks both chains (each step against its seals too).
     - Derived idempotency keys (`uw-…`) and the keys sent to tools: a digest over the run's id. Explicit keys are
       unique per tenant and agent for good, so each path sends its own (`k-fastpath-1`, `k-python-1`).
     - `args_hash` and `content_key`: digests over arguments that may hold a sandbox record id (below); each is
@@ -486,7 +487,7 @@ class Normaliser:
               "compensates_id": "A", "compensates": "A", "repeat_of_id": "A", "repeat_of": "A", "compensation": "A", "for_action": "A",
               "checkpoint_id": "C", "checkpoint": "C", "item_id": "I", "item": "I", "request_id": "Q", "decision_id": "D",
               "request": "Q"}
-    CLOCK = {"prev_hash", "hash", "run_state", "action_state", "sends", "lease_owner", "latency_ms",
+    CLOCK = {"prev_hash", "hash", "run_state", "action_state", "sends", "undo", "lease_owner", "latency_ms",
              "reclaimed_from"}
     TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+(\+00:00|Z)?")
     RECORD = re.compile(r"\b([a-z]{2,5})_[0-9a-f]{8,}\b")

@@ -178,3 +178,20 @@ def test_a_wrong_choice_of_what_follows_is_refused(incomplete):
     answer = submit(oscar, incomplete, args=completed_args(incomplete), then="close", token=token)
     assert answer.status_code == 400 and "not one of the available choices" in answer.text
     assert snapshot(incomplete) == before
+
+
+def test_a_step_edited_in_the_database_is_not_sealed_anew_by_completing_its_undo(incomplete):
+    """Completing the undo records a new undo seal: an insider's edit of the step's record since its success (its
+    result now names a thread of theirs) must not be taken in by it. Refused 409, nothing recorded or sent."""
+    step = Action.objects.get(pk=incomplete.step.pk)
+    result = dict(step.result, thread="a subject of the insider's")
+    Action.objects.filter(pk=step.pk).update(result=result)  # the insider's UPDATE, behind the services' back
+    before = snapshot(incomplete)
+    oscar = session_of(incomplete, "oscar")
+    token = token_from(oscar.get(incomplete.url, timeout=30).text)
+    answer = submit(oscar, incomplete, args=completed_args(incomplete), token=token)
+    assert answer.status_code == 409, answer.text[-2000:]
+    assert "edited behind the services" in answer.text.replace("&#x27;", "'")
+    assert snapshot(incomplete) == before
+    assert not AuditEvent.objects.filter(kind="compensation.plan_completed").exists()
+    assert verify_chain(incomplete.acme.pk).check == "fingerprint"  # no event recorded the step since its edit

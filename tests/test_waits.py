@@ -22,6 +22,7 @@ import httpx2
 import pytest
 import requests
 from django.db import close_old_connections, connections
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -34,6 +35,8 @@ from ledger.models import Action, AuditEvent, WaitSlot
 from ledger.tenancy import agent_create
 from tests.api_support import effects
 from tests.asgi_server import asgi_server
+from tests.conftest import needs_postgres
+from tests.test_database_unavailable import Cut, assert_unavailable
 
 pytest_plugins = ["tests.api_fixtures"]  # the api fixture: acme and globex with the sandbox tools, transactional
 
@@ -180,6 +183,72 @@ def test_waits_answer_as_soon_as_their_step_settles(served, settings):
     assert [(a.status_code, a.json()["status"]) for a in answers] == [(200, "succeeded")] * 20
     assert took < 10, took  # woken by the outcome, not by their 25 s timeout
     assert len(effects("payments.charge")) == 1 and open_waits() == 0
+
+
+def server_threads() -> int:
+    """This process's threads but the test's own clients' (the ASGI server runs in it)."""
+    return sum(1 for thread in threading.enumerate() if not thread.name.startswith("client"))
+
+
+def mcp_status_stream(base: str, headers: dict, action_id: int, seconds: float) -> dict:
+    """`unwind_status {wait}` with a progress token: answered as an event stream; its last event, the result."""
+    answer = requests.post(f"{base}/mcp", headers=headers, timeout=seconds + 30, json={
+        "jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {
+            "name": "unwind_status", "arguments": {"action_id": action_id, "wait": seconds},
+            "_meta": {"progressToken": "p"}}})
+    assert answer.headers["Content-Type"].startswith("text/event-stream"), answer.text[:300]
+    return json.loads([line for line in answer.text.splitlines() if line.startswith("data: ")][-1][6:])
+
+
+def test_an_open_wait_holds_no_thread(asgi_served, settings):
+    """Twenty-five waits over REST and MCP (answered at once, or as a stream of progress), open at once: the server
+    has as many threads as with none (under Django's own handling each held the thread it made for the request's
+    synchronous code until the wait ended)."""
+    settings.UNWIND_MAX_WAITS_PER_AGENT = 30
+    base, key = asgi_served.url, asgi_served.world.key
+    charge = pending_charge(base, key)
+    session = mcp_session(base, key)
+    assert wait(base, key, charge["id"], 0.3).status_code == 202  # the lanes and the poller exist from here on
+    time.sleep(0.5)
+    before = server_threads()
+    with ThreadPoolExecutor(max_workers=25, thread_name_prefix="client") as pool:
+        held = [pool.submit(wait, base, key, charge["id"], 25) for _ in range(15)]
+        held += [pool.submit(mcp_status_wait, base, session, charge["id"], 25) for _ in range(5)]
+        streamed = [pool.submit(mcp_status_stream, base, session, charge["id"], 25) for _ in range(5)]
+        until(lambda: open_waits() == 25)
+        time.sleep(0.5)
+        during = server_threads()
+        cancelled = requests.post(f"{base}/api/v1/runs/{charge['run']}/cancel", json={"reason": "done"},
+                                  headers=bearer(key), timeout=10)
+        assert cancelled.status_code == 200, cancelled.text
+        answers = [future.result(timeout=15) for future in held]
+        finals = [future.result(timeout=15) for future in streamed]
+    assert during <= before + 1, (before, during)  # one: a request being answered as it is counted
+    assert [final["result"]["structuredContent"]["status"] for final in finals] == ["skipped"] * 5
+    assert [(a.status_code, a.json()["status"]) for a in answers[:15]] == [(200, "skipped")] * 15
+    assert [a.json()["result"]["structuredContent"]["status"] for a in answers[15:]] == ["skipped"] * 5
+    assert open_waits() == 0
+
+
+@needs_postgres
+def test_a_database_lost_as_a_wait_is_answered_answers_503(asgi_served):
+    """The wait is answered after the middleware ran (config/asgi.py): a database that stops answering then is still
+    503 problem+json with Retry-After, as for any request, and the next wait is served."""
+    base, key = asgi_served.url, asgi_served.world.key
+    charge = pending_charge(base, key)
+    cutter = Cut()
+    connection_created.connect(cutter.install)
+    try:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="client") as pool:
+            held = pool.submit(wait, base, key, charge["id"], 1.5)
+            until(lambda: open_waits() == 1)
+            cutter.arm('UPDATE "ledger_waitslot"')  # the wait's slot given back, as its answer is made
+            answer = held.result(timeout=20)
+    finally:
+        connection_created.disconnect(cutter.install)
+    assert cutter.cut == 1
+    assert_unavailable(answer)
+    assert wait(base, key, charge["id"], 0.2).status_code == 202
 
 
 def test_a_client_that_hangs_up_gives_its_wait_back(asgi_served, settings):

@@ -218,10 +218,6 @@ class ActionWaitView(ApiView):
 
     permission_classes = [IsAgentOrMember]
 
-    @classmethod
-    def as_view(cls, **initkwargs):
-        return waits.waiting_view(super().as_view(**initkwargs), checks_in_lane=True)
-
     @extend_schema(
         tags=TAG, operation_id="actions_wait", summary="Wait for an action's outcome (long-poll)",
         parameters=[WaitIn],

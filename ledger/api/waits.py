@@ -4,9 +4,11 @@
 A wait ends when its step settles (`selectors.actions_settled`) or its timeout runs out. Two things keep one agent's
 waits from taking the server from everyone else (issue 39):
 
-- **A wait is not a worker.** Under the production command (an ASGI server, docs/production.md) the request's
-  thread does the checks (who calls, which step, a slot), lets go of its database connection and returns a
-  `Pending`; the event loop then waits, and the request's thread is asked again only to answer. One task per web
+- **A wait is not a worker, nor a thread.** Under the production command (an ASGI server, docs/production.md) the
+  request's thread does the checks (who calls, which step, a slot) and the view returns a `pending` placeholder,
+  which the middleware see as any response; then (config/asgi.py, `answered_on_loop`) the request's connection is
+  closed and its thread ended, the event loop waits on a future, and a lane (one of LANES threads per process)
+  makes the answer. An open wait costs its coroutine and its socket, whatever their number. One task per web
   process (`Watcher`) asks the database every POLL_INTERVAL which of the steps its waits are on have settled, in
   one query on a connection of its own, and wakes those waits. Under a WSGI server (`manage.py runserver`, `make
   demo`, the test client) there is no event loop to wait on: the request's thread polls, as it always did.
@@ -33,13 +35,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone as dt_timezone
 from typing import Callable
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.exception import response_for_exception
 from django.db import IntegrityError, close_old_connections, connections, transaction
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from ledger.api import selectors
+from ledger.api.problems import DatabaseUnavailableMiddleware
 from ledger.engine.leases import db_now
 from ledger.errors import UnwindError
 from ledger.models import WaitSlot
@@ -212,13 +216,14 @@ async def until_settled(action_id: int, deadline: float) -> bool:
 
 @dataclass
 class Pending:
-    """A wait the request's thread agreed to (its slot taken): the loop waits, then `answer(settled)` answers in the
-    request's thread."""
+    """A wait the request's thread agreed to (its slot taken): the loop waits, then `answer(settled)` answers in a
+    lane."""
 
     action_id: int
     deadline: float
     slot: Slot
     answer: Callable[[bool], HttpResponseBase]
+    request: HttpRequest | None = None  # set by config.asgi.Handler: what an answer that fails is made for
 
     def answered(self, settled: bool) -> HttpResponseBase:
         wait_slot_release(self.slot)
@@ -226,43 +231,71 @@ class Pending:
 
 
 def pending(*, action_id: int, deadline: float, slot: Slot, answer: Callable[[bool], HttpResponseBase]) -> HttpResponse:
-    """What a view returns to have `waiting_view` wait for the step on the event loop and then call `answer`."""
+    """What a view returns, under the ASGI server, to have the step waited for once the request's synchronous code
+    is done (`answered_on_loop`) and then answered by `answer`."""
     response = HttpResponse(status=202)
     response.pending = Pending(action_id, deadline, slot, answer)
     return response
 
 
-def waiting_view(view, *, checks_in_lane: bool):
-    """`view` (synchronous: a DRF view's `as_view()`, or a plain function) as an async view, for the ASGI server.
+# What the answer to a wait takes from its placeholder: the headers the middleware added (security, CSP, framing,
+# Vary), not those that describe a body.
+BODY_HEADERS = {"content-length", "content-type"}
 
-    Its checks run as before, in one of the LANES (`checks_in_lane`: a view whose every request is a wait or a
-    quick read) or in the request's thread (a view that also does other work, which lets go of that thread's
-    connection before a wait: `wait_started`). A `pending` wait it returns is waited for on the event loop and
-    answered in a lane. Under WSGI (runserver, the test client) Django runs it in the request's thread, and the
-    view, told so by `served_async`, waits there itself."""
-    in_request_thread = sync_to_async(view)
-    checks = in_lane(view) if checks_in_lane else in_request_thread
 
-    async def waiting(request, *args, **kwargs):
-        if not served_async(request):
-            return await in_request_thread(request, *args, **kwargs)
-        response = await checks(request, *args, **kwargs)
-        wait = getattr(response, "pending", None)
-        if wait is None:
-            return response
-        try:
-            settled = await until_settled(wait.action_id, wait.deadline)
-        except BaseException:
-            await in_lane(wait_slot_release)(wait.slot)  # the client left (Django cancels the view)
-            raise
-        return await in_lane(wait.answered)(settled)
+async def answered_on_loop(placeholder: HttpResponseBase) -> HttpResponseBase:
+    """Wait for the step of a `pending` response on the event loop, then answer it (config/asgi.py calls this as it
+    sends the response of a request whose view returned one). The request's synchronous code, its middleware
+    included, ran to its end before: the request holds no thread and no database connection while it waits, only
+    its coroutine and its socket. The answer is made in a lane and takes the headers and cookies the middleware gave
+    the placeholder."""
+    wait: Pending = placeholder.pending
+    await sync_to_async(connections.close_all)()  # in the request's own thread, which opened them
+    let_go_of_the_request_thread()
+    try:
+        settled = await until_settled(wait.action_id, wait.deadline)
+    except BaseException:
+        await in_lane(wait_slot_release)(wait.slot)  # the client left (Django cancels the request's task)
+        raise
+    try:
+        answer = await in_lane(wait.answered)(settled)
+    except Exception as error:  # noqa: BLE001 - answered as the view's own exception would have been
+        answer = await in_lane(unanswered)(wait.request, error)
+    if hasattr(answer, "render") and not getattr(answer, "is_rendered", True):
+        answer = await in_lane(answer.render)()
+    for name, value in placeholder.items():
+        if name.lower() not in BODY_HEADERS and not answer.has_header(name):
+            answer[name] = value
+    for name, cookie in placeholder.cookies.items():
+        answer.cookies.setdefault(name, cookie)
+    if not answer.streaming:
+        answer["Content-Length"] = str(len(answer.content))
+    return answer
 
-    waiting.__dict__.update(view.__dict__)  # csrf_exempt, and the DRF view class drf-spectacular documents
-    waiting.__name__, waiting.__doc__ = view.__name__, view.__doc__
-    return waiting
+
+def unanswered(request, error: Exception) -> HttpResponseBase:
+    """The answer to a wait whose answer failed, the middleware having run already: a database that stopped
+    answering is 503 with Retry-After, as for any request (ledger/api/problems.py); anything else what Django
+    answers a view's exception."""
+    return DatabaseUnavailableMiddleware(None).process_exception(request, error) \
+        or response_for_exception(request, error)
+
+
+def let_go_of_the_request_thread() -> None:
+    """Before an ASGI request waits: end the thread Django made for its synchronous code (its middleware's and
+    view's), so that an open wait holds no thread at all.
+
+    Django runs each ASGI request in a `ThreadSensitiveContext`, whose first thread-sensitive call starts a thread
+    for the request that lives, idle, until the request ends: through the whole wait. Its work is done and its
+    database connections are closed, so it is ended now; what the request still runs after the wait in that
+    context (closing the response: `request_finished`) starts another for the moment it runs."""
+    context = SyncToAsync.thread_sensitive_context.get(None)
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None) if context is not None else None
+    if executor is not None:
+        executor.shutdown(wait=False)
 
 
 def wait_started() -> None:
-    """Called by a view that checked a wait in the request's thread (`checks_in_lane=False`) before it hands the
-    wait to the event loop: the thread's connection is not held while the loop waits."""
+    """Called by a view before it hands a streamed wait to the event loop (MCP's progress events): the thread's
+    connection is not held while the loop waits."""
     connections.close_all()

@@ -180,9 +180,30 @@ def sealed_fields(action: Action) -> tuple:
             action.key_agent, action.idempotency_key, action.approvals_required)
 
 
+# The events after which a succeeded step's undo is what it is: its success (what the undo resolves its arguments
+# from is all there) and a person's completing of its undo's arguments (ledger/engine/undo_plans.py). Each records
+# the step's undo seal (`undo`).
+UNDO_SEALED_KINDS = ("forward.succeeded", "compensation.plan_completed")
+
+
+def undo_seal(action: Action) -> str:
+    """A digest of everything a succeeded step's undo is built from (`unwinding.new_compensation`, `undo_args`,
+    `undo_approvals`, `compensation_tool`, the drift check): its compensation plan (the undo tool's version, the
+    arguments' mapping, or those a person completed, its risk and approval), what `$args`, `$result`, `$before`,
+    `$after`, `$target`, `$key` and `$intent` resolve to, and whom the undo is sent for. Recorded when the step
+    succeeds and recomputed from the row just before its undo is sent (ledger/audit/sealed.py) and by `verify_chain`:
+    the unwinder's own events fingerprint the row as it then stands, so an edit made in between would otherwise be
+    laundered by them, and the undo tool sent bytes nobody recorded. `force` is left out: the operator's choice to
+    overwrite a drifted target (`runs.run_compensate`), set on the plan after the step succeeded."""
+    plan = {name: value for name, value in (action.compensation_plan or {}).items() if name != "force"}
+    return digest("undo", action.tenant_id, action.tool_id, plan, hashlib.sha256(action.args_text.encode()).hexdigest(),
+                  action.args, action.result, action.before, action.after, action.target_type, action.target_id,
+                  action.idempotency_key, action.key_agent, action.risk, action.intent)
+
+
 # The keys of an event's data that hold fingerprints (and seals): only `verify_chain` and the engine's checks read
 # them, pages leave them out.
-FINGERPRINT_KEYS = ("action_state", "run_state", "rows", "sends")
+FINGERPRINT_KEYS = ("action_state", "run_state", "rows", "sends", "undo")
 
 
 # --- the chain -----------------------------------------------------------------------------------
@@ -253,6 +274,8 @@ class AuditLog:
                 # it needs no read of this event (ledger/audit/sealed.py).
                 data["sends"] = seal(action)
                 action._sealed = (data["sends"], sealed_fields(action))
+            elif kind in UNDO_SEALED_KINDS:
+                data["undo"] = undo_seal(action)
             run_ref = action.run_id
         else:
             run_ref = run.pk if run is not None else None

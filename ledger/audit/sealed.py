@@ -13,10 +13,16 @@ in the database.
   event (a status moved past the approval in the database is no approval). It answers the arguments to send, parsed
   from the very text it checked.
 - `check_hold`, when a held step's window ends (ledger/engine/holds.py): `next_attempt_at` must be the recorded time.
+- `check_undo`, just before an undo's call leaves (execution.send calls it before `checked_args`): the step it undoes
+  must still be what its success recorded of everything its undo is built from (`chain.undo_seal`: its result,
+  compensation plan, arguments, snapshots, target), and the undo must be the one those make (its tool, arguments,
+  target and key). The unwinder's own events fingerprint the step as it then stands (`forward.compensating`), and the
+  undo is sealed as it was built (`compensation.proposed`): without this an edit of the step's result between its
+  success and its unwind would be laundered twice, and the undo tool sent bytes nobody recorded.
 
 A difference raises `Tampered`: the step is not sent (or not released), and its run goes before a person
-(`tampered`). `verify_chain` makes the same comparisons for every row (checks `sends` and `hold`) and names every
-refusal the engine recorded (`TAMPERING`), so neither is laundered by a later event.
+(`tampered`). `verify_chain` makes the same comparisons for every row (checks `sends`, `hold` and `undo`) and names
+every refusal the engine recorded (`TAMPERING`), so neither is laundered by a later event.
 
 A step made before seals were recorded (its making event has no `sends`) is checked for the agreement alone.
 """
@@ -24,12 +30,15 @@ from __future__ import annotations
 
 import hmac
 from datetime import datetime
+from typing import Callable
 
 from django.utils.dateparse import parse_datetime
 
-from ledger.audit.chain import SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text
+from ledger.audit.chain import (
+    SEALED_KINDS, UNDO_SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text, undo_seal,
+)
 from ledger.canonical import canonical, digest
-from ledger.db import received
+from ledger.db import mapping, received
 from ledger.models import Action, AuditEvent
 
 # The event the engine records when it refuses a step whose row differs from what the chain recorded; its data
@@ -52,7 +61,9 @@ def checked_args(action: Action):
 
     An object whose seal was recorded or checked in this process and whose values are still those it was computed
     from (`chain.sealed_fields`: the API's inline step, the unwinder's fresh undo, an inline retry) is that call
-    already; anything read from the database is checked against the event that made it."""
+    already; anything read from the database is checked against the event that made it. An undo is checked against
+    the step it undoes as well, always (`check_undo`, which the engine calls first: what it was built from is not in
+    its own seal)."""
     remembered = getattr(action, "_sealed", None)
     if remembered is not None and remembered[1] == sealed_fields(action):
         return received.loads(action.args_text) if action.args_text else action.args
@@ -152,3 +163,62 @@ def hold_problem(action: Action, executes_at: str, *, event: int) -> str:
     shown = found.isoformat() if isinstance(found, datetime) else "none"
     return (f"held step {action.seq} (action {action.pk}) runs at {shown}, but its undo window was recorded to end at "
             f"{executes_at} (event #{event}): its time was edited behind the services' back")
+
+
+def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
+    """The step `undo` undoes is what its success recorded of everything its undo is built from, and `undo` is the
+    undo that makes (raises Tampered otherwise); `undo_args` resolves a step's undo arguments (the engine's
+    `unwinding.undo_args`). The step as the unwinder built the undo from it when it is in memory (the unwinder's fresh
+    undo), else as the ledger has it now."""
+    forward = undo.compensates if Action.compensates.is_cached(undo) else Action.objects.get(pk=undo.compensates_id)
+    recorded, seq = recorded_undo_seal(forward)
+    problem = (undo_seal_problem(forward, recorded, event=seq) if recorded is not None else "") \
+        or built_problem(undo, forward, undo_args)
+    if problem:
+        raise Tampered("undo", problem)
+
+
+def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
+    """The undo seal the latest of `forward`'s success and undo completions recorded, and that event's number; (None,
+    None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
+    event does not verify under its audit key."""
+    events = list(AuditEvent.objects.filter(tenant_id=forward.tenant_id, action_ref=forward.pk,
+                                            kind__in=UNDO_SEALED_KINDS).order_by("-seq"))
+    what = f"step {forward.seq} (action {forward.pk})"
+    if not events:
+        raise Tampered("undo", f"{what} has no record of its success in the audit chain, yet it is being undone: its "
+                               "status was moved behind the services' back")
+    event = next((event for event in events if isinstance(event.data, dict) and "undo" in event.data), None)
+    if event is None:
+        return None, None
+    if not event_is_authentic(event):
+        raise Tampered("undo", f"the event that recorded the success of {what} (#{event.seq}) does not verify under "
+                               "its audit key: edited behind the services' back")
+    return str(event.data["undo"]), event.seq
+
+
+def undo_seal_problem(forward: Action, recorded: str, *, event: int) -> str:
+    """Why `forward` is not what the event `event` recorded its undo would be built from (`recorded`), or ""."""
+    if hmac.compare_digest(recorded, undo_seal(forward)):
+        return ""
+    return (f"the undo of step {forward.seq} (action {forward.pk}) would be built from a result, compensation plan, "
+            f"arguments or snapshot other than those recorded when the step succeeded (event #{event}): edited behind "
+            "the services' back")
+
+
+def built_problem(undo: Action, forward: Action, undo_args: Callable[[Action], object]) -> str:
+    """Why `undo` is not the undo `forward` makes (its tool, arguments, target, key), or "": an undo built from a
+    step edited and put back since is not the step's undo."""
+    what = f"undo step {undo.seq} (action {undo.pk}) of step {forward.seq}"
+    plan = forward.compensation_plan or {}
+    try:
+        args_agree = digest(canonical(undo_args(forward))) == undo.args_hash
+    except (mapping.MappingError, TypeError, ValueError):
+        args_agree = False
+    key = f"{forward.idempotency_key}:undo"
+    if not args_agree or (isinstance(plan.get("tool_id"), int) and plan["tool_id"] != undo.tool_id) \
+            or undo.target_id != forward.target_id or undo.key_agent != forward.key_agent \
+            or not (undo.idempotency_key == key or undo.idempotency_key.startswith(key + ":")):
+        return (f"{what} is not the undo its step makes (its tool, arguments, target or key differ from what the "
+                "step's compensation plan resolves to): edited behind the services' back")
+    return ""

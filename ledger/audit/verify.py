@@ -16,8 +16,8 @@ from django.db import connection
 from ledger.db import sql
 from ledger.audit import sealed
 from ledger.audit.chain import (
-    ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, action_fingerprint, fingerprinted_models, row_fingerprint,
-    event_hash, run_fingerprint,
+    ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, UNDO_SEALED_KINDS, action_fingerprint, fingerprinted_models,
+    row_fingerprint, event_hash, run_fingerprint,
 )
 from ledger.models import Action, ActionStatus, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
 from ledger.policy.limits import COUNTED  # the statuses whose steps hold their share of a limit
@@ -28,8 +28,8 @@ class ChainReport:
     ok: bool
     events: int
     problem: str = ""
-    check: str = ""  # which check failed: sequence, link, key, hmac, head, sends, hold, fingerprint, policy, attempt,
-    # totals, export-signature, export-head
+    check: str = ""  # which check failed: sequence, link, key, hmac, head, sends, hold, undo, fingerprint, policy,
+    # attempt, totals, export-signature, export-head
     exported_head: int | None = None  # the seq of the signed head checked against, when there is one
 
 
@@ -68,8 +68,10 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     last_row: dict[str, dict[str, tuple[str, int]]] = {spec.label: {} for spec in fingerprinted_models()}
     carried_by = {kind: spec for spec in fingerprinted_models() for kind in spec.kinds}
     # What the chain recorded of each step besides its fingerprints (ledger/audit/sealed.py): the seal of the event
-    # that made it, the end of its latest hold, and every refusal of a step whose row differed from them.
+    # that made it, the end of its latest hold, what its undo is built from (its latest undo seal), and every refusal
+    # of a step whose row differed from them.
     seals: dict[int, tuple[dict | None, int]] = {}
+    undo_seals: dict[int, tuple[str, int]] = {}
     approved: set[int] = set()
     holds: dict[int, tuple[str, int]] = {}
     refused: list[tuple[int, str, str]] = []
@@ -101,6 +103,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             seals[event.action_ref] = (data.get("sends"), event.seq)
         if event.action_ref is not None and event.kind in sealed.APPROVED_KINDS:
             approved.add(event.action_ref)
+        if event.action_ref is not None and event.kind in UNDO_SEALED_KINDS and "undo" in data:
+            undo_seals[event.action_ref] = (str(data["undo"]), event.seq)
         if event.action_ref is not None and event.kind == "forward.held" and "executes_at" in data:
             holds[event.action_ref] = (data["executes_at"], event.seq)
         if event.kind == sealed.TAMPERING:
@@ -137,7 +141,7 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
     # After the fingerprints, which name an edit made since a step's last event; these name one a later event
     # fingerprinted (laundered) as well.
-    _check_seals(tenant_id, seals, approved, holds)
+    _check_seals(tenant_id, seals, approved, holds, undo_seals)
     _check_policy_in_force(tenant_id)
     _check_attempts(tenant_id)
     _check_totals(tenant_id)
@@ -149,17 +153,24 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         raise _Broken(check, f"event #{seq} recorded a step refused by the engine: {problem}{more}")
 
 
-# The columns the seal and the hold checks read of each step.
+# The columns the seal, undo and hold checks read of each step.
 SEAL_FIELDS = ("kind", "seq", "status", "args", "args_text", "args_hash", "tool_id", "target_id", "tenant_id",
-               "key_agent", "idempotency_key", "next_attempt_at")
+               "key_agent", "idempotency_key", "next_attempt_at", "compensation_plan", "result", "before", "after",
+               "target_type", "risk", "intent")
 
 
-def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict) -> None:
-    """Every step's row is the call the event that made it sealed, and one sealed as needing approval that went past
-    it was approved (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same
+def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
+    """Every step that succeeded is still what its undo is built from as its success recorded (check `undo`); every
+    step's row is the call the event that made it sealed, and one sealed as needing approval that went past it was
+    approved (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same
     comparisons the engine makes before it acts, for every row, so an edit shows however many events were recorded
     for the step since."""
     for action in Action.objects.filter(tenant_id=tenant_id).only(*SEAL_FIELDS).order_by("pk").iterator(chunk_size=2000):
+        if action.status in AFTER_SUCCESS and action.pk in undo_seals:
+            recorded, seq = undo_seals[action.pk]
+            problem = sealed.undo_seal_problem(action, recorded, event=seq)
+            if problem:
+                raise _Broken("undo", problem)
         if action.pk in seals:
             recorded, seq = seals[action.pk]
             # A step made before seals were kept (none recorded) is left to its fingerprint.

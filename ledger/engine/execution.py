@@ -54,6 +54,8 @@ def call_tool(action: Action, args) -> ToolOutcome:
 def send(action: Action, owner: str) -> ToolOutcome | None:
     """Call the tool with what its row's seal recorded (sealed.Tampered, and nothing leaves, when the row differs);
     for one that ignores keys, only once the attempt is marked sent (None: the lease is gone)."""
+    if action.kind == ActionKind.COMPENSATION:
+        sealed.check_undo(action, undo_args=unwinding.undo_args)
     args = sealed.checked_args(action)
     if not action.tool.honours_idempotency_key and not attempts.mark_sent(action, owner):
         return None

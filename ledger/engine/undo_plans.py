@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from django.utils import timezone
 
+from ledger.audit import sealed
 from ledger.db import mapping, sql
 from ledger.engine import attempts, readback, unwinding
 from ledger.audit.chain import ledger_transaction
@@ -82,7 +83,9 @@ def undo_plan_check(step: Action, args) -> dict:
 def undo_plan_complete(*, step: Action, args, actor: str, reason: str = "") -> Action:
     """Record `args` as the arguments of `step`'s undo, `actor`'s decision, while its run waits for a person.
 
-    Checked under the locks: the run still needs attention, and the step is still succeeded (not yet undone)."""
+    Checked under the locks: the run still needs attention, the step is still succeeded (not yet undone), and it is
+    what its success recorded (`sealed.undo_seal_problem`): the completion seals the undo anew, which must not take
+    in an edit made behind the services' back since."""
     with ledger_transaction(step.tenant_id) as audit:
         run = sql.get_locked(Run, step.run_id)
         if run.status != R.NEEDS_ATTENTION:
@@ -93,6 +96,13 @@ def undo_plan_complete(*, step: Action, args, actor: str, reason: str = "") -> A
         if step.status != A.SUCCEEDED:
             raise StateConflict(f"step {step.seq} is {step.status.replace('_', ' ')}; only a step that stands can "
                                 f"have its undo completed")
+        try:
+            recorded, seq = sealed.recorded_undo_seal(step)
+            problem = sealed.undo_seal_problem(step, recorded, event=seq) if recorded is not None else ""
+        except sealed.Tampered as tampered:
+            problem = tampered.problem
+        if problem:
+            raise StateConflict(f"{problem}; its undo is not completed from it")
         clean = undo_plan_check(step, args)
         plan = {**step.compensation_plan, "completed_args": clean, "completed_by": actor, "args_preview": clean}
         plan.pop("error", None)
