@@ -360,9 +360,11 @@ def approved_in_the_inbox(ctx: Context, waiting: Waiting | None, approver: tuple
 # --- issue 38: every button obeys the saga law, every sentence matches what happened ------------------------
 
 def half_undone(ctx: Context) -> None:
-    """Seed 001 with undoing failing too: Resume is refused (409), the undos are retried instead."""
+    """Seed 001 with undoing failing too: Resume is refused (409), the undos are retried instead. The license service
+    refuses the revoke (a 409): a person is asked at once. (A 503 would be waited out first, for up to
+    UNWIND_RETRY_PATIENCE, as an outage of the undo's tool is.)"""
     s = "7 law"
-    ctx.fault("licenses.revoke", mode="status", status=503, times=0)
+    ctx.fault("licenses.revoke", mode="status", status=409, times=0)
     ctx.fault("email.send", mode="status", status=504, times=0)
     run = ctx.client.run(goal="Onboard Bea Rossi (bea@company.com)", on_behalf_of="hr@company.com")
     ctx.runs[s] = run.id
