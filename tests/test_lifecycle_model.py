@@ -18,7 +18,7 @@ expired by calling `approvals_expire` at the model's time instead.
 
 Each example has a tenant of its own and is rolled back to a savepoint at its end.
 
-Profiles: CI runs a fixed, derandomized budget (UNWIND_SAGA_CI_EXAMPLES, 50 by default) and tolerates the known
+Profiles: CI runs a fixed, derandomized budget (UNWIND_SAGA_CI_EXAMPLES, 30 by default) and tolerates the known
 open findings (tests/lifecycle_world.KNOWN_OPEN, each a strict-xfail replay below); `make check-saga` runs
 UNWIND_SAGA_EXAMPLES (2000 there) with random seeds and UNWIND_SAGA_STRICT=1, keeps a failing example in
 var/hypothesis to try first next time, and prints its steps: each counterexample becomes a named replay below. With
@@ -606,7 +606,7 @@ def profile() -> hsettings:
     if long_run:
         return hsettings(max_examples=int(long_run), derandomize=False, **common,
                          database=DirectoryBasedExampleDatabase(ROOT / "var" / "hypothesis"))
-    return hsettings(max_examples=int(os.environ.get("UNWIND_SAGA_CI_EXAMPLES", "50")), derandomize=True,
+    return hsettings(max_examples=int(os.environ.get("UNWIND_SAGA_CI_EXAMPLES", "30")), derandomize=True,
                      database=None, **common)
 
 
