@@ -157,7 +157,9 @@ def test_an_undo_whose_tool_refuses_connections_waits_for_it_and_runs_once_it_is
     # Each wait is at least half its step of 0.3 s doubling (full jitter), capped at 1.2 s: it grows, then stays.
     for number, gap in enumerate(gaps, start=1):
         assert gap >= min(1.2, 0.3 * 2 ** (number - 1)) / 2 - 0.02, gaps
-    assert max(gaps[2:]) >= 0.6 > gaps[0], gaps
+    # The lower bounds above say it grows; no upper bound is asserted: on a loaded machine the sweep that sends a
+    # due retry comes late (a first gap of 0.68 s was seen in CI), which says nothing about the backoff.
+    assert max(gaps[2:]) >= 0.6, gaps
     patient.undo.up()  # the tool is back
     assert sweeping(10.0, lambda: Run.objects.get(pk=run_id).status == "compensated"), Run.objects.get(pk=run_id).status
     assert patient.undo.bodies == [b'{"ref":"r-1"}']  # undone once, with the args its plan recorded
