@@ -1,7 +1,8 @@
 """A saga's database work alone: its statements, sent by a client that does nothing else.
 
 One saga of each kind is run through the engine and every statement it sends is recorded as sent (the functions'
-calls of `ledger/engine/fastpath.py` with their guard, and the failing saga's read before the unwind), with its arguments.
+calls of `ledger/engine/fastpath.py` with their guard, the failing saga's read before the unwind, and each undo's
+read of its seal), with its arguments.
 Then, for each saga replayed, the arguments are copied with new ids (run, actions, checkpoints), idempotency keys
 and lease, and serialized, before the clock starts; the clock then times only the statements, on a plain psycopg
 connection in autocommit: the locks, checks, rows, index entries, hashed events and commits the guarantees need, with
@@ -35,6 +36,10 @@ SPEC = {
     "unwind_compensated": {"ids": {1: "run", 4: "action", 7: "action", 9: "action"}, "steps": 2, "lease": 3,
                            "rows": {11: "action", 15: "checkpoint"}},
     "read for the unwind": {"ids": {0: "run", 2: "run"}},  # fastpath.run_for_unwind
+    # ledger/audit/sealed.recorded_undo_seal, before each undo leaves: the step's success as the chain recorded it. Its
+    # arguments are kept as recorded: the replayed events keep the recorded saga's `action_ref` (the function's event
+    # rows are not remapped), so the read finds those rows, through the same index, as the engine's read finds its own.
+    "read the undo seal": {},
 }
 ROW_KEYS = {"run_id": "run", "compensates_id": "action", "action_id": "action"}  # ids a row holds of other tables
 SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledger_checkpoint"}
@@ -44,7 +49,11 @@ def _kind(sql: str) -> str | None:
     called = re.search(r"public\.(unwind_[a-z_]+)\(", sql)
     if called:
         return called.group(1)
-    return "read for the unwind" if sql.startswith("WITH ids AS MATERIALIZED") else None
+    if sql.startswith("WITH ids AS MATERIALIZED"):
+        return "read for the unwind"
+    if sql.startswith('SELECT "ledger_auditevent"') and '"ledger_auditevent"."action_ref" = ' in sql:
+        return "read the undo seal"
+    return None
 
 
 def record(saga, key: int, fail: bool) -> list[tuple[str, str, list]]:
@@ -139,7 +148,7 @@ class Replay:
                 outcome = answer if isinstance(answer, str) else answer["outcome"]
                 assert outcome == "ok", (_kind(sql), answer)
             else:
-                assert rows, "the read for the unwind found nothing"
+                assert rows, f"{_kind(sql)} found nothing"
 
     def close(self) -> None:
         self.conn.close()
