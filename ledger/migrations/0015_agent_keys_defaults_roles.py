@@ -13,39 +13,11 @@ holds which role is in the audit chain.
 - Each tenant without a stored defaults version gets version 0 (its defaults as they stand), chained as a
   `tenant.defaults` event; each tenant's memberships are chained (`membership.recorded`), so that `verify_audit`
   catches a role or a default changed in the database from here on.
+
+The text of `unwind_propose` this migration once installed is gone from here (issue 40): migration 0017
+installs the engine's functions from ledger/engine/plpgsql/*.sql, and git history keeps the old text.
 """
-import importlib
-
 from django.db import migrations, models
-
-EARLIER = importlib.import_module("ledger.migrations.0014_fastpath_fewer_statements")
-
-CONFLICT_BEFORE = "ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_tenant DO NOTHING"
-CONFLICT_NOW = "ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_agent DO NOTHING"
-ORDERING_CHECK_END = "AND (SELECT t.action_class FROM ledger_tool t WHERE t.id = a.tool_id) <> 'read_only')"
-WITH_KEY_BEFORE_SCOPING = ORDERING_CHECK_END + """
-           OR EXISTS (SELECT 1 FROM ledger_action a
-                       WHERE a.tenant_id = p_tenant AND a.key_agent = 0 AND a.idempotency_key = p_key)"""
-
-
-def _propose() -> str:
-    text = EARLIER.FUNCTIONS["unwind_propose"]
-    assert text.count(CONFLICT_BEFORE) == 1 and text.count(ORDERING_CHECK_END) == 1
-    return text.replace(CONFLICT_BEFORE, CONFLICT_NOW).replace(ORDERING_CHECK_END, WITH_KEY_BEFORE_SCOPING)
-
-
-FUNCTIONS = {**EARLIER.FUNCTIONS, "unwind_propose": _propose()}
-CONFIG = EARLIER.CONFIG
-
-
-def create_functions(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(FUNCTIONS["unwind_propose"], params=None)
-
-
-def restore_functions(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(EARLIER.FUNCTIONS["unwind_propose"], params=None)
 
 
 def record_defaults_and_roles(apps, schema_editor):
@@ -100,6 +72,5 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="tenantpolicyversion", name="local_part_case_sensitive",
             field=models.BooleanField(default=False)),
-        migrations.RunPython(create_functions, restore_functions),
         migrations.RunPython(record_defaults_and_roles, migrations.RunPython.noop),
     ]

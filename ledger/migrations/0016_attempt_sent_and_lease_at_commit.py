@@ -10,37 +10,16 @@ proposal that waited on the chain head's or the run's lock longer than its lease
 the sweep reclaimed a step its caller was about to send. Now the lease is the same length (the row's lease less the
 moment the caller decided it, `p_at`) from `clock_timestamp()` after the locks; the Python path decides it after the
 same locks (`proposal._record`). Nothing else in the function changes, nor its arguments or answers.
-"""
-import importlib
 
+The text of `unwind_propose` this migration once changed is gone from here (issue 40): migration 0017
+installs the engine's functions from ledger/engine/plpgsql/*.sql, and git history keeps the old text.
+"""
 from django.db import migrations, models
 from django.db.models import F
-
-EARLIER = importlib.import_module("ledger.migrations.0015_agent_keys_defaults_roles")
-
-DECIDED = "    v_row := jsonb_populate_record(NULL::ledger_action, p_action);\n"
-assert EARLIER.FUNCTIONS["unwind_propose"].count(DECIDED) == 1
-AT_COMMIT = DECIDED + (
-    "    -- The lease, as long as the caller made it, runs from now on the database's clock: the locks are held, and\n"
-    "    -- no wait for them has eaten into it.\n"
-    "    v_row.lease_expires_at := clock_timestamp() + (v_row.lease_expires_at - p_at);\n")
-
-FUNCTIONS = {**EARLIER.FUNCTIONS, "unwind_propose": EARLIER.FUNCTIONS["unwind_propose"].replace(DECIDED, AT_COMMIT)}
-CONFIG = EARLIER.CONFIG
 
 
 def every_earlier_attempt_sent(apps, schema_editor):
     apps.get_model("ledger", "Attempt").objects.filter(sent_at__isnull=True).update(sent_at=F("started_at"))
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(FUNCTIONS["unwind_propose"], params=None)  # no placeholders: the body holds "%"
-
-
-def restore(apps, schema_editor):
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(EARLIER.FUNCTIONS["unwind_propose"], params=None)
 
 
 class Migration(migrations.Migration):
@@ -59,5 +38,4 @@ class Migration(migrations.Migration):
             field=models.CharField(blank=True, default="", db_default="", max_length=160, help_text=(
                 "Who decided, after an unknown outcome, that the tool did not act and the step is sent again."))),
         migrations.RunPython(every_earlier_attempt_sent, migrations.RunPython.noop),
-        migrations.RunPython(create, restore),
     ]

@@ -1,17 +1,15 @@
-"""The engine's PostgreSQL functions are installed from their files (ledger/engine/plpgsql/*.sql) from here on, no longer
-from migrations: 0010 to 0016 keep the text they installed, as history, and nothing reads it any more.
+"""The engine's PostgreSQL functions are installed from their files (ledger/engine/plpgsql/*.sql), not from
+migrations: on a fresh database this is the first migration that creates them; on one that ran the old migrations'
+text (0010 to 0016, which held it until issue 40 took it out), it replaces that text with the files'.
 
-This migration installs the files' definitions (on a database 0016 left, the very same text: nothing changes). After
-it, every `migrate` ends by installing whichever file differs from the database (`ledger.engine.plpgsql.install_after_migrate`,
-a post_migrate step), so a change to a function is an edit of its file and no new migration.
+After it, every `migrate` ends by installing whichever file differs from the database (`ledger.engine.plpgsql.
+install_after_migrate`, a post_migrate step), so a change to a function is an edit of its file and no new migration.
+Back past it, the database holds no engine function, and the engine takes its Python path (`fastpath` trusts
+nothing it cannot fingerprint).
 """
-import importlib
-
 from django.db import migrations
 
 from ledger.engine import plpgsql
-
-EARLIER = importlib.import_module("ledger.migrations.0016_attempt_sent_and_lease_at_commit")
 
 
 def install(apps, schema_editor):
@@ -19,11 +17,9 @@ def install(apps, schema_editor):
         plpgsql.install(schema_editor.connection)
 
 
-def restore(apps, schema_editor):
-    """Back to 0016's functions, whatever the files hold now."""
+def drop(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        plpgsql.install(schema_editor.connection,
-                        {name: plpgsql.parse(name, text.lstrip("\n")) for name, text in EARLIER.FUNCTIONS.items()})
+        plpgsql.install(schema_editor.connection, {})
 
 
 class Migration(migrations.Migration):
@@ -32,4 +28,4 @@ class Migration(migrations.Migration):
         ("ledger", "0016_attempt_sent_and_lease_at_commit"),
     ]
 
-    operations = [migrations.RunPython(install, restore)]
+    operations = [migrations.RunPython(install, drop)]
