@@ -21,7 +21,6 @@ from ledger.agent_text import mail_text, neutral
 from ledger.audit.chain import ledger_transaction
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionKind, ActionStatus, Role, Run, RunStatus
-from ledger.db import sql
 from ledger.engine import moves, runstate
 from recovery.models import CustomerRequest, ItemStatus, RecoveryItem, RequestKind, TrailShareLink
 from recovery.trail import SHARE_TOKEN, _proposed, _sentence, _token_hash, trail_share_url
@@ -105,7 +104,7 @@ def customer_request_open(*, token: str, action_id: int | None, kind: str, text:
         if made.count() >= MAX_PER_LINK or made.filter(created_at__gt=now - timedelta(hours=1)).count() >= MAX_PER_HOUR:
             raise TooManyRequests(f"this link has already been used for {MAX_PER_HOUR} requests in the last hour (or "
                                   f"{MAX_PER_LINK} in all); {run.tenant.name} has them and will answer")
-        locked = sql.get_locked(Run, run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         request = CustomerRequest.objects.create(tenant_id=run.tenant_id, run=run, action=action, link=link,
                                                  kind=kind, text=text)
         audit.record("customer.request", actor=f"{ACTOR}:{link.sent_to or 'share link'} (link {link.pk})"[:160],
