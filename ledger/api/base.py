@@ -43,7 +43,53 @@ class ShallowFields:
 
 
 class OutSerializer(ShallowFields, serializers.Serializer):
-    """An output shape answered on the hot path (an action, a run)."""
+    """An output shape answered on the hot path (an action, a run), written by a plan made once per class.
+
+    DRF binds a copy of every field to each serializer and walks them through `_readable_fields`; for an action's
+    thirty-odd fields that was 0.55 ms of CPU an answer, more than the proposal's own database call. Here the fields
+    are bound once, to a template instance of the class, and each answer reads each field's attribute and converts
+    it with that template field, as `Serializer.to_representation` does (a missing attribute, a null, a default
+    alike); a method field calls this serializer's own method, so it reads this answer's context. A class with a
+    field the plan does not know (a nested serializer, a related field reading the request) keeps DRF's way."""
+
+    def to_representation(self, instance):
+        plan = _plan(type(self))
+        if plan is None:
+            return super().to_representation(instance)
+        answer = {}
+        for name, method, field in plan:
+            if method is not None:
+                answer[name] = getattr(self, method)(instance)
+                continue
+            try:
+                value = field.get_attribute(instance)
+            except serializers.SkipField:
+                continue
+            answer[name] = None if value is None else field.to_representation(value)
+        return answer
+
+
+# What a plan may convert with a field bound to a template: fields whose conversion reads only their own options.
+_PLAIN = (serializers.IntegerField, serializers.CharField, serializers.ChoiceField, serializers.JSONField,
+          serializers.DateTimeField, serializers.BooleanField, serializers.ListField, serializers.DictField)
+
+
+@lru_cache(maxsize=None)
+def _plan(cls) -> tuple | None:
+    """(name, method name or None, bound template field) per readable field of `cls`, or None: DRF's way."""
+    plan = []
+    for name, field in cls().fields.items():
+        if field.write_only:
+            continue
+        if isinstance(field, serializers.SerializerMethodField):
+            plan.append((name, field.method_name, None))
+        elif isinstance(field, _PLAIN) and not isinstance(field, serializers.BaseSerializer) and (
+                not isinstance(field, serializers.ListField | serializers.DictField)
+                or isinstance(field.child, _PLAIN)):
+            plan.append((name, None, field))
+        else:
+            return None
+    return tuple(plan)
 
 
 def _shallow(field: serializers.Field) -> serializers.Field:

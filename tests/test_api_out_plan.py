@@ -1,0 +1,63 @@
+"""Issue 40: the hot path's output shapes (`OutSerializer`) answer from a plan made once per class, not from
+fields bound again for every answer; what they answer is exactly what DRF's own `to_representation` answers, for
+actions and runs in every state a run below reaches (succeeded, failed, compensated, undone, awaiting approval,
+with errors, results and nulls)."""
+from rest_framework import serializers
+from django.test import RequestFactory
+
+from ledger.api import base
+from ledger.api.actions import ProposalOut
+from ledger.api.serializers import ActionOut, RunDetailOut, RunOut, action_context
+from ledger.models import Action, Run
+from tests.helpers import act, fault, open_run
+
+
+def drf(serializer, instance):
+    """What DRF answers for `instance` with `serializer`'s class and context: every field bound for it."""
+    return serializers.Serializer.to_representation(serializer, instance)
+
+
+def test_every_shape_answers_what_drf_answers(tools):
+    request = RequestFactory().get("/api/v1/runs")
+    done = open_run(tools, goal="onboard")
+    user = act(done, "hr.create_user", {"email": "ashu@company.com", "name": "Ashu Kumar"})
+    act(done, "licenses.provision", {"user_id": user.result["id"]})
+    undone = open_run(tools, goal="travel")
+    act(undone, "hr.create_user", {"email": "a@x.io", "name": "A"})
+    fault("travel.reserve_hotel", "status", status=422)
+    act(undone, "travel.reserve_hotel", {"guest": "G", "hotel": "H", "nights": 1})
+
+    actions = list(Action.objects.select_related("run", "tool").order_by("id"))
+    assert {a.status for a in actions} >= {"succeeded", "failed", "compensated"}
+    for action in actions:
+        context = {**action_context(request, [action]), "replayed": True, "matched_by": "key"}
+        for shape in (ActionOut, ProposalOut):
+            serializer = shape(action, context=context)
+            assert serializer.data == drf(shape(action, context=context), action), (shape.__name__, action.status)
+    for run in Run.objects.all():
+        context = {"request": request, "actions": list(run.actions.select_related("tool").order_by("seq")),
+                   "checkpoints": list(run.checkpoints.all())}
+        for shape in (RunOut, RunDetailOut):
+            assert shape(run, context=context).data == drf(shape(run, context=context), run), shape.__name__
+
+
+def test_a_shape_with_a_field_the_plan_does_not_know_keeps_drfs_way():
+    class Nested(base.OutSerializer):
+        id = serializers.IntegerField()
+        inner = serializers.DictField(child=serializers.DictField())  # plain
+        other = ActionOut()  # a nested serializer: DRF binds it per answer
+
+    class Flat(base.OutSerializer):
+        id = serializers.IntegerField()
+        name = serializers.CharField(source="tool.name", default="none")
+        missing = serializers.CharField(required=False)
+
+    assert base._plan(Nested) is None
+    assert [name for name, *_ in base._plan(Flat)] == ["id", "name", "missing"]
+
+    class Thing:
+        id = 7
+        tool = None
+
+    # A missing attribute as DRF takes it: the default where there is one, skipped where not required.
+    assert Flat(Thing()).data == {"id": 7, "name": "none"} == drf(Flat(Thing()), Thing())
