@@ -645,3 +645,43 @@ ACTIVE_ACTION_STATUSES = (
     ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED, ActionStatus.HELD,
 )
 IN_FLIGHT = Q(status__in=[ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED])
+
+
+class SubjectKey(models.Model):
+    """The key the chain's fingerprints of one person's runs are made under (ledger/audit/subjects.py): the person a
+    run acts for (`Run.on_behalf_of`, as written). Erasing the person deletes it, so the digests recorded under it can
+    no longer be tested against a guess of what they covered (crypto-shredding of the digests)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    subject = models.CharField(max_length=200)
+    key = models.CharField(max_length=64, help_text="32 random bytes, hex.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "subject"], name="subject_key_unique")]
+
+
+class Erasure(models.Model):
+    """One erasure of a person's data at their request (recovery/erasure.py), as the console and the audit list it.
+    Names the person by no text of theirs."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    erased_at = models.DateTimeField()
+    erased_by = models.CharField(max_length=160)
+    reason = models.TextField()
+    runs = models.PositiveIntegerField()
+    actions = models.PositiveIntegerField()
+    fields = models.PositiveIntegerField(help_text="How many stored values were replaced by the erasure marker.")
+    events = models.PositiveIntegerField(help_text="How many audit events were rewritten (each vouched for by the "
+                                                   "erasure's own event).")
+    unkeyed_events = models.PositiveIntegerField(help_text="How many of the runs' events were recorded before their "
+                                                           "fingerprints were keyed per person: their digests stay.")
+
+
+class ErasedRun(models.Model):
+    """A run whose person's data was erased: its pages say so, and its trail links answer 410."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="erasure")
+    erasure = models.ForeignKey(Erasure, on_delete=models.CASCADE, related_name="erased_runs")
+    erased_at = models.DateTimeField()

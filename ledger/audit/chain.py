@@ -30,9 +30,12 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger.audit import subjects
 from ledger.db import received, sql
 from ledger.canonical import digest, dumps
-from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, TenantPolicyVersion, Tool
+from ledger.models import (
+    Action, AuditEvent, AuditHead, ErasedRun, Erasure, Membership, Run, TenantPolicyVersion, Tool,
+)
 
 GENESIS = "0" * 64
 _local = threading.local()
@@ -83,19 +86,22 @@ def _later(name: str, value):
     return hashlib.sha256(value.encode()).hexdigest() if name in BY_BYTES else _plain(value)
 
 
-def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
+def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], keyed: bool = True) -> str:
+    """The row's digest; for a row of a run acted for someone, keyed under that person's key (ledger/audit/subjects.py),
+    unless `keyed` is False (the form every row was recorded in before keys existed, which `verify_chain` accepts)."""
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
     later = {name: _later(name, getattr(obj, name)) for name in fields
              if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
-    return digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
+    plain = digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
+    return subjects.keyed(subjects.key_of(obj), plain) if keyed else plain
 
 
-def action_fingerprint(action: Action) -> str:
-    return _fingerprint("action", action, ACTION_FIELDS)
+def action_fingerprint(action: Action, *, keyed: bool = True) -> str:
+    return _fingerprint("action", action, ACTION_FIELDS, keyed)
 
 
-def run_fingerprint(run: Run) -> str:
-    return _fingerprint("run", run, RUN_FIELDS)
+def run_fingerprint(run: Run, *, keyed: bool = True) -> str:
+    return _fingerprint("run", run, RUN_FIELDS, keyed)
 
 
 @dataclass(frozen=True)
@@ -129,11 +135,11 @@ def fingerprinted_models() -> list[Fingerprinted]:
     return list(_fingerprinted.values())
 
 
-def row_fingerprint(obj: models.Model) -> str:
+def row_fingerprint(obj: models.Model, *, keyed: bool = True) -> str:
     spec = _fingerprinted.get(obj._meta.label_lower)
     if spec is None:
         raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
-    return _fingerprint(spec.label, obj, spec.fields)
+    return _fingerprint(spec.label, obj, spec.fields, keyed)
 
 
 def tool_fingerprint(tool: Tool) -> str:
@@ -148,6 +154,11 @@ register_fingerprinted(TenantPolicyVersion, fields=TENANT_DEFAULTS_FIELDS,
 # that existed then).
 MEMBERSHIP_FIELDS = ("user_id", "role")
 register_fingerprinted(Membership, fields=MEMBERSHIP_FIELDS, kinds=("membership.removed", "membership.recorded"))
+# An erasure and the runs it erased (recovery/erasure.py): a run marked erased in the database, or an erasure's
+# numbers changed, shows.
+register_fingerprinted(Erasure, fields=("erased_at", "erased_by", "reason", "runs", "actions", "fields", "events",
+                                        "unkeyed_events"), kinds=("subject.erased",))
+register_fingerprinted(ErasedRun, fields=("run_id", "erasure_id", "erased_at"), kinds=("subject.erased",))
 
 # --- seals --------------------------------------------------------------------------------------------------
 
@@ -162,16 +173,18 @@ def sent_text(action: Action) -> str:
     return received.dumps(received.loads(action.args_text) if action.args_text else action.args)
 
 
-def seal(action: Action, text: str | None = None) -> dict:
+def seal(action: Action, text: str | None = None, *, keyed: bool = True) -> dict:
     """What a step's call is, as the event that makes it records it: the SHA-256 of the body its tool receives, a
     digest of whom it calls (the tool version, the tenant and the idempotency key it is sent with), one of its target
     (a step whose target its result names gets it only once it succeeded), and how many people must approve it first.
     Recomputed from the row just before the call leaves (ledger/audit/sealed.py) and by `verify_chain`, so an edit of
     the row shows whatever was recorded about it since: no later event's fingerprint launders it."""
     body = sent_text(action) if text is None else text
-    return {"body": hashlib.sha256(body.encode()).hexdigest(),
-            "call": digest(action.tool_id, action.tenant_id, action.key_agent, action.idempotency_key),
-            "target": digest(action.target_id), "approvals": action.approvals_required}
+    key = subjects.key_of(action) if keyed else None
+    return {"body": subjects.keyed(key, hashlib.sha256(body.encode()).hexdigest()),
+            "call": subjects.keyed(key, digest(action.tool_id, action.tenant_id, action.key_agent,
+                                                action.idempotency_key)),
+            "target": subjects.keyed(key, digest(action.target_id)), "approvals": action.approvals_required}
 
 
 def sealed_fields(action: Action) -> tuple:
@@ -186,7 +199,7 @@ def sealed_fields(action: Action) -> tuple:
 UNDO_SEALED_KINDS = ("forward.succeeded", "compensation.plan_completed")
 
 
-def undo_seal(action: Action) -> str:
+def undo_seal(action: Action, *, keyed: bool = True) -> str:
     """A digest of everything a succeeded step's undo is built from (`unwinding.new_compensation`, `undo_args`,
     `undo_approvals`, `compensation_tool`, the drift check): its compensation plan (the undo tool's version, the
     arguments' mapping, or those a person completed, its risk and approval), what `$args`, `$result`, `$before`,
@@ -196,9 +209,11 @@ def undo_seal(action: Action) -> str:
     laundered by them, and the undo tool sent bytes nobody recorded. `force` is left out: the operator's choice to
     overwrite a drifted target (`runs.run_compensate`), set on the plan after the step succeeded."""
     plan = {name: value for name, value in (action.compensation_plan or {}).items() if name != "force"}
-    return digest("undo", action.tenant_id, action.tool_id, plan, hashlib.sha256(action.args_text.encode()).hexdigest(),
-                  action.args, action.result, action.before, action.after, action.target_type, action.target_id,
-                  action.idempotency_key, action.key_agent, action.risk, action.intent)
+    plain = digest("undo", action.tenant_id, action.tool_id, plan,
+                   hashlib.sha256(action.args_text.encode()).hexdigest(), action.args, action.result, action.before,
+                   action.after, action.target_type, action.target_id, action.idempotency_key, action.key_agent,
+                   action.risk, action.intent)
+    return subjects.keyed(subjects.key_of(action), plain) if keyed else plain
 
 
 # The keys of an event's data that hold fingerprints (and seals): only `verify_chain` and the engine's checks read
@@ -267,6 +282,11 @@ class AuditLog:
         """Append an event at commit. `rows` are rows of fingerprinted models (see `register_fingerprinted`) the
         event concerns, each fingerprinted as it stands now; `removed`, such rows the change deletes (recorded with
         no fingerprint, so that `verify_chain` expects them gone)."""
+        for concerned in (action, run, *rows):
+            # The person's key is made before the first digest of their data is (ledger/audit/subjects.py).
+            subject = subjects.subject_of(concerned) if concerned is not None else None
+            if subject is not None:
+                subjects.ensure_key(*subject)
         if action is not None:
             data["action_state"] = action_fingerprint(action)
             if kind in SEALED_KINDS:
@@ -346,7 +366,7 @@ def ledger_transaction(tenant_id: int):
                 del outer.pending[events:], outer.writes[writes:]
                 raise
             return
-    with transaction.atomic():
+    with transaction.atomic(), subjects.cache_scope():
         # Lock first: every writer of this tenant takes the same lock before any other row.
         head = sql.get_locked(AuditHead, tenant_id)
         log = AuditLog(tenant_id, head)

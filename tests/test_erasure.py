@@ -1,0 +1,160 @@
+"""Erasure of a person's data at their request (issue 42): the chain keeps verifying, the text is gone from every
+table, the pages say so, and nobody but the tenant's admin can do it."""
+import re
+
+import pytest
+from django.apps import apps
+from django.core.management import CommandError, call_command
+from django.db import connection, models
+
+from approvals.models import ApprovalRequest
+from approvals.services import approval_decide
+from ledger.audit.subjects import key_for
+from ledger.audit.verify import verify_chain
+from ledger.engine.runs import run_complete, run_open
+from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
+from ledger.models import AuditEvent, ErasedRun, Run, SubjectKey
+from recovery.erasure import subject_erase, subject_erase_by
+from recovery.trail import trail_link_create
+from tests.helpers import act
+
+DANA = "dana.quill@example.org"
+NAME = "Dana Quill"
+GOAL = "Onboard Dana Quill to the spring design team and book her trip"
+REASONING = "Dana asked for an account before her first day"
+# Every text of Dana's that must be gone after the erasure.
+SECRETS = (DANA, NAME, "spring design team", "her first day", "Quillsworth")
+
+
+def dana_run(world, capture, *, complete=True):
+    run = run_open(tenant=world.acme, agent=world.agent, goal=GOAL, on_behalf_of=DANA, actor="agent:booker")
+    act(run, "hr.create_user", {"email": DANA, "name": NAME},
+        intent={"goal": GOAL, "reasoning": REASONING, "confidence": 0.9})
+    act(run, "travel.book_flight", {"passenger": f"{NAME} Quillsworth", "flight": "LH1", "date": "2027-01-01"})
+    act(run, "payments.charge", {"customer": DANA, "amount_cents": 4200})
+    request = ApprovalRequest.objects.get(run=run)
+    with capture(execute=True):
+        approval_decide(request=request, user=world.alice, approve=True)
+    run.refresh_from_db()
+    if complete:
+        run = run_complete(run=run, actor="agent:booker")
+    return run
+
+
+def other_run(world):
+    run = run_open(tenant=world.acme, agent=world.agent, goal="Onboard Erin", on_behalf_of="erin@example.org",
+                   actor="agent:booker")
+    act(run, "hr.create_user", {"email": "erin@example.org", "name": "Erin Stone"})
+    return run_complete(run=run, actor="agent:booker")
+
+
+def text_columns():
+    """Every text and JSON column of every ledger, approvals and recovery table."""
+    for app in ("ledger", "approvals", "recovery"):
+        for model in apps.get_app_config(app).get_models():
+            names = [f.column for f in model._meta.concrete_fields
+                     if isinstance(f, (models.CharField, models.TextField, models.JSONField))]
+            if names:
+                yield model._meta.db_table, names
+
+
+def where_found(text: str) -> list[str]:
+    found = []
+    cast = "::text" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        for table, columns in text_columns():
+            for column in columns:
+                cursor.execute(f'SELECT count(*) FROM {table} WHERE lower("{column}"{cast}) LIKE %s',
+                               [f"%{text.lower()}%"])
+                if cursor.fetchone()[0]:
+                    found.append(f"{table}.{column}")
+    return found
+
+
+@pytest.fixture
+def erased(tools, django_capture_on_commit_callbacks):
+    run = dana_run(tools, django_capture_on_commit_callbacks)
+    trail_link_create(run=run, user=tools.oscar, sent_to=DANA)
+    other = other_run(tools)
+    assert verify_chain(tools.acme.pk).ok
+    assert where_found(DANA)  # the search finds what is there
+    result = subject_erase(tenant=tools.acme, subject=DANA.upper(), reason="request #4411", by="user:ada")
+    tools.run, tools.other, tools.result = run, other, result
+    return tools
+
+
+def test_erasure_keeps_the_chain_verifying(erased):
+    report = verify_chain(erased.acme.pk)
+    assert report.ok, report
+    assert erased.result.runs == 1 and erased.result.actions >= 2 and erased.result.events > 0
+    call_command("verify_audit")
+
+
+def test_erased_text_is_in_no_table_and_no_event(erased):
+    for text in SECRETS:
+        assert where_found(text) == [], text
+    # The other person's run is untouched.
+    assert where_found("erin@example.org")
+
+
+def test_the_erasure_is_audited_without_naming_the_person(erased):
+    event = AuditEvent.objects.get(tenant=erased.acme, kind="subject.erased")
+    assert event.actor == "user:ada"
+    assert event.data["reason"] == "request #4411"
+    assert event.data["runs"] == 1 and event.data["actions"] == erased.result.actions
+    assert DANA not in str(event.data) and NAME not in str(event.data)
+
+
+def test_the_persons_key_is_destroyed_and_others_kept(erased):
+    assert key_for(erased.acme.pk, DANA) is None
+    assert not SubjectKey.objects.filter(subject__iexact=DANA).exists()
+    assert key_for(erased.acme.pk, "erin@example.org") is not None
+
+
+def test_erasing_twice_is_a_clear_no_op(erased):
+    before = AuditEvent.objects.filter(tenant=erased.acme).count()
+    again = subject_erase(tenant=erased.acme, subject=DANA, reason="request #4411", by="user:ada")
+    assert again.runs == 0
+    assert "nothing changed" in again.sentence()
+    assert AuditEvent.objects.filter(tenant=erased.acme).count() == before
+    assert verify_chain(erased.acme.pk).ok
+
+
+def test_a_run_not_settled_is_refused_and_nothing_changes(tools, django_capture_on_commit_callbacks):
+    run = dana_run(tools, django_capture_on_commit_callbacks, complete=False)
+    events = AuditEvent.objects.filter(tenant=tools.acme).count()
+    with pytest.raises(StateConflict, match=rf"run {run.pk} \(running\).*not settled.*Nothing was changed"):
+        subject_erase(tenant=tools.acme, subject=DANA, reason="request #1", by="user:ada")
+    run.refresh_from_db()
+    assert run.on_behalf_of == DANA and run.goal == GOAL
+    assert AuditEvent.objects.filter(tenant=tools.acme).count() == events
+    assert not ErasedRun.objects.exists()
+    with pytest.raises(CommandError, match="not settled"):
+        call_command("erase", subject=DANA, reason="request #1", by="ops")
+
+
+def test_a_reason_that_names_the_person_is_refused(tools, django_capture_on_commit_callbacks):
+    dana_run(tools, django_capture_on_commit_callbacks)
+    with pytest.raises(ValidationFailed, match="names the person"):
+        subject_erase(tenant=tools.acme, subject=DANA, reason=f"asked by {DANA}", by="user:ada")
+
+
+def test_only_the_tenants_admin_erases(tools, django_capture_on_commit_callbacks):
+    run = dana_run(tools, django_capture_on_commit_callbacks)
+    with pytest.raises(PermissionDenied):
+        subject_erase_by(user=tools.oscar, tenant=tools.acme, subject=DANA, reason="r1")
+    with pytest.raises(PermissionDenied):
+        subject_erase_by(user=tools.mallory, tenant=tools.acme, subject=DANA, reason="r1")
+    run.refresh_from_db()
+    assert run.on_behalf_of == DANA
+    assert subject_erase_by(user=tools.ada, tenant=tools.acme, subject=DANA, reason="r1").runs == 1
+
+
+def test_the_command_erases_and_says_what_it_did(tools, django_capture_on_commit_callbacks, capsys):
+    dana_run(tools, django_capture_on_commit_callbacks)
+    call_command("erase", subject=DANA, tenant="acme", reason="request #7", by="ops:ann")
+    out = capsys.readouterr().out
+    assert re.search(r"tenant acme: erased 1 run\(s\), \d+ step\(s\)", out), out
+    call_command("erase", subject=DANA, reason="request #7", by="ops:ann")
+    assert "nothing changed" in capsys.readouterr().out
+    call_command("verify_audit")
