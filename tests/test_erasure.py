@@ -158,3 +158,105 @@ def test_the_command_erases_and_says_what_it_did(tools, django_capture_on_commit
     call_command("erase", subject=DANA, reason="request #7", by="ops:ann")
     assert "nothing changed" in capsys.readouterr().out
     call_command("verify_audit")
+
+
+# --- over HTTP: the pages, the trail link, the API, and who may erase ----------------------------------------------
+
+class _Capture:
+    """With a live server the tasks run after each real commit: nothing to capture."""
+
+    def __call__(self, execute=True):
+        from contextlib import nullcontext
+        return nullcontext()
+
+
+def browser_for(live_server, user):
+    """A real HTTP session for `user`, logged in through the login form, with its CSRF token."""
+    import requests
+
+    session = requests.Session()
+    login = f"{live_server.url}/accounts/login/"
+    page = session.get(login, timeout=10)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
+    answer = session.post(login, data={"username": user.username, "password": "pw-" + user.username,
+                                       "csrfmiddlewaretoken": token}, headers={"Referer": login}, timeout=10)
+    assert answer.status_code == 200 and "sessionid" in session.cookies, answer.status_code
+    return session
+
+
+def post_form(session, url: str, data: dict):
+    page = session.get(url, timeout=10)
+    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    token = match.group(1) if match else session.cookies.get("csrftoken", "")
+    return session.post(url, data={**data, "csrfmiddlewaretoken": token}, headers={"Referer": url}, timeout=10,
+                        allow_redirects=False)
+
+
+def test_pages_links_and_api_say_erased_over_http(http_tools):
+    import requests
+
+    world, base = http_tools, http_tools.live_server.url
+    run = dana_run(world, _Capture())
+    _, token = trail_link_create(run=run, user=world.oscar, sent_to=DANA)
+    share = f"{base}/console/trail/{token}/"
+    assert requests.get(share, timeout=10).status_code == 200
+    ada = browser_for(world.live_server, world.ada)
+    answer = post_form(ada, f"{base}/console/erasure/", {"tenant": "acme", "subject": DANA, "reason": "ticket 88"})
+    assert answer.status_code == 302, answer.text[:500]
+    page = ada.get(base + answer.headers["Location"], timeout=10).text
+    assert "erased 1 run(s)" in page and "ticket 88" in page
+    stamp = f"erased on {ErasedRun.objects.get(run=run).erased_at:%Y-%m-%d} at the person&#x27;s request"
+
+    oscar = browser_for(world.live_server, world.oscar)
+    run_page = oscar.get(f"{base}/console/runs/{run.pk}/", timeout=10)
+    assert run_page.status_code == 200 and 'id="erased-notice"' in run_page.text and stamp in run_page.text
+    # Follow every link the run page renders to the run's approval pages.
+    approvals = set(re.findall(r'href="(/approvals/\d+/)"', run_page.text))
+    approvals.add(f"/approvals/{ApprovalRequest.objects.get(run=run).pk}/")
+    for path in approvals:
+        approval = oscar.get(base + path, timeout=10)
+        assert approval.status_code == 200 and 'id="erased-notice"' in approval.text and stamp in approval.text
+    for page in [run_page.text] + [oscar.get(base + path, timeout=10).text for path in approvals]:
+        for text in SECRETS:
+            assert text not in page, text
+    gone = requests.get(share, timeout=10)
+    assert gone.status_code == 410 and "erased on" in gone.text and "at the person&#x27;s request" in gone.text
+    assert requests.post(f"{share}ask/", data={"kind": "question", "text": "hi"}, timeout=10).status_code in (403, 410)
+
+    agent = {"Authorization": f"Bearer {world.key}"}
+    api_run = requests.get(f"{base}/api/v1/runs/{run.pk}", headers=agent, timeout=10).json()
+    assert api_run["erased"]["why"] == "at the person's request" and api_run["goal"] == api_run["erased"]["sentence"]
+    assert all(action["erased"] == api_run["erased"] for action in api_run["actions"])
+    one = requests.get(api_run["actions"][0]["links"]["self"], headers=agent, timeout=10).json()
+    assert one["erased"] == api_run["erased"] and DANA not in str(one)
+    assert verify_chain(world.acme.pk).ok
+
+
+def test_an_agent_key_and_another_tenants_admin_cannot_erase_over_http(http_tools):
+    import requests
+
+    world, base = http_tools, http_tools.live_server.url
+    run = dana_run(world, _Capture())
+    events = AuditEvent.objects.filter(tenant=world.acme).count()
+    url = f"{base}/console/erasure/"
+    form = {"tenant": "acme", "subject": DANA, "reason": "r"}
+    for headers in ({"Authorization": f"Bearer {world.key}"}, {"Authorization": f"Bearer {world.other_key}"},
+                    {"X-Api-Key": world.key}):
+        answer = requests.post(url, data=form, headers=headers, timeout=10, allow_redirects=False)
+        assert answer.status_code in (302, 403), answer.status_code
+        assert "/accounts/login/" in answer.headers.get("Location", "/accounts/login/")
+    # The API has no erasure: an agent key finds nothing to call.
+    for path in ("/api/v1/erasure", f"/api/v1/runs/{run.pk}/erase"):
+        assert requests.post(base + path, json=form, headers={"Authorization": f"Bearer {world.key}"},
+                             timeout=10).status_code in (404, 405)
+    mallory = browser_for(world.live_server, world.mallory)  # admin of globex only
+    assert post_form(mallory, url + "?tenant=globex", form).status_code == 404
+    oscar = browser_for(world.live_server, world.oscar)  # operator of acme
+    refused = post_form(oscar, url + "?tenant=acme", form)
+    assert refused.status_code == 403 and "needs the admin role in acme" in refused.text
+    run.refresh_from_db()
+    assert run.on_behalf_of == DANA and run.goal == GOAL
+    assert AuditEvent.objects.filter(tenant=world.acme).count() == events and not ErasedRun.objects.exists()
+    # A subject of globex is not reachable from acme's admin either: the form only erases in a tenant they administer.
+    ada = browser_for(world.live_server, world.ada)
+    assert post_form(ada, url + "?tenant=acme", {**form, "tenant": "globex"}).status_code == 404
