@@ -333,6 +333,10 @@ class Run(models.Model):
                                db_index=False)  # (tenant, -created_at) leads with it
     agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs")
     on_behalf_of = models.CharField(max_length=200, blank=True)
+    fingerprint_key = models.CharField(
+        max_length=64, blank=True, default="", editable=False,
+        help_text="A run acted for someone: the random key (hex) the chain's fingerprints of its rows are made under "
+                  "(ledger/audit/subjects.py); erasing the person blanks it. Empty for a run acted for nobody.")
     goal = models.TextField(blank=True)
     intent = models.JSONField(default=dict, blank=True)
     plan = models.JSONField(default=list, blank=True)
@@ -645,20 +649,6 @@ ACTIVE_ACTION_STATUSES = (
     ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED, ActionStatus.HELD,
 )
 IN_FLIGHT = Q(status__in=[ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED])
-
-
-class SubjectKey(models.Model):
-    """The key the chain's fingerprints of one person's runs are made under (ledger/audit/subjects.py): the person a
-    run acts for (`Run.on_behalf_of`, as written). Erasing the person deletes it, so the digests recorded under it can
-    no longer be tested against a guess of what they covered (crypto-shredding of the digests)."""
-
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
-    subject = models.CharField(max_length=200)
-    key = models.CharField(max_length=64, help_text="32 random bytes, hex.")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["tenant", "subject"], name="subject_key_unique")]
 
 
 class Erasure(models.Model):

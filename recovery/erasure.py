@@ -10,9 +10,9 @@ totals of limits are kept from them, and no text of the person's is in them); so
 The trail's share links of the runs are revoked and answer 410.
 
 The chain keeps verifying (ledger/audit/erased.py): the erasure's own event records the erased rows' fingerprints and
-a digest of each rewritten event, and the person's key is deleted, so the digests the chain kept of their data
-(made under that key, ledger/audit/subjects.py) can no longer be tested against a guess. Events recorded before keys
-existed hold bare digests of the data: they are counted (`unkeyed_events`) and said.
+a digest of each rewritten event, and each run's key is blanked, so the digests the chain kept of their data (made
+under that key, ledger/audit/subjects.py) can no longer be tested against a guess. The events of a run opened before
+keys existed hold bare digests of its rows: they are counted (`unkeyed_events`) and said.
 
 Only settled runs are erased: a step's undo is built from its arguments and result, so a run that may still move
 (running, waiting for approval, unwinding, needing attention) is refused with the runs named; erase again once each
@@ -34,7 +34,7 @@ from ledger.canonical import digest, dumps
 from ledger.db import sql
 from ledger.errors import StateConflict, ValidationFailed
 from ledger.models import (
-    RUN_FINAL, Action, Attempt, AuditEvent, Checkpoint, ErasedRun, Erasure, Role, Run, SubjectKey, Tenant,
+    RUN_FINAL, Action, Attempt, AuditEvent, Checkpoint, ErasedRun, Erasure, Role, Run, Tenant,
 )
 from recovery.models import CustomerRequest, HoldNotice, RecoveryItem, TrailShareLink
 
@@ -169,9 +169,12 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
                 _strings(value, texts)
         scrub = _Scrubber(texts, mark)
 
-        unkeyed = _unkeyed_events(tenant.pk, runs, run_ids)
+        unkeyed = AuditEvent.objects.filter(tenant=tenant, run_ref__in=[run.pk for run in runs
+                                                                         if not run.fingerprint_key]).count()
         for run in runs:
+            # The run's key goes: what the chain recorded under it can no longer be tested against a guess.
             _update(Run, run.pk, _changed(run, {
+                "fingerprint_key": "",
                 "on_behalf_of": scrub.text(run.on_behalf_of, whole=True), "goal": scrub.text(run.goal, whole=True),
                 "attention_detail": scrub.text(run.attention_detail, whole=True),
                 "intent": scrub.json(run.intent, whole=True)}))
@@ -218,8 +221,6 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
         for notice in HoldNotice.objects.filter(run_id__in=run_ids):
             _update(HoldNotice, notice.pk, _changed(notice, {"sent_to": "", "why": scrub.text(notice.why)}))
 
-        # The person's keys go: what the chain recorded under them can no longer be tested against a guess.
-        SubjectKey.objects.filter(tenant=tenant, subject__in={run.on_behalf_of for run in runs}).delete()
         subjects.forget()
         rewritten = _rewrite_events(tenant.pk, run_ids, action_ids, subject, scrub)
 
@@ -249,20 +250,6 @@ def subject_erase_by(*, user, tenant: Tenant, subject: str, reason: str) -> Eras
     """The console's erasure: tenant admins only."""
     require_role(user, tenant.pk, Role.ADMIN)
     return subject_erase(tenant=tenant, subject=subject, reason=reason, by=f"user:{user.get_username()}")
-
-
-def _unkeyed_events(tenant_id: int, runs: list[Run], run_ids: list[int]) -> int:
-    """Events of the runs that carry fingerprints made before the person had a key (bare digests)."""
-    keys = dict(SubjectKey.objects.filter(tenant_id=tenant_id, subject__in={run.on_behalf_of for run in runs})
-                .values_list("subject", "created_at"))
-    count = 0
-    for run in runs:
-        since = keys.get(run.on_behalf_of)
-        events = AuditEvent.objects.filter(tenant_id=tenant_id, run_ref=run.pk)
-        if since is not None:
-            events = events.filter(created_at__lt=since)
-        count += events.count()
-    return count
 
 
 def _rewrite_events(tenant_id: int, run_ids: list[int], action_ids: list[int], subject: str,

@@ -9,11 +9,10 @@ from django.db import connection, models
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
-from ledger.audit.subjects import key_for
 from ledger.audit.verify import verify_chain
 from ledger.engine.runs import run_complete, run_open
 from ledger.errors import PermissionDenied, StateConflict, ValidationFailed
-from ledger.models import AuditEvent, ErasedRun, Run, SubjectKey
+from ledger.models import AuditEvent, ErasedRun, Run
 from recovery.erasure import subject_erase, subject_erase_by
 from recovery.trail import trail_link_create
 from tests.helpers import act
@@ -105,10 +104,10 @@ def test_the_erasure_is_audited_without_naming_the_person(erased):
     assert DANA not in str(event.data) and NAME not in str(event.data)
 
 
-def test_the_persons_key_is_destroyed_and_others_kept(erased):
-    assert key_for(erased.acme.pk, DANA) is None
-    assert not SubjectKey.objects.filter(subject__iexact=DANA).exists()
-    assert key_for(erased.acme.pk, "erin@example.org") is not None
+def test_the_runs_key_is_destroyed_and_others_kept(erased):
+    assert Run.objects.get(pk=erased.run.pk).fingerprint_key == ""
+    assert len(Run.objects.get(pk=erased.other.pk).fingerprint_key) == 64
+    assert erased.result.unkeyed_events == 0
 
 
 def test_erasing_twice_is_a_clear_no_op(erased):

@@ -87,7 +87,7 @@ def _later(name: str, value):
 
 
 def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], keyed: bool = True) -> str:
-    """The row's digest; for a row of a run acted for someone, keyed under that person's key (ledger/audit/subjects.py),
+    """The row's digest; for a row of a run acted for someone, keyed under the run's key (ledger/audit/subjects.py),
     unless `keyed` is False (the form every row was recorded in before keys existed, which `verify_chain` accepts)."""
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
     later = {name: _later(name, getattr(obj, name)) for name in fields
@@ -282,11 +282,6 @@ class AuditLog:
         """Append an event at commit. `rows` are rows of fingerprinted models (see `register_fingerprinted`) the
         event concerns, each fingerprinted as it stands now; `removed`, such rows the change deletes (recorded with
         no fingerprint, so that `verify_chain` expects them gone)."""
-        for concerned in (action, run, *rows):
-            # The person's key is made before the first digest of their data is (ledger/audit/subjects.py).
-            subject = subjects.subject_of(concerned) if concerned is not None else None
-            if subject is not None:
-                subjects.ensure_key(*subject)
         if action is not None:
             data["action_state"] = action_fingerprint(action)
             if kind in SEALED_KINDS:

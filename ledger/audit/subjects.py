@@ -1,18 +1,16 @@
-"""The per-person keys the chain's fingerprints of a person's runs are made under (issue 42, erasure).
+"""The keys the chain's fingerprints of a person's data are made under (issue 42, erasure).
 
-A run acted for someone (`Run.on_behalf_of`) has its fingerprints and seals, and those of its steps and of the rows
-that belong to it (approval requests, recovery items), recorded as HMAC-SHA256 under that person's key instead of
-the bare SHA-256 digest: the chain covers a keyed digest of what the person's data was, never a digest anyone could
-test a guess against. Erasing the person (recovery/erasure.py) deletes the key, so the digests the chain keeps of
-their data are unlinkable from then on, while the chain itself still verifies (the erasure's event vouches for the
-rows as erasure left them).
+A run acted for someone (`Run.on_behalf_of`) gets a random key when it opens (`Run.fingerprint_key`). The fingerprints
+and seals of the run, of its steps and of the rows that belong to it (approval requests, recovery items) are recorded
+as HMAC-SHA256 under that key instead of the bare SHA-256 digest: the chain covers a keyed digest of the person's
+data, never a digest anyone could test a guess against once the key is gone. Erasing the person (recovery/erasure.py)
+blanks the key of each of their runs (crypto-shredding of the digests), while the chain still verifies: the erasure's
+event vouches for the rows as erasure left them.
 
-Keys live in the database (`SubjectKey`), one per tenant and person as written, made by the first event recorded for
-one of the person's runs. A run acted for nobody has no key: its fingerprints stay bare digests, as every run's were
-before keys existed (`verify_chain` accepts either form).
-
-Lookups are cached only inside a scope (a ledger transaction, one verification): a key erased by another process is
-never used from a cache that outlived it.
+One key per run rather than per person: the key travels with the run's row, which the engine reads anyway, so keying
+costs no query on the hot path; and two runs of one person are not linked by their digests. A run acted for nobody,
+and one opened before keys existed, has none: its fingerprints stay bare digests (`verify_chain` accepts either form,
+so chains written before keys existed verify as written).
 """
 from __future__ import annotations
 
@@ -23,18 +21,26 @@ import threading
 from contextlib import contextmanager
 
 from ledger.db import sql
-from ledger.models import Run, SubjectKey
+from ledger.models import Run
 
 _local = threading.local()
 
 
+def new_key() -> str:
+    return secrets.token_hex(32)
+
+
 @contextmanager
-def cache_scope():
-    """Cache the lookups made inside (re-entrant: an inner scope shares the outer one's cache)."""
+def cache_scope(tenant_id: int | None = None):
+    """Cache the keys of runs looked up inside (re-entrant). With `tenant_id`, read every run's key of the tenant in
+    one query first (a verification reads them all)."""
     if getattr(_local, "cache", None) is not None:
         yield
         return
     _local.cache = {}
+    if tenant_id is not None:
+        _local.cache.update({pk: key for pk, key in sql.fetch_all(
+            "SELECT id, fingerprint_key FROM ledger_run WHERE tenant_id = %s", [tenant_id])})
     try:
         yield
     finally:
@@ -42,67 +48,38 @@ def cache_scope():
 
 
 def forget() -> None:
-    """Drop the cached lookups (erasure, which deletes keys, calls it)."""
+    """Drop the cached keys (erasure, which blanks them, calls it)."""
     if getattr(_local, "cache", None) is not None:
         _local.cache.clear()
 
 
-def _cached(name, compute):
-    cache = getattr(_local, "cache", None)
-    if cache is None:
-        return compute()
-    if name not in cache:
-        cache[name] = compute()
-    return cache[name]
-
-
-def key_for(tenant_id: int, subject: str) -> bytes | None:
-    if not subject:
-        return None
-
-    def lookup():
-        found = SubjectKey.objects.filter(tenant_id=tenant_id, subject=subject).values_list("key", flat=True).first()
-        return bytes.fromhex(found) if found else None
-    return _cached(("key", tenant_id, subject), lookup)
-
-
-def ensure_key(tenant_id: int, subject: str) -> None:
-    """Make the person's key if they have none (inside the tenant's ledger transaction, which serialises it with
-    every other writer of the tenant, erasure included)."""
-    if not subject or key_for(tenant_id, subject) is not None:
-        return
-    key = secrets.token_bytes(32)
-    SubjectKey.objects.create(tenant_id=tenant_id, subject=subject, key=key.hex())
-    cache = getattr(_local, "cache", None)
-    if cache is not None:
-        cache[("key", tenant_id, subject)] = key
-
-
-def run_subject(run_id: int | None) -> tuple[int, str] | None:
-    """(tenant id, on_behalf_of) of a run."""
+def _run_key(run_id: int | None) -> str:
     if run_id is None:
-        return None
-
-    def lookup():
-        found = sql.fetch_one("SELECT tenant_id, on_behalf_of FROM ledger_run WHERE id = %s", [run_id])
-        return (found[0], found[1]) if found else None
-    return _cached(("run", run_id), lookup)
-
-
-def subject_of(obj) -> tuple[int, str] | None:
-    """Whose data a fingerprinted row holds: a run's person, or the person of the run a row belongs to."""
-    if isinstance(obj, Run):
-        return (obj.tenant_id, obj.on_behalf_of) if obj.on_behalf_of else None
-    run = getattr(obj, "_state").fields_cache.get("run")
-    if run is not None:
-        return (run.tenant_id, run.on_behalf_of) if run.on_behalf_of else None
-    found = run_subject(getattr(obj, "run_id", None))
-    return found if found and found[1] else None
+        return ""
+    cache = getattr(_local, "cache", None)
+    if cache is not None and run_id in cache:
+        return cache[run_id]
+    found = sql.fetch_one("SELECT fingerprint_key FROM ledger_run WHERE id = %s", [run_id])
+    key = found[0] if found else ""
+    if cache is not None:
+        cache[run_id] = key
+    return key
 
 
 def key_of(obj) -> bytes | None:
-    found = subject_of(obj)
-    return key_for(*found) if found else None
+    """The key a fingerprinted row's digests are made under: its run's (the run itself, or the run it belongs to),
+    from the run in memory when there is one, else read (cached in a scope); None for a run with no key."""
+    if isinstance(obj, Run):
+        key = obj.fingerprint_key if "fingerprint_key" in obj.__dict__ else _run_key(obj.pk)
+    else:
+        run = obj._state.fields_cache.get("run")
+        if run is not None and "fingerprint_key" in run.__dict__:
+            key = run.fingerprint_key
+        elif "run_fingerprint_key" in obj.__dict__:  # read with the row (ledger/engine/execution.py)
+            key = obj.run_fingerprint_key
+        else:
+            key = _run_key(getattr(obj, "run_id", None))
+    return bytes.fromhex(key) if key else None
 
 
 def keyed(key: bytes | None, plain: str) -> str:

@@ -45,7 +45,7 @@ def verify_chain(tenant_id: int, *, keys: dict[str, bytes] | None = None) -> Cha
     keys = settings.UNWIND_AUDIT_KEYS if keys is None else keys
     state = {"events": 0, "exported": None}
     try:
-        with subjects.cache_scope():
+        with subjects.cache_scope(tenant_id):
             _verify(tenant_id, keys, state)
     except _Broken as broken:
         return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])

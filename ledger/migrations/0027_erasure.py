@@ -9,18 +9,10 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.CreateModel(
-            name='SubjectKey',
-            fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('subject', models.CharField(max_length=200)),
-                ('key', models.CharField(help_text='32 random bytes, hex.', max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('tenant', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='ledger.tenant')),
-            ],
-            options={
-                'constraints': [models.UniqueConstraint(fields=('tenant', 'subject'), name='subject_key_unique')],
-            },
+        migrations.AddField(
+            model_name='run',
+            name='fingerprint_key',
+            field=models.CharField(blank=True, default='', editable=False, help_text='A run acted for someone: the random key (hex) the chain\'s fingerprints of its rows are made under (ledger/audit/subjects.py); erasing the person blanks it. Empty for a run acted for nobody.', max_length=64),
         ),
         migrations.CreateModel(
             name='Erasure',
