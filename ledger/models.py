@@ -665,7 +665,7 @@ class Erasure(models.Model):
     events = models.PositiveIntegerField(help_text="How many audit events were rewritten (each vouched for by the "
                                                    "erasure's own event).")
     unkeyed_events = models.PositiveIntegerField(help_text="How many of the runs' events were recorded before their "
-                                                           "fingerprints were keyed per person: their digests stay.")
+                                                           "fingerprints were keyed: their digests stay.")
 
 
 class ErasedRun(models.Model):

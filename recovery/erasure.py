@@ -240,7 +240,7 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
                    events=result.events, unkeyed_events=unkeyed, reason=reason[:1000])
     if unkeyed:
         result.notes.append(
-            f"{unkeyed} of their runs' audit events were recorded before fingerprints were keyed per person: those "
+            f"{unkeyed} of their runs' audit events were recorded before fingerprints were keyed: those "
             "events keep bare SHA-256 digests of the rows as they then stood, which someone holding the rest of a row "
             "could test a guess against; the events' own text was erased.")
     return result

@@ -110,6 +110,81 @@ def test_the_runs_key_is_destroyed_and_others_kept(erased):
     assert erased.result.unkeyed_events == 0
 
 
+def bare_digests(run) -> set[str]:
+    """What someone holding a run's rows (or guessing them) could compute of them without its key: the bare digests
+    of the run and its steps, and of the bodies and calls the steps sent."""
+    from ledger.audit import chain, subjects
+    from ledger.models import Action
+
+    with subjects.cache_scope():
+        subjects._local.cache.update({run.pk: ""})  # as if the run had no key
+        fresh = Run.objects.get(pk=run.pk)
+        fresh.fingerprint_key = ""
+        found = {chain.run_fingerprint(fresh)}
+        for action in Action.objects.filter(run=run):
+            found.add(chain.action_fingerprint(action))
+            found.update(value for name, value in chain.seal(action).items() if name != "approvals")
+            found.add(chain.undo_seal(action))
+    return found
+
+
+def recorded_digests(tenant) -> str:
+    return " ".join(str(data) for data in AuditEvent.objects.filter(tenant=tenant).values_list("data", flat=True))
+
+
+def test_the_chain_holds_no_digest_a_guess_can_be_tested_against(tools, django_capture_on_commit_callbacks):
+    run = dana_run(tools, django_capture_on_commit_callbacks)
+    guesses = bare_digests(run)
+    recorded = recorded_digests(tools.acme)
+    assert guesses and not [guess for guess in guesses if guess in recorded]
+    subject_erase(tenant=tools.acme, subject=DANA, reason="request #9", by="user:ada")
+    recorded = recorded_digests(tools.acme)
+    assert not [guess for guess in guesses if guess in recorded]
+    assert Run.objects.get(pk=run.pk).fingerprint_key == ""
+
+
+def test_an_erased_row_or_event_edited_afterwards_still_shows(erased):
+    from django.db import models as m
+    from ledger.models import Action
+
+    rewritten = AuditEvent.objects.filter(tenant=erased.acme, kind="run.opened", run_ref=erased.run.pk).get()
+    m.QuerySet(model=AuditEvent).filter(pk=rewritten.pk).update(data={**rewritten.data, "goal": "edited"})
+    report = verify_chain(erased.acme.pk)
+    assert not report.ok and report.check == "hmac" and f"event #{rewritten.seq}" in report.problem
+    m.QuerySet(model=AuditEvent).filter(pk=rewritten.pk).update(data=rewritten.data)
+    assert verify_chain(erased.acme.pk).ok
+    step = Action.objects.filter(run=erased.run).first()
+    m.QuerySet(model=Action).filter(pk=step.pk).update(args={"email": "someone@else.example"})
+    report = verify_chain(erased.acme.pk)
+    assert not report.ok and report.check == "fingerprint" and f"action {step.pk} differs" in report.problem
+    m.QuerySet(model=Action).filter(pk=step.pk).update(args=step.args)
+    assert verify_chain(erased.acme.pk).ok
+    # Marking another run erased, to make its pages and links lie, shows too.
+    ErasedRun.objects.create(tenant=erased.acme, run=erased.other, erasure=ErasedRun.objects.get().erasure,
+                             erased_at=erased.result.erased_at)
+    report = verify_chain(erased.acme.pk)
+    assert not report.ok and report.check == "fingerprint" and "ledger.erasedrun" in report.problem
+
+
+def test_a_run_recorded_before_keys_verifies_and_its_erasure_says_what_stays(tools, monkeypatch,
+                                                                              django_capture_on_commit_callbacks):
+    from ledger.audit import subjects
+
+    monkeypatch.setattr(subjects, "new_key", lambda: "")  # runs opened before this change have no key
+    run = dana_run(tools, django_capture_on_commit_callbacks)
+    monkeypatch.undo()
+    assert Run.objects.get(pk=run.pk).fingerprint_key == ""
+    assert verify_chain(tools.acme.pk).ok
+    result = subject_erase(tenant=tools.acme, subject=DANA, reason="request #2", by="user:ada")
+    assert result.unkeyed_events > 0
+    assert f"{result.unkeyed_events} of their runs' audit events were recorded before fingerprints were keyed" \
+        in result.sentence()
+    assert "bare SHA-256 digests" in result.sentence()
+    assert verify_chain(tools.acme.pk).ok
+    for text in SECRETS:
+        assert where_found(text) == [], text
+
+
 def test_erasing_twice_is_a_clear_no_op(erased):
     before = AuditEvent.objects.filter(tenant=erased.acme).count()
     again = subject_erase(tenant=erased.acme, subject=DANA, reason="request #4411", by="user:ada")

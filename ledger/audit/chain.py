@@ -86,22 +86,22 @@ def _later(name: str, value):
     return hashlib.sha256(value.encode()).hexdigest() if name in BY_BYTES else _plain(value)
 
 
-def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], keyed: bool = True) -> str:
-    """The row's digest; for a row of a run acted for someone, keyed under the run's key (ledger/audit/subjects.py),
-    unless `keyed` is False (the form every row was recorded in before keys existed, which `verify_chain` accepts)."""
+def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
+    """The row's digest; for a row of a run acted for someone, an HMAC of it under the run's key
+    (ledger/audit/subjects.py). A run opened before keys existed has none: its rows' digests are bare, as recorded."""
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
     later = {name: _later(name, getattr(obj, name)) for name in fields
              if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
     plain = digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
-    return subjects.keyed(subjects.key_of(obj), plain) if keyed else plain
+    return subjects.keyed(subjects.key_of(obj), plain)
 
 
-def action_fingerprint(action: Action, *, keyed: bool = True) -> str:
-    return _fingerprint("action", action, ACTION_FIELDS, keyed)
+def action_fingerprint(action: Action) -> str:
+    return _fingerprint("action", action, ACTION_FIELDS)
 
 
-def run_fingerprint(run: Run, *, keyed: bool = True) -> str:
-    return _fingerprint("run", run, RUN_FIELDS, keyed)
+def run_fingerprint(run: Run) -> str:
+    return _fingerprint("run", run, RUN_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -135,11 +135,11 @@ def fingerprinted_models() -> list[Fingerprinted]:
     return list(_fingerprinted.values())
 
 
-def row_fingerprint(obj: models.Model, *, keyed: bool = True) -> str:
+def row_fingerprint(obj: models.Model) -> str:
     spec = _fingerprinted.get(obj._meta.label_lower)
     if spec is None:
         raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
-    return _fingerprint(spec.label, obj, spec.fields, keyed)
+    return _fingerprint(spec.label, obj, spec.fields)
 
 
 def tool_fingerprint(tool: Tool) -> str:
@@ -173,14 +173,14 @@ def sent_text(action: Action) -> str:
     return received.dumps(received.loads(action.args_text) if action.args_text else action.args)
 
 
-def seal(action: Action, text: str | None = None, *, keyed: bool = True) -> dict:
+def seal(action: Action, text: str | None = None) -> dict:
     """What a step's call is, as the event that makes it records it: the SHA-256 of the body its tool receives, a
     digest of whom it calls (the tool version, the tenant and the idempotency key it is sent with), one of its target
     (a step whose target its result names gets it only once it succeeded), and how many people must approve it first.
     Recomputed from the row just before the call leaves (ledger/audit/sealed.py) and by `verify_chain`, so an edit of
     the row shows whatever was recorded about it since: no later event's fingerprint launders it."""
     body = sent_text(action) if text is None else text
-    key = subjects.key_of(action) if keyed else None
+    key = subjects.key_of(action)
     return {"body": subjects.keyed(key, hashlib.sha256(body.encode()).hexdigest()),
             "call": subjects.keyed(key, digest(action.tool_id, action.tenant_id, action.key_agent,
                                                 action.idempotency_key)),
@@ -199,7 +199,7 @@ def sealed_fields(action: Action) -> tuple:
 UNDO_SEALED_KINDS = ("forward.succeeded", "compensation.plan_completed")
 
 
-def undo_seal(action: Action, *, keyed: bool = True) -> str:
+def undo_seal(action: Action) -> str:
     """A digest of everything a succeeded step's undo is built from (`unwinding.new_compensation`, `undo_args`,
     `undo_approvals`, `compensation_tool`, the drift check): its compensation plan (the undo tool's version, the
     arguments' mapping, or those a person completed, its risk and approval), what `$args`, `$result`, `$before`,
@@ -213,7 +213,7 @@ def undo_seal(action: Action, *, keyed: bool = True) -> str:
                    hashlib.sha256(action.args_text.encode()).hexdigest(), action.args, action.result, action.before,
                    action.after, action.target_type, action.target_id, action.idempotency_key, action.key_agent,
                    action.risk, action.intent)
-    return subjects.keyed(subjects.key_of(action), plain) if keyed else plain
+    return subjects.keyed(subjects.key_of(action), plain)
 
 
 # The keys of an event's data that hold fingerprints (and seals): only `verify_chain` and the engine's checks read

@@ -85,11 +85,7 @@ def seal_problem(action: Action, recorded: dict | None, text: str | None = None,
     where = f" (event #{event})" if event is not None else ""
     what = f"{action.kind} step {action.seq} (action {action.pk})"
     if recorded is not None:
-        now, bare = seal(action, text), seal(action, text, keyed=False)
-        # Recorded keyed (a run acted for someone, ledger/audit/subjects.py) or, before keys existed, bare: either
-        # form of a part is that part of the call.
-        now = {part: bare[part] if hmac.compare_digest(str(recorded.get(part, "")), str(bare[part])) else value
-               for part, value in now.items()}
+        now = seal(action, text)
         if not hmac.compare_digest(str(recorded.get("body", "")), now["body"]):
             return (f"{what} would send arguments other than those recorded when it was proposed{where}: its args_text "
                     "was edited behind the services' back")
@@ -203,8 +199,7 @@ def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
 
 def undo_seal_problem(forward: Action, recorded: str, *, event: int) -> str:
     """Why `forward` is not what the event `event` recorded its undo would be built from (`recorded`), or ""."""
-    if hmac.compare_digest(recorded, undo_seal(forward)) or hmac.compare_digest(recorded,
-                                                                                undo_seal(forward, keyed=False)):
+    if hmac.compare_digest(recorded, undo_seal(forward)):
         return ""
     return (f"the undo of step {forward.seq} (action {forward.pk}) would be built from a result, compensation plan, "
             f"arguments or snapshot other than those recorded when the step succeeded (event #{event}): edited behind "

@@ -137,7 +137,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     head = AuditHead.objects.filter(pk=tenant_id).first()
     if head is not None and (head.seq != expected_seq or head.hash != prev):
         raise _Broken("head", f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
-    # Runs first: a step's fingerprint is keyed by its run's person, so an edit of the person shows in both.
+    # Runs first: a step's fingerprint is keyed with its run's key (ledger/audit/subjects.py), so an edit of the key
+    # is named as the run's.
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
                 every_row_recorded=False)
     _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS,
@@ -260,7 +261,7 @@ def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorde
             if every_row_recorded:
                 raise _Broken("fingerprint", f"{label} {row.pk} has no audit event: written behind the services' back")
             continue
-        if last[0] != fingerprint(row) and last[0] != fingerprint(row, keyed=False):
+        if last[0] != fingerprint(row):
             raise _Broken("fingerprint", f"{label} {row.pk} differs from its state at event #{last[1]}: "
                                          "edited behind the services' back")
     missing = set(recorded) - seen

@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
                 ('actions', models.PositiveIntegerField()),
                 ('fields', models.PositiveIntegerField(help_text='How many stored values were replaced by the erasure marker.')),
                 ('events', models.PositiveIntegerField(help_text="How many audit events were rewritten (each vouched for by the erasure's own event).")),
-                ('unkeyed_events', models.PositiveIntegerField(help_text="How many of the runs' events were recorded before their fingerprints were keyed per person: their digests stay.")),
+                ('unkeyed_events', models.PositiveIntegerField(help_text="How many of the runs' events were recorded before their fingerprints were keyed: their digests stay.")),
                 ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='ledger.tenant')),
             ],
         ),
