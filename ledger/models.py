@@ -333,6 +333,10 @@ class Run(models.Model):
                                db_index=False)  # (tenant, -created_at) leads with it
     agent = models.ForeignKey(Agent, on_delete=models.SET_NULL, null=True, blank=True, related_name="runs")
     on_behalf_of = models.CharField(max_length=200, blank=True)
+    fingerprint_key = models.CharField(
+        max_length=64, blank=True, default="", editable=False,
+        help_text="A run acted for someone: the random key (hex) the chain's fingerprints of its rows are made under "
+                  "(ledger/audit/subjects.py); erasing the person blanks it. Empty for a run acted for nobody.")
     goal = models.TextField(blank=True)
     intent = models.JSONField(default=dict, blank=True)
     plan = models.JSONField(default=list, blank=True)
@@ -645,3 +649,29 @@ ACTIVE_ACTION_STATUSES = (
     ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED, ActionStatus.HELD,
 )
 IN_FLIGHT = Q(status__in=[ActionStatus.RUNNING, ActionStatus.RETRY_SCHEDULED])
+
+
+class Erasure(models.Model):
+    """One erasure of a person's data at their request (recovery/erasure.py), as the console and the audit list it.
+    Names the person by no text of theirs."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    erased_at = models.DateTimeField()
+    erased_by = models.CharField(max_length=160)
+    reason = models.TextField()
+    runs = models.PositiveIntegerField()
+    actions = models.PositiveIntegerField()
+    fields = models.PositiveIntegerField(help_text="How many stored values were replaced by the erasure marker.")
+    events = models.PositiveIntegerField(help_text="How many audit events were rewritten (each vouched for by the "
+                                                   "erasure's own event).")
+    unkeyed_events = models.PositiveIntegerField(help_text="How many of the runs' events were recorded before their "
+                                                           "fingerprints were keyed: their digests stay.")
+
+
+class ErasedRun(models.Model):
+    """A run whose person's data was erased: its pages say so, and its trail links answer 410."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+", db_index=False)
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="erasure")
+    erasure = models.ForeignKey(Erasure, on_delete=models.CASCADE, related_name="erased_runs")
+    erased_at = models.DateTimeField()

@@ -26,7 +26,8 @@ from ledger.audit.chain import event_is_authentic, ledger_transaction
 from ledger.policy.display import display_value, money_source_args, person_at, shown_args
 from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
-    ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, Role, Run, RunStatus as R,
+    ActionClass, ActionKind, ActionStatus as A, AuditEvent, CompensationStrategy, ErasedRun, Role, Run,
+    RunStatus as R,
 )
 from recovery.models import TrailShareLink
 
@@ -224,6 +225,15 @@ def trail_link_open(token: str) -> Run | None:
         return None
     TrailShareLink.objects.filter(pk=link.pk).update(last_used_at=now)
     return link.run
+
+
+def trail_link_erased(token: str):
+    """When a share token is one of a run whose person's data was erased (recovery/erasure.py), the day it was: the
+    link answers 410 with that, not the unknown link's 404."""
+    if not isinstance(token, str) or not SHARE_TOKEN.match(token):
+        return None
+    return ErasedRun.objects.filter(run__trail_share_links__token_hash=_token_hash(token)).values_list(
+        "erased_at", flat=True).first()
 
 
 def trail_send(*, run: Run, user) -> str:

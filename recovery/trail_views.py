@@ -17,6 +17,7 @@ from recovery import requests as customer_requests, selectors, stops, views
 from recovery.trail import (
     correction_trail,
     trail_link_create,
+    trail_link_erased,
     trail_link_open,
     trail_link_revoke,
     trail_send,
@@ -76,10 +77,7 @@ def trail_share(request, token: str):
     run = trail_link_open(token)
     if run is None:
         # One answer for an unknown, expired or revoked link: the page must not help anyone guess.
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
+        return _link_refused(request, token)
     return _share_page(request, run, token)
 
 
@@ -127,10 +125,7 @@ def trail_share_stop(request, token: str, action_id: int):
     try:
         stops.stop_as_customer(token=token, action_id=action_id)
     except NotFound:
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
+        return _link_refused(request, token)
     except PermissionDenied as refused:
         return render(request, "recovery/refused.html", {"title": "Not allowed", "detail": refused.detail}, status=403)
     except StateConflict:
@@ -148,14 +143,11 @@ def trail_share_ask(request, token: str):
             token=token, action_id=int(raw_action) if raw_action.isdigit() else None,
             kind=asked["kind"], text=asked["text"])
     except NotFound:
-        response = _trail_missing(request, "This link does not open a correction trail. "
-                                           "Ask the person who shared it for a new one.")
-        response["X-Robots-Tag"] = "noindex"
-        return response
+        return _link_refused(request, token)
     except UnwindError as refused:
         link = customer_requests.live_link(token)
         if link is None:
-            return _trail_missing(request, "This link does not open a correction trail.")
+            return _link_refused(request, token)
         run = link.run
         return _share_page(request, run, token, ask_error=_sentence_of(refused.detail), status=refused.status,
                            asked=asked)
@@ -185,6 +177,22 @@ def customer_request_reply_view(request, pk: int):
     else:
         messages.success(request, "Your reply is on the customer's trail page, and an email tells them.")
     return redirect(back)
+
+
+def _link_refused(request, token: str):
+    """The answer to a share link that opens nothing: 410 for a run whose person's data was erased (the holder had
+    the link, and is told why it ends), otherwise the one 404 of every unknown, expired or revoked link."""
+    erased_at = trail_link_erased(token)
+    if erased_at is not None:
+        response = render(request, "recovery/refused.html", {
+            "title": "Correction trail erased",
+            "detail": f"This correction trail was erased on {erased_at:%Y-%m-%d} at the person's request: "
+                      "it no longer exists, and this link no longer opens anything."}, status=410)
+    else:
+        response = _trail_missing(request, "This link does not open a correction trail. "
+                                           "Ask the person who shared it for a new one.")
+    response["X-Robots-Tag"] = "noindex"
+    return response
 
 
 def _trail_missing(request, sentence: str):

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from recovery import trail_views, views
+from recovery import erasure_views, trail_views, views
 
 app_name = "recovery"
 
@@ -24,4 +24,5 @@ urlpatterns = [
     path("outbox/<int:pk>/", views.outbox_message, name="outbox_message"),
     path("metrics/", views.metrics, name="metrics"),
     path("policy/", views.policy, name="policy"),
+    path("erasure/", erasure_views.erasure, name="erasure"),
 ]

@@ -10,23 +10,38 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from ledger.db import sql
 from ledger.engine import decision
 from ledger.errors import NotFound
 from ledger.models import (
-    ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Executor, Run,
-    Tenant, TenantPolicyVersion, Tool,
+    ACTIVE_ACTION_STATUSES, RUN_FINAL, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, ErasedRun,
+    Executor, Run, Tenant, TenantPolicyVersion, Tool,
 )
 from ledger.policy.versions import policy_of_version
 
 ACTION_RELATED = ("tool", "run")
+# When the run's person's data was erased (recovery/erasure.py), or null: read with the run, in the same query.
+ERASED_ON = Subquery(ErasedRun.objects.filter(run_id=OuterRef("pk")).values("erased_at")[:1])
+
+
+def erased_on(run: Run, cache: dict | None = None):
+    """When `run`'s person's data was erased, or None. A run that may still move was never erased (erasure takes
+    settled runs only), so only a settled one is looked up, once per run per `cache`."""
+    if hasattr(run, "erased_on"):
+        return run.erased_on
+    if run.status not in RUN_FINAL:
+        return None
+    cache = {} if cache is None else cache
+    if run.pk not in cache:
+        cache[run.pk] = ErasedRun.objects.filter(run_id=run.pk).values_list("erased_at", flat=True).first()
+    return cache[run.pk]
 
 
 def run_list(*, tenant_ids: list[int], agent_id: int | None, status: str | None = None, agent: str | None = None,
              since: datetime | None = None) -> QuerySet[Run]:
-    runs = Run.objects.filter(tenant_id__in=tenant_ids).select_related("agent")
+    runs = Run.objects.filter(tenant_id__in=tenant_ids).select_related("agent").annotate(erased_on=ERASED_ON)
     if agent_id is not None:
         runs = runs.filter(agent_id=agent_id)
     if status:
@@ -42,7 +57,7 @@ def run_get(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:
     runs = Run.objects.filter(tenant_id__in=tenant_ids, pk=run_id)
     if agent_id is not None:
         runs = runs.filter(agent_id=agent_id)
-    run = runs.select_related("agent", "tenant").first()
+    run = runs.select_related("agent", "tenant").annotate(erased_on=ERASED_ON).first()
     if run is None:
         raise NotFound(f"there is no run {run_id}")
     return run

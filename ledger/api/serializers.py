@@ -22,6 +22,19 @@ class ErrorOut(serializers.Serializer):
     message = serializers.CharField()
 
 
+class ErasedOut(serializers.Serializer):
+    on = serializers.DateField(help_text="The day the person's data was erased.")
+    why = serializers.CharField(help_text="Always \"at the person's request\".")
+    sentence = serializers.CharField(help_text="What now stands where their text was.")
+
+
+def erased_out(erased_at) -> dict | None:
+    if erased_at is None:
+        return None
+    return {"on": erased_at.date(), "why": "at the person's request",
+            "sentence": f"erased on {erased_at:%Y-%m-%d} at the person's request"}
+
+
 class ApprovalLinkOut(serializers.Serializer):
     id = serializers.IntegerField()
     status = serializers.CharField()
@@ -89,10 +102,17 @@ class ActionOut(OutSerializer):
                                    "tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits "
                                    "[{per, count | sum and max, window, used, asks}], denied.")
     approval = serializers.SerializerMethodField()
+    erased = serializers.SerializerMethodField(help_text=(
+        "Null, or when the data of the person its run acted for was erased at their request: every text of the "
+        "step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`."))
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(ErasedOut(allow_null=True))
+    def get_erased(self, action):
+        return erased_out(selectors.erased_on(action.run, self.context.setdefault("erased", {})))
 
     def get_awaiting_report(self, action) -> bool:
         return selectors.awaiting_report(action.status, action.tool.executor)
@@ -169,10 +189,17 @@ class RunOut(OutSerializer):
     idle_timeout = serializers.IntegerField(source="idle_timeout_seconds",
                                             help_text="Seconds without agent activity before the run is unwound.")
     attention = serializers.SerializerMethodField()
+    erased = serializers.SerializerMethodField(help_text=(
+        "Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, "
+        "intent and every text of its steps then read as `erased.sentence`."))
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(ErasedOut(allow_null=True))
+    def get_erased(self, run):
+        return erased_out(selectors.erased_on(run, self.context.setdefault("erased", {})))
 
     @extend_schema_field(AttentionOut(allow_null=True))
     def get_attention(self, run):

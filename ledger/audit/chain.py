@@ -30,9 +30,12 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.utils import timezone
 
+from ledger.audit import subjects
 from ledger.db import received, sql
 from ledger.canonical import digest, dumps
-from ledger.models import Action, AuditEvent, AuditHead, Membership, Run, TenantPolicyVersion, Tool
+from ledger.models import (
+    Action, AuditEvent, AuditHead, ErasedRun, Erasure, Membership, Run, TenantPolicyVersion, Tool,
+)
 
 GENESIS = "0" * 64
 _local = threading.local()
@@ -84,10 +87,13 @@ def _later(name: str, value):
 
 
 def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
+    """The row's digest; for a row of a run acted for someone, an HMAC of it under the run's key
+    (ledger/audit/subjects.py). A run opened before keys existed has none: its rows' digests are bare, as recorded."""
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
     later = {name: _later(name, getattr(obj, name)) for name in fields
              if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
-    return digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
+    plain = digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
+    return subjects.keyed(subjects.key_of(obj), plain)
 
 
 def action_fingerprint(action: Action) -> str:
@@ -148,6 +154,11 @@ register_fingerprinted(TenantPolicyVersion, fields=TENANT_DEFAULTS_FIELDS,
 # that existed then).
 MEMBERSHIP_FIELDS = ("user_id", "role")
 register_fingerprinted(Membership, fields=MEMBERSHIP_FIELDS, kinds=("membership.removed", "membership.recorded"))
+# An erasure and the runs it erased (recovery/erasure.py): a run marked erased in the database, or an erasure's
+# numbers changed, shows.
+register_fingerprinted(Erasure, fields=("erased_at", "erased_by", "reason", "runs", "actions", "fields", "events",
+                                        "unkeyed_events"), kinds=("subject.erased",))
+register_fingerprinted(ErasedRun, fields=("run_id", "erasure_id", "erased_at"), kinds=("subject.erased",))
 
 # --- seals --------------------------------------------------------------------------------------------------
 
@@ -169,9 +180,11 @@ def seal(action: Action, text: str | None = None) -> dict:
     Recomputed from the row just before the call leaves (ledger/audit/sealed.py) and by `verify_chain`, so an edit of
     the row shows whatever was recorded about it since: no later event's fingerprint launders it."""
     body = sent_text(action) if text is None else text
-    return {"body": hashlib.sha256(body.encode()).hexdigest(),
-            "call": digest(action.tool_id, action.tenant_id, action.key_agent, action.idempotency_key),
-            "target": digest(action.target_id), "approvals": action.approvals_required}
+    key = subjects.key_of(action)
+    return {"body": subjects.keyed(key, hashlib.sha256(body.encode()).hexdigest()),
+            "call": subjects.keyed(key, digest(action.tool_id, action.tenant_id, action.key_agent,
+                                                action.idempotency_key)),
+            "target": subjects.keyed(key, digest(action.target_id)), "approvals": action.approvals_required}
 
 
 def sealed_fields(action: Action) -> tuple:
@@ -196,9 +209,11 @@ def undo_seal(action: Action) -> str:
     laundered by them, and the undo tool sent bytes nobody recorded. `force` is left out: the operator's choice to
     overwrite a drifted target (`runs.run_compensate`), set on the plan after the step succeeded."""
     plan = {name: value for name, value in (action.compensation_plan or {}).items() if name != "force"}
-    return digest("undo", action.tenant_id, action.tool_id, plan, hashlib.sha256(action.args_text.encode()).hexdigest(),
-                  action.args, action.result, action.before, action.after, action.target_type, action.target_id,
-                  action.idempotency_key, action.key_agent, action.risk, action.intent)
+    plain = digest("undo", action.tenant_id, action.tool_id, plan,
+                   hashlib.sha256(action.args_text.encode()).hexdigest(), action.args, action.result, action.before,
+                   action.after, action.target_type, action.target_id, action.idempotency_key, action.key_agent,
+                   action.risk, action.intent)
+    return subjects.keyed(subjects.key_of(action), plain)
 
 
 # The keys of an event's data that hold fingerprints (and seals): only `verify_chain` and the engine's checks read
@@ -346,7 +361,7 @@ def ledger_transaction(tenant_id: int):
                 del outer.pending[events:], outer.writes[writes:]
                 raise
             return
-    with transaction.atomic():
+    with transaction.atomic(), subjects.cache_scope():
         # Lock first: every writer of this tenant takes the same lock before any other row.
         head = sql.get_locked(AuditHead, tenant_id)
         log = AuditLog(tenant_id, head)

@@ -11,6 +11,7 @@ from django.utils import timezone
 from ledger import events
 from ledger.db import sql
 from ledger.engine import attempts, fastpath, runstate
+from ledger.audit import subjects
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, ValidationFailed
@@ -53,7 +54,7 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
         if existing is not None:
             return same_run(existing, agent=agent, goal=goal, on_behalf_of=on_behalf_of, plan=plan)
     run = Run(tenant=tenant, agent=agent, goal=str(goal)[:10000], on_behalf_of=str(on_behalf_of)[:200],
-              intent=intent or {}, plan=plan, open_key=idempotency_key or "", idle_timeout_seconds=idle_timeout,
+              fingerprint_key=subjects.new_key() if on_behalf_of else "", intent=intent or {}, plan=plan, open_key=idempotency_key or "", idle_timeout_seconds=idle_timeout,
               idle_deadline=timezone.now() + timedelta(seconds=idle_timeout))
     try:
         if not (fastpath.usable(tenant.pk) and fastpath.open_run(run, actor=actor, event={"goal": run.goal[:500],

@@ -627,6 +627,8 @@ export interface components {
             /** @description What the tool's rules and limits decided (null for a tool without them): tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits [{per, count | sum and max, window, used, asks}], denied. */
             policy_decision: unknown;
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
+            /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
+            readonly erased: components["schemas"]["ErasedOut"] | null;
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -799,6 +801,17 @@ export interface components {
             reason: string;
             /** Format: date-time */
             created_at: string;
+        };
+        ErasedOut: {
+            /**
+             * Format: date
+             * @description The day the person's data was erased.
+             */
+            on: string;
+            /** @description Always "at the person's request". */
+            why: string;
+            /** @description What now stands where their text was. */
+            sentence: string;
         };
         ErrorOut: {
             /** @description e.g. http_504, transient, not_sent, permanent, drift, lease_lost, settle_failed */
@@ -1069,6 +1082,8 @@ export interface components {
             /** @description What the tool's rules and limits decided (null for a tool without them): tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits [{per, count | sum and max, window, used, asks}], denied. */
             policy_decision: unknown;
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
+            /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
+            readonly erased: components["schemas"]["ErasedOut"] | null;
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1173,6 +1188,8 @@ export interface components {
             /** @description What the tool's rules and limits decided (null for a tool without them): tool_version, risk, required, fired [{rule, when, effect, reason, read}], limits [{per, count | sum and max, window, used, asks}], denied. */
             policy_decision: unknown;
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
+            /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
+            readonly erased: components["schemas"]["ErasedOut"] | null;
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1337,6 +1354,8 @@ export interface components {
             /** @description Seconds without agent activity before the run is unwound. */
             idle_timeout: number;
             readonly attention: components["schemas"]["AttentionOut"] | null;
+            /** @description Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, intent and every text of its steps then read as `erased.sentence`. */
+            readonly erased: components["schemas"]["ErasedOut"] | null;
             readonly links: components["schemas"]["RunLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1392,6 +1411,8 @@ export interface components {
             /** @description Seconds without agent activity before the run is unwound. */
             idle_timeout: number;
             readonly attention: components["schemas"]["AttentionOut"] | null;
+            /** @description Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, intent and every text of its steps then read as `erased.sentence`. */
+            readonly erased: components["schemas"]["ErasedOut"] | null;
             readonly links: components["schemas"]["RunLinksOut"];
             /** Format: date-time */
             created_at: string;
