@@ -181,3 +181,141 @@ def test_the_longest_retention_of_a_tool_the_run_used_wins(tools, signing):
     retain(tools, days=90)
     assert archive(tools).runs == 1
     assert hot(kept_long) and not hot(other)
+
+
+# --- tampering with the archive ---------------------------------------------------------------------------------
+
+def segment_files(world):
+    return [world.archive_dir / segment_key(world.acme.pk, s.sha256)
+            for s in ArchiveSegment.objects.filter(tenant=world.acme).order_by("number")]
+
+
+def broken(world, check="archive") -> str:
+    report = verify_chain(world.acme.pk)
+    assert not report.ok, "the tampering went unnoticed"
+    assert report.check == check, report
+    return report.problem
+
+
+@pytest.fixture
+def two_segments(archived):
+    age(archived.recent)
+    assert archive(archived).runs == 1
+    assert verify_chain(archived.acme.pk).ok
+    return archived
+
+
+def test_a_changed_byte_names_the_segment(two_segments):
+    path = segment_files(two_segments)[0]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    assert "segment 1 (" in (problem := broken(two_segments)) and "was changed" in problem
+
+
+def test_a_segment_rewritten_whole_under_its_old_name_is_named(two_segments):
+    """An insider who decodes a segment, edits an event and compresses it again cannot keep its name."""
+    path = segment_files(two_segments)[1]
+    read = segments.decode(path.read_bytes())
+    read.events[0]["actor"] = "someone else"
+    data, _ = segments.encode({k: v for k, v in read.manifest.items() if k not in ("t", "format")}, [
+        {"seq": e["seq"], "kind": e["kind"], "actor": e["actor"], "run_ref": e["run"], "action_ref": e["action"],
+         "data": e["data"], "created_at": timezone.datetime.fromisoformat(e["at"]), "prev_hash": e["prev"],
+         "hash": e["hash"], "key_id": e["key"]} for e in read.events], [])
+    path.write_bytes(data)
+    assert "segment 2 (" in (problem := broken(two_segments)) and "was changed" in problem
+
+
+def test_a_removed_segment_is_named(two_segments):
+    os.remove(segment_files(two_segments)[0])
+    assert "segment 1 (" in (problem := broken(two_segments)) and "missing" in problem and "removed" in problem
+
+
+def test_swapped_segments_are_named(two_segments):
+    first, second = segment_files(two_segments)
+    a, b = first.read_bytes(), second.read_bytes()
+    first.write_bytes(b)
+    second.write_bytes(a)
+    problem = broken(two_segments)
+    assert "segment 1 (" in problem and "holds the bytes of segment 2" in problem and "swapped" in problem
+
+
+def test_segments_renumbered_in_the_index_are_named(two_segments):
+    """Reordering the index (the database's list of segments) shows as a segment that does not follow."""
+    first, second = ArchiveSegment.objects.filter(tenant=two_segments.acme).order_by("number")
+    ArchiveSegment.objects.filter(pk=first.pk).update(number=99)
+    ArchiveSegment.objects.filter(pk=second.pk).update(number=1)
+    ArchiveSegment.objects.filter(pk=first.pk).update(number=2)
+    assert "does not follow" in broken(two_segments)
+
+
+def test_an_index_row_removed_is_named(two_segments):
+    last = ArchiveSegment.objects.filter(tenant=two_segments.acme).order_by("number").last()
+    ArchivedRun.objects.filter(segment=last).delete()
+    last.delete()
+    problem = verify_chain(two_segments.acme.pk)
+    assert not problem.ok and "#" in problem.problem, problem
+
+
+def test_a_hot_row_deleted_without_archiving_is_still_reported(archived):
+    Action.objects.filter(run=archived.recent).order_by("pk").last().delete()
+    assert "is in the audit chain but not in the ledger: deleted" in broken(archived, "fingerprint")
+
+
+def test_an_archived_run_deleted_from_the_hot_tables_by_hand_is_not_archived(archived):
+    """Only what a segment holds left legitimately: a run deleted by hand beside an archive is still reported."""
+    AuditEvent.objects.filter(run_ref=archived.recent.pk).delete()
+    Run.objects.filter(pk=archived.recent.pk).delete()
+    assert not verify_chain(archived.acme.pk).ok
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+def test_the_command_archives_and_its_dry_run_changes_nothing(tools, signing):
+    old = completed_run(tools, "old")
+    age(old)
+    retain(tools)
+    out = io.StringIO()
+    call_command("archive", "--dry-run", stdout=out)
+    assert f"tenant acme: would archive 1 run(s), 2 action(s): {old.pk}" in out.getvalue()
+    assert hot(old) and not ArchiveSegment.objects.exists()
+    out = io.StringIO()
+    call_command("archive", stdout=out)
+    assert "tenant acme: archived 1 run(s), 2 action(s) in 1 segment(s)" in out.getvalue()
+    assert "tenant globex: nothing archived: its retention is forever" in out.getvalue()
+    assert not hot(old)
+    out = io.StringIO()
+    call_command("verify_audit", stdout=out)
+    assert out.getvalue().startswith("ok:")
+
+
+def test_the_command_explains_a_missing_archive_url(tools, settings):
+    settings.UNWIND_ARCHIVE_URL = ""
+    with pytest.raises(CommandError, match="UNWIND_ARCHIVE_URL is not set"):
+        call_command("archive", stdout=io.StringIO())
+    settings.UNWIND_ARCHIVE_URL = "ftp://example.com/x"
+    with pytest.raises(CommandError, match="neither file:///path nor s3://"):
+        call_command("archive", stdout=io.StringIO())
+
+
+def test_the_command_explains_a_missing_signing_key(tools, settings, tmp_path):
+    settings.UNWIND_ARCHIVE_URL = f"file://{tmp_path}"
+    settings.UNWIND_AUDIT_SIGNING_KEY_FILE = ""
+    old = completed_run(tools, "old")
+    age(old)
+    retain(tools)
+    with pytest.raises(CommandError, match="UNWIND_AUDIT_SIGNING_KEY_FILE is not set"):
+        call_command("archive", stdout=io.StringIO())
+    assert hot(old)
+
+
+def test_retention_in_the_policy_file(tools):
+    from ledger.policy.document import parse_document
+
+    doc = parse_document({"agentSafety": {"policies": {}, "audit": {"retention": "90d"}}})
+    assert doc.defaults["retention_seconds"] == 90 * DAY
+    assert parse_document({"defaults": {"retention": "forever"}}).defaults["retention_seconds"] == 0
+    with pytest.raises(ValidationFailed, match="agentSafety.audit.retention"):
+        parse_document({"agentSafety": {"audit": {"retention": "10m"}}})
+    with pytest.raises(ValidationFailed, match="agentSafety.audit.retention"):
+        parse_document({"agentSafety": {"audit": {"retention": "soon"}}})

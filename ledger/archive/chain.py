@@ -131,7 +131,7 @@ def _check_head(index: ArchiveSegment, manifest: dict, verifying) -> None:
                                        "(forged or altered)") from None
 
 
-def _archived_event(line: dict, number: int) -> ArchivedEvent:
+def archived_event(line: dict, number: int) -> ArchivedEvent:
     return ArchivedEvent(seq=line["seq"], kind=line["kind"], actor=line["actor"], run_ref=line["run"],
                          action_ref=line["action"], data=line["data"], created_at=datetime.fromisoformat(line["at"]),
                          prev_hash=line["prev"], hash=line["hash"], key_id=line["key"], segment=number)
@@ -147,7 +147,7 @@ def events(archive: Archive, hot):
                 segment.manifest["prev_hash"]:
             raise ArchiveBroken("archive", f"{_name(index)} does not start where its manifest says")
         for line in segment.events:
-            event = _archived_event(line, index.number)
+            event = archived_event(line, index.number)
             if pending is not None and pending.seq < event.seq:
                 raise ArchiveBroken("archive", f"event #{pending.seq} is in the hot table but in no segment")
             if pending is not None and pending.seq == event.seq:
