@@ -41,6 +41,7 @@ class ArchivedEvent:
     prev_hash: str
     hash: str
     key_id: str
+    tenant_id: int = 0
     segment: int = 0
 
 
@@ -131,10 +132,11 @@ def _check_head(index: ArchiveSegment, manifest: dict, verifying) -> None:
                                        "(forged or altered)") from None
 
 
-def archived_event(line: dict, number: int) -> ArchivedEvent:
+def archived_event(line: dict, index: ArchiveSegment) -> ArchivedEvent:
     return ArchivedEvent(seq=line["seq"], kind=line["kind"], actor=line["actor"], run_ref=line["run"],
                          action_ref=line["action"], data=line["data"], created_at=datetime.fromisoformat(line["at"]),
-                         prev_hash=line["prev"], hash=line["hash"], key_id=line["key"], segment=number)
+                         prev_hash=line["prev"], hash=line["hash"], key_id=line["key"], tenant_id=index.tenant_id,
+                         segment=index.number)
 
 
 def events(archive: Archive, hot):
@@ -147,7 +149,7 @@ def events(archive: Archive, hot):
                 segment.manifest["prev_hash"]:
             raise ArchiveBroken("archive", f"{_name(index)} does not start where its manifest says")
         for line in segment.events:
-            event = archived_event(line, index.number)
+            event = archived_event(line, index)
             if pending is not None and pending.seq < event.seq:
                 raise ArchiveBroken("archive", f"event #{pending.seq} is in the hot table but in no segment")
             if pending is not None and pending.seq == event.seq:

@@ -119,5 +119,5 @@ def _events(entry: ArchivedRun, *, store=None) -> list[ArchivedEvent]:
                                                first_seq__lte=entry.last_seq).order_by("number"):
         for line in segment(index, store=store).events:
             if line["run"] == entry.run_id:
-                found.append(archived_event(line, index.number))
+                found.append(archived_event(line, index))
     return found
