@@ -319,3 +319,26 @@ def test_retention_in_the_policy_file(tools):
         parse_document({"agentSafety": {"audit": {"retention": "10m"}}})
     with pytest.raises(ValidationFailed, match="agentSafety.audit.retention"):
         parse_document({"agentSafety": {"audit": {"retention": "soon"}}})
+
+
+def test_a_finished_run_with_an_unanswered_customer_request_stays_until_it_is_answered(tools, signing):
+    """What another app keeps open for a run (recovery: an unanswered request) keeps it hot, whatever its status."""
+    from recovery.requests import customer_request_open, customer_request_reply
+    from recovery.trail import trail_link_create
+
+    tenant_defaults_set(tenant=tools.acme, values={"customer_requests_seconds": 7 * DAY}, actor="test")
+    run = completed_run(tools, "asked")
+    _, token = trail_link_create(run=run, user=tools.oscar)
+    asked = customer_request_open(token=token, action_id=None, kind="other", text="my name is misspelt")
+    # The request put the run in the queue; the operator closes the item and has not answered the person yet.
+    from recovery.services import recovery_close
+
+    recovery_close(item=RecoveryItem.objects.get(run=run, status="open"), user=tools.oscar, reason="fixed the name")
+    run.refresh_from_db()
+    assert run.status == RunStatus.CLOSED
+    age(run)
+    retain(tools)
+    assert archive(tools).runs == 0 and hot(run)
+    customer_request_reply(request=asked, user=tools.oscar, text="fixed, sorry")
+    assert archive(tools).runs == 1 and not hot(run)
+    assert verify_chain(tools.acme.pk).ok

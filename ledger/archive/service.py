@@ -64,7 +64,9 @@ def run_tables() -> list[_Table]:
         table.lookups.append(path)
         if not first:
             continue  # its children were reached from its first path
-        for rel in model._meta.related_objects:
+        # Hidden relations too (related_name="+"): a step a customer's request names points at it that way.
+        relations = [f for f in model._meta.get_fields(include_hidden=True) if f.auto_created and (f.one_to_many or f.one_to_one) and not f.concrete]
+        for rel in relations:
             child = rel.related_model
             child_path = f"{rel.field.name}__{path}" if path else rel.field.name
             if rel.on_delete.__name__ == "CASCADE" and child is not model:  # an undo's step is reached as a step
@@ -149,13 +151,15 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
                             "run `manage.py verify_audit` (nothing was archived)")
     prev_hash = previous_hash(tenant.pk, first_seq, previous)
     last_hash = events[-1]["hash"] if events else prev_hash
-    rows, actions = [], 0
+    rows, actions, taken = [], 0, {}
     for table in tables:
         label = table.model._meta.label_lower
-        values = list(table.model._base_manager.filter(_reaches(table, ids)).order_by("pk").values())
+        values = list(table.model._base_manager.filter(_reaches(table, ids)).order_by("pk").values()) \
+            if table.lookups else []
         if label == "ledger.action":
             actions = len(values)
         rows.extend((label, row) for row in values)
+        taken[label] = [row[table.model._meta.pk.attname] for row in values]
     head = {"tenant": tenant.pk, "slug": tenant.slug, "seq": last_seq, "hash": last_hash,
             "key_id": events[-1]["key_id"] if events else "", "at": now.isoformat(),
             "signer": audit_export.public_key_id(key.public_key())}
@@ -165,8 +169,8 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
                 "prev_segment": previous.sha256 if previous else None, "runs": ids, "head": head}
     data, sha256 = segments.encode(manifest, events, rows)
     store.put(segment_key(tenant.pk, sha256), data)
-    return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, tables=tables, actor=actor,
-                   now=now)
+    return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, taken=taken,
+                   tables=tables, actor=actor, now=now)
 
 
 def signed_part(head: dict) -> bytes:
@@ -184,7 +188,7 @@ def previous_hash(tenant_id: int, first_seq: int, previous: ArchiveSegment | Non
     return previous.last_hash if previous is not None else GENESIS
 
 
-def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, tables, actor, now) -> ArchiveSegment:
+def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tables, actor, now) -> ArchiveSegment:
     ids = [c.run_id for c in batch]
     with ledger_transaction(tenant.pk) as audit:
         fresh = Tenant.objects.filter(pk=tenant.pk).values_list("legal_hold", "retention_seconds").get()
@@ -208,9 +212,13 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, tables, act
         for table in tables:
             for column, path in table.nulls:
                 table.model._base_manager.filter(**{f"{path}__in": ids}).update(**{column: None})
+        # Exactly the rows the segment holds, by primary key: a row added since they were read (a new trail link,
+        # say) keeps its run's row referenced, and the foreign key fails the transaction rather than lose it.
         using = router.db_for_write(Run)
         for table in reversed(tables):
-            table.model._base_manager.filter(_reaches(table, ids))._raw_delete(using)
+            pks = taken.get(table.model._meta.label_lower) or []
+            for start in range(0, len(pks), 5000):
+                table.model._base_manager.filter(pk__in=pks[start:start + 5000])._raw_delete(using)
         AuditEvent.objects.filter(tenant_id=tenant.pk, run_ref__in=ids)._raw_delete(using)
         audit.record(ARCHIVED_EVENT, actor=actor, segment=sha256, number=manifest["number"],
                      first_seq=manifest["first_seq"], last_seq=manifest["last_seq"], runs=ids, actions=actions)
