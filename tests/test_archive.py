@@ -342,3 +342,44 @@ def test_a_finished_run_with_an_unanswered_customer_request_stays_until_it_is_an
     customer_request_reply(request=asked, user=tools.oscar, text="fixed, sorry")
     assert archive(tools).runs == 1 and not hot(run)
     assert verify_chain(tools.acme.pk).ok
+
+
+# --- an S3-compatible bucket -------------------------------------------------------------------------------------
+
+@pytest.fixture
+def bucket(settings, monkeypatch, signing):
+    """A real S3 API on loopback (moto's server): the archive talks to it over HTTP with boto3, as to any S3."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    settings.UNWIND_ARCHIVE_S3_ENDPOINT_URL = f"http://{host}:{port}"
+    settings.UNWIND_ARCHIVE_URL = "s3://unwind-archive/ledger"
+    client = boto3.client("s3", endpoint_url=settings.UNWIND_ARCHIVE_S3_ENDPOINT_URL)
+    client.create_bucket(Bucket="unwind-archive")
+    yield client
+    server.stop()
+
+
+def test_an_s3_bucket_holds_segments_that_verify_and_are_read_back(tools, bucket):
+    from ledger.archive.reader import archived_run
+
+    old = completed_run(tools, "old")
+    age(old)
+    retain(tools)
+    assert archive(tools).runs == 1
+    segment = ArchiveSegment.objects.get(tenant=tools.acme)
+    key = f"ledger/{segment_key(tools.acme.pk, segment.sha256)}"
+    stored = bucket.get_object(Bucket="unwind-archive", Key=key)["Body"].read()
+    assert segments.decode(stored).manifest["runs"] == [old.pk]
+    assert verify_chain(tools.acme.pk).ok
+    view = archived_run(tenant_ids=[tools.acme.pk], agent_id=tools.agent.pk, run_id=old.pk)
+    assert view.run.goal == "old" and [a.tool.name for a in view.actions] == ["hr.create_user", "licenses.provision"]
+    bucket.delete_object(Bucket="unwind-archive", Key=key)
+    report = verify_chain(tools.acme.pk)
+    assert not report.ok and "segment 1 (" in report.problem and "missing from s3://unwind-archive/ledger" in report.problem
