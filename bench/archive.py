@@ -62,7 +62,10 @@ def main(runs: int) -> dict:
     report = archive_tenant(tenant=tenant, actor="bench")
     profile.disable()
     seconds = time.perf_counter() - started
-    stats = pstats.Stats(profile, stream=io.StringIO())
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(25)
+    log(out.getvalue())
     by_name = {}
     for (_, _, name), (_, _, _, cumulative, _) in stats.stats.items():
         by_name[name] = max(by_name.get(name, 0.0), cumulative)

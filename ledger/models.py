@@ -84,6 +84,15 @@ SUBADDRESS_SEPARATORS = "+-=_"
 SUBADDRESS_SEPARATORS_DEFAULT = "+"
 # The bounds of the window for customer requests (recovery/requests.py), when on: an hour to ninety days.
 CUSTOMER_REQUESTS_SECONDS = (3600, 90 * 86400)
+# The bounds of a retention (docs/archive.md): an hour to a hundred years, or 0 for ever.
+RETENTION_SECONDS = (3600, 100 * 365 * 86400)
+
+
+def validate_retention(value: int) -> None:
+    from django.core.exceptions import ValidationError
+
+    if value and not RETENTION_SECONDS[0] <= value <= RETENTION_SECONDS[1]:
+        raise ValidationError(f"a retention is 0 (for ever) or {RETENTION_SECONDS[0]} to {RETENTION_SECONDS[1]} seconds")
 
 
 class Tenant(models.Model):
@@ -112,7 +121,7 @@ class Tenant(models.Model):
         help_text="How long after a run the person it acted for may ask for a correction from its trail's share page "
                   "(recovery/requests.py); 0: never (the default).")
     retention_seconds = models.PositiveBigIntegerField(
-        default=0, db_default=0,
+        default=0, db_default=0, validators=[validate_retention],
         help_text="How long a settled run stays in the hot tables after it finished before `manage.py archive` moves "
                   "it to the archive (policy `audit.retention`); 0: kept hot for ever (the default).")
     legal_hold = models.BooleanField(

@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from ledger.errors import ValidationFailed
+from ledger.models import RETENTION_SECONDS as RETENTION_BOUNDS
 
 
 def fail(where: str, why: str):
@@ -51,7 +52,7 @@ def duration(value: Any, where: str, *, minimum: float = 0, maximum: float | Non
 
 
 # Retention (`retention`, docs/archive.md): from an hour to a hundred years; "forever" (or 0) keeps runs hot.
-RETENTION_SECONDS = (3600, 100 * 365 * 86400)
+RETENTION_SECONDS = RETENTION_BOUNDS
 
 
 def retention(value: Any, where: str) -> int:
