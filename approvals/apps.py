@@ -35,7 +35,7 @@ class ApprovalsConfig(AppConfig):
         register_keeps_hot(runs_with_open_approvals)
 
 
-def runs_with_open_approvals(run_ids: list[int]) -> set[int]:
+def runs_with_open_approvals(run_ids) -> set[int]:
     from approvals.models import ApprovalRequest, ApprovalStatus, Notification, NotificationStatus
 
     pending = set(ApprovalRequest.objects.filter(run_id__in=run_ids, status=ApprovalStatus.PENDING)

@@ -56,6 +56,27 @@ def main(runs: int) -> dict:
     actions = Action.objects.filter(tenant=tenant).count()
     attempts = Attempt.objects.filter(action__tenant=tenant).count()
     events = AuditEvent.objects.filter(tenant=tenant).count()
+    from django.db import connection
+
+    queries = []
+
+    def timed_query(execute, sql, params, many, context):
+        began = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            queries.append((time.perf_counter() - began, sql[:150]))
+
+    if os.environ.get("BENCH_PROFILE", "1") == "0":
+        with connection.execute_wrapper(timed_query):
+            started = time.perf_counter()
+            report = archive_tenant(tenant=tenant, actor="bench")
+            seconds = time.perf_counter() - started
+        for took, text in sorted(queries, reverse=True)[:12]:
+            log(f"{took * 1000:8.1f} ms  {text}")
+        log(f"{len(queries)} queries, {sum(t for t, _ in queries):.2f} s in the database")
+        return {"runs": report.runs, "actions": report.actions, "seconds": round(seconds, 3),
+                "actions_per_s": round(report.actions / seconds), "profiled": False}
     profile = cProfile.Profile()
     started = time.perf_counter()
     profile.enable()

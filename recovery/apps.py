@@ -38,7 +38,7 @@ class RecoveryConfig(AppConfig):
         register_keeps_hot(runs_with_open_items)
 
 
-def runs_with_open_items(run_ids: list[int]) -> set[int]:
+def runs_with_open_items(run_ids) -> set[int]:
     from recovery.models import CustomerRequest, ItemStatus, RecoveryItem
 
     items = set(RecoveryItem.objects.filter(run_id__in=run_ids, status=ItemStatus.OPEN).values_list("run_id", flat=True))

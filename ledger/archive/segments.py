@@ -45,11 +45,13 @@ def event_line(event: dict) -> dict:
             "key": event["key_id"]}
 
 
-def encode(manifest: dict, events: list[dict], rows: list[tuple[str, dict]]) -> tuple[bytes, str]:
-    """(the segment's bytes, their SHA-256)."""
+def encode(manifest: dict, events: list, rows: list[tuple[str, dict | str]]) -> tuple[bytes, str]:
+    """(the segment's bytes, their SHA-256). An event is its columns, or its line already as JSON text; a row's
+    fields are a dict, or already JSON text (PostgreSQL writes both: service.py)."""
     lines = [_encode({"t": "segment", "format": FORMAT, **manifest})]
-    lines.extend(_encode(event_line(event)) for event in events)
-    lines.extend(_encode({"t": "row", "model": label, "fields": values}) for label, values in rows)
+    lines.extend(event if isinstance(event, str) else _encode(event_line(event)) for event in events)
+    lines.extend('{"t":"row","model":%s,"fields":%s}' % (_encode(label), values if isinstance(values, str)
+                                                          else _encode(values)) for label, values in rows)
     data = zstandard.ZstdCompressor(level=LEVEL).compress(("\n".join(lines) + "\n").encode())
     return data, hashlib.sha256(data).hexdigest()
 

@@ -13,16 +13,19 @@ and its runs' events are deleted from the hot tables.
 from __future__ import annotations
 
 import base64
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
-from django.db import router
+from django.db import connection, router
 from django.db.models import Model, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from ledger.archive import retention, segments
+from ledger.archive.retention import id_set
 from ledger.archive.store import archive_store, segment_key
 from ledger.audit.chain import GENESIS, ledger_transaction
 from ledger.canonical import dumps
@@ -79,8 +82,25 @@ def run_tables() -> list[_Table]:
 def _reaches(table: _Table, ids: list[int]) -> Q:
     q = Q(pk__in=[])
     for path in table.lookups:
-        q |= Q(**{f"{path}__in" if path else "pk__in": ids})
+        q |= Q(**{f"{path}__in" if path else "pk__in": id_set(ids)})
     return q
+
+
+# On PostgreSQL the database writes a segment's lines itself: an event's line, and a row as JSON, as text that goes
+# into the segment as it is (no decoding of JSON columns to encode them again). An event's `at` is its timestamp in
+# ISO 8601 (the connection's time zone is UTC), which parses back to the instant its HMAC covers.
+EVENT_LINE = ("json_build_object('t', 'event', 'seq', seq, 'kind', kind, 'actor', actor, 'run', run_ref, 'action', "
+              "action_ref, 'data', data, 'at', created_at, 'prev', prev_hash, 'hash', hash, 'key', key_id)::text")
+
+
+def _table_rows(table: _Table, ids: list[int]) -> list[tuple[int, dict | str]]:
+    """(primary key, fields) of the table's rows of these runs, oldest first."""
+    found = table.model._base_manager.filter(_reaches(table, ids)).order_by("pk")
+    if connection.vendor == "postgresql":
+        whole = RawSQL(f"row_to_json({connection.ops.quote_name(table.model._meta.db_table)})::text", ())
+        return list(found.annotate(archive_fields=whole).values_list("pk", "archive_fields"))
+    attname = table.model._meta.pk.attname
+    return [(row[attname], row) for row in found.values()]
 
 
 # --- a pass ---------------------------------------------------------------------------------------------------
@@ -144,24 +164,28 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
     previous = ArchiveSegment.objects.filter(tenant_id=tenant.pk).order_by("-number").first()
     first_seq = previous.last_seq + 1 if previous else 1
     last_seq = max(previous.last_seq if previous else 0, max(c.last_seq for c in batch))
-    events = list(AuditEvent.objects.filter(tenant_id=tenant.pk, seq__gte=first_seq, seq__lte=last_seq)
-                  .order_by("seq").values(*EVENT_COLUMNS))
+    slice_ = AuditEvent.objects.filter(tenant_id=tenant.pk, seq__gte=first_seq, seq__lte=last_seq).order_by("seq")
+    if connection.vendor == "postgresql":
+        events = list(slice_.annotate(line=RawSQL(EVENT_LINE, ())).values_list("line", flat=True))
+        last = slice_.reverse().values("hash", "key_id").first()
+    else:
+        events = list(slice_.values(*EVENT_COLUMNS))
+        last = events[-1] if events else None
     if len(events) != last_seq - first_seq + 1:
         raise StateConflict(f"the chain of tenant {tenant.slug} has gaps between #{first_seq} and #{last_seq}: "
                             "run `manage.py verify_audit` (nothing was archived)")
     prev_hash = previous_hash(tenant.pk, first_seq, previous)
-    last_hash = events[-1]["hash"] if events else prev_hash
+    last_hash = last["hash"] if last else prev_hash
     rows, actions, taken = [], 0, {}
     for table in tables:
         label = table.model._meta.label_lower
-        values = list(table.model._base_manager.filter(_reaches(table, ids)).order_by("pk").values()) \
-            if table.lookups else []
+        found = _table_rows(table, ids) if table.lookups else []
         if label == "ledger.action":
-            actions = len(values)
-        rows.extend((label, row) for row in values)
-        taken[label] = [row[table.model._meta.pk.attname] for row in values]
+            actions = len(found)
+        rows.extend((label, fields) for _, fields in found)
+        taken[label] = [pk for pk, _ in found]
     head = {"tenant": tenant.pk, "slug": tenant.slug, "seq": last_seq, "hash": last_hash,
-            "key_id": events[-1]["key_id"] if events else "", "at": now.isoformat(),
+            "key_id": last["key_id"] if last else "", "at": now.isoformat(),
             "signer": audit_export.public_key_id(key.public_key())}
     head["sig"] = base64.b64encode(key.sign(signed_part(head))).decode()
     manifest = {"tenant": tenant.pk, "number": (previous.number + 1) if previous else 1, "first_seq": first_seq,
@@ -206,8 +230,9 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tabl
             ArchivedRun(run_id=c.run_id, tenant_id=tenant.pk, agent_id=c.agent_id, segment=segment,
                         first_seq=c.first_seq, last_seq=c.last_seq, finished_at=c.finished_at, archived_at=now)
             for c in batch])
+        keyed = [(label, json.loads(row) if isinstance(row, str) else row) for label, row in rows if label in _lookup_keys]
         keys = [ArchivedKey(label=label, value=str(row[_lookup_keys[label]]), run_id=row["run_id"])
-                for label, row in rows if label in _lookup_keys]
+                for label, row in keyed]
         ArchivedKey.objects.bulk_create(keys)
         for table in tables:
             for column, path in table.nulls:
@@ -218,8 +243,8 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tabl
         for table in reversed(tables):
             pks = taken.get(table.model._meta.label_lower) or []
             for start in range(0, len(pks), 5000):
-                table.model._base_manager.filter(pk__in=pks[start:start + 5000])._raw_delete(using)
-        AuditEvent.objects.filter(tenant_id=tenant.pk, run_ref__in=ids)._raw_delete(using)
+                table.model._base_manager.filter(pk__in=id_set(pks[start:start + 5000]))._raw_delete(using)
+        AuditEvent.objects.filter(tenant_id=tenant.pk, run_ref__in=id_set(ids))._raw_delete(using)
         audit.record(ARCHIVED_EVENT, actor=actor, segment=sha256, number=manifest["number"],
                      first_seq=manifest["first_seq"], last_seq=manifest["last_seq"], runs=ids, actions=actions)
     return segment
