@@ -383,3 +383,34 @@ def test_an_s3_bucket_holds_segments_that_verify_and_are_read_back(tools, bucket
     bucket.delete_object(Bucket="unwind-archive", Key=key)
     report = verify_chain(tools.acme.pk)
     assert not report.ok and "segment 1 (" in report.problem and "missing from s3://unwind-archive/ledger" in report.problem
+
+
+def test_a_segment_rewritten_and_reindexed_is_named_by_the_chain(archived):
+    """An insider who edits a segment, names it by its new hash and points the index at it is still caught: the chain
+    recorded the segment's hash (archive.segment), and that event cannot be rewritten without the audit key."""
+    import hashlib
+
+    index = ArchiveSegment.objects.get(tenant=archived.acme)
+    path = segment_files(archived)[0]
+    read = segments.decode(path.read_bytes())
+    manifest = {k: v for k, v in read.manifest.items() if k not in ("t", "format")}
+    rows = [(label, row) for label, found in read.rows.items() for row in found]
+    rows = [(label, {**row, "goal": "nothing happened"} if label == "ledger.run" else row) for label, row in rows]
+    data, sha = segments.encode(manifest, [{"seq": e["seq"], "kind": e["kind"], "actor": e["actor"],
+                                            "run_ref": e["run"], "action_ref": e["action"], "data": e["data"],
+                                            "created_at": timezone.datetime.fromisoformat(e["at"]),
+                                            "prev_hash": e["prev"], "hash": e["hash"], "key_id": e["key"]}
+                                           for e in read.events], rows)
+    assert sha == hashlib.sha256(data).hexdigest() != index.sha256
+    (path.parent / f"{sha}.jsonl.zst").write_bytes(data)
+    ArchiveSegment.objects.filter(pk=index.pk).update(sha256=sha)
+    problem = broken(archived)
+    assert f"recorded segment {index.sha256[:16]}" in problem and "not in the archive index" in problem
+
+
+def test_a_segment_name_is_never_a_path(tools):
+    """Segment names are computed (tenant id, SHA-256), never taken from a request: nothing else can become a path."""
+    for hostile in ("../../etc/passwd", "a" * 63, "A" * 64, "", "0" * 64 + "/x", "0" * 64 + "\n"):
+        with pytest.raises(ValueError):
+            segment_key(tools.acme.pk, hostile)
+    assert segment_key("7", "0" * 64) == f"tenant-7/{'0' * 64}.jsonl.zst"

@@ -16,7 +16,7 @@ SUFFIX = ".jsonl.zst"
 
 
 def segment_key(tenant_id: int, sha256: str) -> str:
-    if not SEGMENT_NAME.match(sha256):
+    if not isinstance(sha256, str) or not SEGMENT_NAME.fullmatch(sha256):
         raise ValueError(f"{sha256!r} is not a segment's SHA-256")
     return f"tenant-{int(tenant_id)}/{sha256}{SUFFIX}"
 
