@@ -286,7 +286,10 @@ def test_the_command_archives_and_its_dry_run_changes_nothing(tools, signing):
     assert not hot(old)
     out = io.StringIO()
     call_command("verify_audit", stdout=out)
-    assert out.getvalue().startswith("ok:")
+    assert out.getvalue().startswith("ok:") and "; 1 archived segment(s) read as part of their chains" in out.getvalue()
+    os.remove(signing / segment_key(tools.acme.pk, ArchiveSegment.objects.get().sha256))
+    with pytest.raises(CommandError, match=r"tenant acme: broken at segment 1 \(.*missing.*\[check: archive\]"):
+        call_command("verify_audit", stdout=io.StringIO())
 
 
 def test_the_command_explains_a_missing_archive_url(tools, settings):

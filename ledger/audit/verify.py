@@ -33,6 +33,7 @@ class ChainReport:
     check: str = ""  # which check failed: sequence, link, key, hmac, head, sends, hold, undo, fingerprint, policy,
     # attempt, totals, export-signature, export-head
     exported_head: int | None = None  # the seq of the signed head checked against, when there is one
+    segments: int = 0  # archived segments read as part of the chain (ledger/archive)
 
 
 class _Broken(Exception):
@@ -45,14 +46,14 @@ def verify_chain(tenant_id: int, *, keys: dict[str, bytes] | None = None) -> Cha
     """Walk a tenant's chain: sequence, links, each event's HMAC under the key it names, the head, the newest signed
     head exported outside the database (when UNWIND_AUDIT_EXPORT_DIR is set), and the fingerprints of the rows."""
     keys = settings.UNWIND_AUDIT_KEYS if keys is None else keys
-    state = {"events": 0, "exported": None}
+    state = {"events": 0, "exported": None, "segments": 0}
     try:
         _verify(tenant_id, keys, state)
     except archive_chain.ArchiveBroken as broken:
         return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])
     except _Broken as broken:
         return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])
-    return ChainReport(True, state["events"], exported_head=state["exported"])
+    return ChainReport(True, state["events"], exported_head=state["exported"], segments=state["segments"])
 
 
 def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
@@ -68,6 +69,7 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     # Archived segments (ledger/archive, docs/archive.md) hold the older slices of the chain and the rows of the runs
     # they took out of the hot tables: the walk reads them first, as one chain with the hot events.
     archive = archive_chain.load(tenant_id)
+    state["segments"] = len(archive.segments)
     segments_recorded: dict[str, int] = {}
     prev = GENESIS
     expected_seq = 0
