@@ -29,6 +29,20 @@ class ApprovalsConfig(AppConfig):
         register_fingerprinted(ApprovalDecision, fields=APPROVAL_DECISION_FIELDS,
                                kinds=("approval.approve", "approval.reject"), tenant_lookup="request__tenant_id")
 
+        # A run with a pending request or a message still to send stays in the hot tables (docs/archive.md).
+        from ledger.archive.retention import register_keeps_hot
+
+        register_keeps_hot(runs_with_open_approvals)
+
+
+def runs_with_open_approvals(run_ids) -> set[int]:
+    from approvals.models import ApprovalRequest, ApprovalStatus, Notification, NotificationStatus
+
+    pending = set(ApprovalRequest.objects.filter(run_id__in=run_ids, status=ApprovalStatus.PENDING)
+                  .values_list("run_id", flat=True))
+    return pending | set(Notification.objects.filter(request__run_id__in=run_ids, status__in=[NotificationStatus.PENDING, NotificationStatus.SENDING])
+                         .values_list("request__run_id", flat=True))
+
 
 # What an approver is shown and what was decided: the preview and the hash it binds to, who asked, the quorum,
 # the outcome; and each person's decision with its reason.

@@ -320,6 +320,12 @@ UNWIND_AUDIT_SIGNING_KEY_FILE = env_str("UNWIND_AUDIT_SIGNING_KEY_FILE", "")
 UNWIND_AUDIT_PUBLIC_KEY_FILE = env_str("UNWIND_AUDIT_PUBLIC_KEY_FILE", "")
 UNWIND_AUDIT_EXPORT_DIR = env_str("UNWIND_AUDIT_EXPORT_DIR", "")
 UNWIND_AUDIT_CHECKPOINT_SECONDS = env_float("UNWIND_AUDIT_CHECKPOINT_SECONDS", 300.0, minimum=1)
+# Where `manage.py archive` writes segments of settled runs past their retention (docs/archive.md): file:///dir or
+# s3://bucket/prefix (UNWIND_ARCHIVE_S3_ENDPOINT_URL for an S3-compatible server other than AWS). Deployer
+# configuration only: nothing a request sends reaches a path or a bucket name.
+UNWIND_ARCHIVE_URL = env_str("UNWIND_ARCHIVE_URL", "")
+UNWIND_ARCHIVE_S3_ENDPOINT_URL = env_str("UNWIND_ARCHIVE_S3_ENDPOINT_URL", "")
+UNWIND_ARCHIVE_SEGMENT_RUNS = env_int("UNWIND_ARCHIVE_SEGMENT_RUNS", 1000, minimum=1)
 if UNWIND_AUDIT_EXPORT_DIR and not (UNWIND_AUDIT_SIGNING_KEY_FILE or UNWIND_AUDIT_PUBLIC_KEY_FILE):
     raise ImproperlyConfigured("UNWIND_AUDIT_EXPORT_DIR needs UNWIND_AUDIT_SIGNING_KEY_FILE (to sign heads) or "
                                "UNWIND_AUDIT_PUBLIC_KEY_FILE (to verify them).")

@@ -8,6 +8,7 @@ change them through the API, pipelines with a deploy key.
 """
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
@@ -22,6 +23,43 @@ from ledger.tenancy import (
     agent_create, agent_revoke, deploy_key_revoke, membership_remove, membership_set, tenant_create,
 )
 from ledger.policy.versions import DEFAULT_FIELDS, tenant_defaults_set, tool_policy_check, tool_upsert
+
+class LegalHoldActions:
+    """Set or clear a legal hold (docs/archive.md) on the selected runs or tenants: superusers only, each with the
+    reason asked on a page of its own, and recorded in the tenant's audit chain with who and why."""
+
+    def has_legal_hold_permission(self, request):
+        return request.user.is_active and request.user.is_superuser
+
+    def _legal_hold(self, request, queryset, held: bool):
+        from ledger.archive.service import legal_hold_set
+
+        why = request.POST.get("why", "").strip() if request.POST.get("confirm") else None
+        if not why:
+            return TemplateResponse(request, "admin/ledger/legal_hold.html", {
+                **self.admin_site.each_context(request), "opts": self.model._meta, "objects": queryset,
+                "held": held, "action": request.POST.get("action"), "asked": why is not None,
+                "title": f"{'Set' if held else 'Clear'} a legal hold",
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            })
+        changed = 0
+        for obj in queryset:
+            if isinstance(obj, Run):
+                changed += legal_hold_set(tenant=obj.tenant, run=obj, held=held, actor=actor_of(request), why=why)
+            else:
+                changed += legal_hold_set(tenant=obj, held=held, actor=actor_of(request), why=why)
+        self.message_user(request, f"Legal hold {'set on' if held else 'cleared from'} {changed} "
+                                   f"{self.model._meta.verbose_name}(s); recorded in the audit chain.", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Set a legal hold (never archived)", permissions=["legal_hold"])
+    def legal_hold_on(self, request, queryset):
+        return self._legal_hold(request, queryset, True)
+
+    @admin.action(description="Clear the legal hold", permissions=["legal_hold"])
+    def legal_hold_off(self, request, queryset):
+        return self._legal_hold(request, queryset, False)
+
 
 LEDGER_NOTE = "Ledger rows are read-only here: runs change state only through the services, the API and the console."
 
@@ -64,14 +102,17 @@ class SuperuserWritesAdmin(admin.ModelAdmin):
 
 
 @admin.register(Tenant)
-class TenantAdmin(SuperuserWritesAdmin):
-    list_display = ("slug", "name", "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "created_at")
-    list_filter = ("approval_threshold",)
+class TenantAdmin(LegalHoldActions, SuperuserWritesAdmin):
+    list_display = ("slug", "name", "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds",
+                    "retention_seconds", "legal_hold", "created_at")
+    list_filter = ("approval_threshold", "legal_hold")
     search_fields = ("slug", "name")
-    readonly_fields = ("created_at",)
+    readonly_fields = ("created_at", "legal_hold")
+    actions = ("legal_hold_on", "legal_hold_off")
 
     def get_readonly_fields(self, request, obj=None):
-        return ("slug", "created_at") if obj is not None else ("created_at",)
+        # The hold changes through its actions only (with a reason, audited), never through this form.
+        return ("slug", "created_at", "legal_hold") if obj is not None else ("created_at", "legal_hold")
 
     def has_delete_permission(self, request, obj=None):
         return False  # a tenant's audit chain must outlive its rows (AuditEvent protects it anyway)
@@ -316,10 +357,11 @@ def console_url(url_name: str, pk: int) -> str:
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyAdmin):
+class RunAdmin(LegalHoldActions, ReadOnlyAdmin):
     list_display = ("id", "tenant", "agent", "status", "pivot_committed", "attention_reason", "created_at",
-                    "finished_at", "timeline")
-    list_filter = ("status", "pivot_committed", "attention_reason", "tenant")
+                    "finished_at", "legal_hold", "timeline")
+    list_filter = ("status", "pivot_committed", "attention_reason", "legal_hold", "tenant")
+    actions = ("legal_hold_on", "legal_hold_off")
     search_fields = ("=id", "goal", "on_behalf_of", "agent__name")
     list_select_related = ("tenant", "agent")
     date_hierarchy = "created_at"

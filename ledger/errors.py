@@ -63,6 +63,11 @@ class TargetUnreadable(UnwindError):
     code, status, title = "target_unreadable", 503, "The target could not be read before acting"
 
 
+class ArchiveUnavailable(UnwindError):
+    """An archived run whose segment cannot be fetched, or no longer hashes to its name (docs/archive.md)."""
+    code, status, title = "archive_unavailable", 503, "The archive segment holding it cannot be read"
+
+
 class TargetMismatch(UnwindError):
     """The agent sent a target its tool's policy does not let it choose (the policy derives it, or names none)."""
     code, status, title = "target_mismatch", 422, "The target is not the agent's to choose"

@@ -84,6 +84,15 @@ SUBADDRESS_SEPARATORS = "+-=_"
 SUBADDRESS_SEPARATORS_DEFAULT = "+"
 # The bounds of the window for customer requests (recovery/requests.py), when on: an hour to ninety days.
 CUSTOMER_REQUESTS_SECONDS = (3600, 90 * 86400)
+# The bounds of a retention (docs/archive.md): an hour to a hundred years, or 0 for ever.
+RETENTION_SECONDS = (3600, 100 * 365 * 86400)
+
+
+def validate_retention(value: int) -> None:
+    from django.core.exceptions import ValidationError
+
+    if value and not RETENTION_SECONDS[0] <= value <= RETENTION_SECONDS[1]:
+        raise ValidationError(f"a retention is 0 (for ever) or {RETENTION_SECONDS[0]} to {RETENTION_SECONDS[1]} seconds")
 
 
 class Tenant(models.Model):
@@ -111,6 +120,13 @@ class Tenant(models.Model):
         default=0, db_default=0,
         help_text="How long after a run the person it acted for may ask for a correction from its trail's share page "
                   "(recovery/requests.py); 0: never (the default).")
+    retention_seconds = models.PositiveBigIntegerField(
+        default=0, db_default=0, validators=[validate_retention],
+        help_text="How long a settled run stays in the hot tables after it finished before `manage.py archive` moves "
+                  "it to the archive (policy `audit.retention`); 0: kept hot for ever (the default).")
+    legal_hold = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Under a legal hold: none of the tenant's runs is archived (set and cleared by an admin, audited).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self):
@@ -257,6 +273,10 @@ class Tool(models.Model):
                                        '"reason"}] (ledger/policy/rules.py).')
     limits = models.JSONField(default=list, blank=True,
                               help_text='Budgets and rates: [{"per", "count" | "sum" and "max", "window"}] (ledger/policy/limits.py).')
+    retention_seconds = models.PositiveBigIntegerField(
+        default=0, db_default=0,
+        help_text="How long a settled run that called it stays hot (policy `retention`); the longest of its tools' and "
+                  "its tenant's wins; 0: the tenant's.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -302,6 +322,7 @@ class TenantPolicyVersion(models.Model):
     subaddress_separators = models.CharField(max_length=4, blank=True, default=SUBADDRESS_SEPARATORS_DEFAULT,
                                              db_default=SUBADDRESS_SEPARATORS_DEFAULT)
     customer_requests_seconds = models.PositiveIntegerField(default=0, db_default=0)
+    retention_seconds = models.PositiveBigIntegerField(default=0, db_default=0)
     actor = models.CharField(max_length=160)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -356,6 +377,9 @@ class Run(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    legal_hold = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Under a legal hold: never archived, whatever its age (set and cleared by an admin, audited).")
 
     class Meta:
         constraints = [
@@ -642,6 +666,55 @@ class AuditHead(models.Model):
     tenant = models.OneToOneField(Tenant, on_delete=models.PROTECT, primary_key=True, related_name="+")
     seq = models.PositiveBigIntegerField(default=0)
     hash = models.CharField(max_length=64, default="0" * 64)
+
+
+class ArchiveSegment(models.Model):
+    """One content-addressed segment file of a tenant's archive (ledger/archive, docs/archive.md): a contiguous slice
+    of its audit chain (`first_seq`..`last_seq`, which may be empty) and the rows of the runs it took out of the hot
+    tables. `number` orders a tenant's segments; the chain records each one (`archive.segment`)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    number = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64, unique=True, help_text="Of the file's bytes: its name in the archive.")
+    first_seq = models.PositiveBigIntegerField()
+    last_seq = models.PositiveBigIntegerField()
+    runs = models.PositiveIntegerField()
+    actions = models.PositiveIntegerField()
+    size = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "number"], name="archive_segment_number_unique")]
+
+    def __str__(self):
+        return f"segment {self.number} of tenant {self.tenant_id} ({self.sha256[:12]})"
+
+
+class ArchivedRun(models.Model):
+    """Where an archived run's rows are: the index that lets its page, its trail and the API find it."""
+
+    run_id = models.BigIntegerField(primary_key=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+", db_index=False)
+    agent_id = models.BigIntegerField(null=True, blank=True)
+    segment = models.ForeignKey(ArchiveSegment, on_delete=models.PROTECT, related_name="+")
+    first_seq = models.PositiveBigIntegerField(help_text="Its first audit event: where its history starts.")
+    last_seq = models.PositiveBigIntegerField(help_text="Its last audit event.")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    archived_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "run_id"], name="archived_run_tenant")]
+
+
+class ArchivedKey(models.Model):
+    """A look-up key of an archived row another app finds it by (a trail link's token hash), with the run it is in."""
+
+    label = models.CharField(max_length=100)
+    value = models.CharField(max_length=200)
+    run = models.ForeignKey(ArchivedRun, on_delete=models.CASCADE, related_name="+", db_index=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["label", "value"], name="archived_key_unique")]
 
 
 ACTIVE_ACTION_STATUSES = (

@@ -28,6 +28,22 @@ class RecoveryConfig(AppConfig):
         register_fingerprinted(KnownCustomerAddress, fields=customers.FINGERPRINT_FIELDS,
                                kinds=(customers.ADDED, customers.REMOVED))
 
+        # An archived run's trail link still opens its trail (read from its segment); a run with an open item or an
+        # unanswered customer request stays in the hot tables (docs/archive.md).
+        from ledger.archive.retention import register_keeps_hot
+        from ledger.archive.service import register_archived_lookup
+        from recovery.models import TrailShareLink
+
+        register_archived_lookup(TrailShareLink, "token_hash")
+        register_keeps_hot(runs_with_open_items)
+
+
+def runs_with_open_items(run_ids) -> set[int]:
+    from recovery.models import CustomerRequest, ItemStatus, RecoveryItem
+
+    items = set(RecoveryItem.objects.filter(run_id__in=run_ids, status=ItemStatus.OPEN).values_list("run_id", flat=True))
+    return items | set(CustomerRequest.objects.filter(run_id__in=run_ids, reply="").values_list("run_id", flat=True))
+
 
 # What the operator is told (why, how risky, what to do) and what they decided, by whom, when and why.
 RECOVERY_ITEM_FIELDS = (

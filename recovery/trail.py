@@ -48,7 +48,7 @@ INTERNAL_ID = re.compile(r"^(?:[A-Za-z]+_[A-Za-z0-9_]+|[0-9a-fA-F-]{16,})$")
 IRREVERSIBLE = {ActionClass.EXTERNAL_IRREVERSIBLE}
 
 
-def correction_trail(run: Run) -> dict:
+def correction_trail(run: Run, *, actions: list | None = None, events: list | None = None) -> dict:
     """The run's correction trail: a headline and statements
     (changed|not_done|restored|corrected|not_undone|reviewed|pending).
 
@@ -58,9 +58,13 @@ def correction_trail(run: Run) -> dict:
     are named by their role and the company ("a reviewer at Demo Company"), never by their login. Tool names, ids,
     URLs, error texts, HTTP statuses and audit event numbers stay on the operator's run page; `audit` (the reference
     into the chain) is for the API and the operator, and the customer's pages leave it out.
+
+    An archived run (ledger/archive/reader.py) passes its steps and events, read from its segment.
     """
-    actions = list(run.actions.select_related("tool").order_by("seq"))
-    events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
+    if actions is None:
+        actions = list(run.actions.select_related("tool").order_by("seq"))
+    if events is None:
+        events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
     company = run.tenant.name
     latest_comp = {}
     for action in actions:
@@ -212,6 +216,23 @@ def trail_links_active(run: Run) -> list[TrailShareLink]:
     """The run's links that still open the trail, newest first."""
     return list(TrailShareLink.objects.filter(run=run, revoked_at__isnull=True, expires_at__gt=timezone.now())
                 .order_by("-created_at", "-pk"))
+
+
+def trail_archived_open(token: str):
+    """The archived run a share token opens (ledger/archive/reader.py), or None: a link archived with its run opens
+    it as long as it would have (until it expires; a link revoked before its run was archived stays revoked)."""
+    if not isinstance(token, str) or not SHARE_TOKEN.match(token):
+        return None
+    from ledger.archive.reader import archived_row
+
+    found = archived_row(TrailShareLink._meta.label_lower, _token_hash(token))
+    if found is None:
+        return None
+    view, link = found
+    expires = datetime.datetime.fromisoformat(link["expires_at"])
+    if link.get("revoked_at") or expires <= timezone.now():
+        return None
+    return view
 
 
 def trail_link_open(token: str) -> Run | None:

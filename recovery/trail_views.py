@@ -12,13 +12,16 @@ from django.views.decorators.http import require_POST
 
 from ledger.api import selectors as ledger_selectors
 from ledger.errors import NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.archive.chain import instance as archived_instance
 from ledger.models import Run
+from recovery.models import CustomerRequest
 from recovery import requests as customer_requests, selectors, stops, views
 from recovery.trail import (
     correction_trail,
     trail_link_create,
     trail_link_erased,
     trail_link_open,
+    trail_archived_open,
     trail_link_revoke,
     trail_send,
     trail_share_url,
@@ -76,9 +79,26 @@ def trail_share(request, token: str):
     """The correction trail for someone without an account, behind a random link that expires and can be revoked."""
     run = trail_link_open(token)
     if run is None:
+        archived = trail_archived_open(token)
+        if archived is not None:
+            return _archived_share_page(request, archived)
         # One answer for an unknown, expired or revoked link: the page must not help anyone guess.
         return _link_refused(request, token)
     return _share_page(request, run, token)
+
+
+def _archived_share_page(request, view):
+    """The trail of an archived run (docs/archive.md), read from its segment: the same account, nothing to stop or
+    ask any more."""
+    asked = [archived_instance(CustomerRequest, row) for row in view.rows.get("recovery.customerrequest", [])]
+    response = render(request, "recovery/trail_share.html", {
+        "run": view.run, "trail": correction_trail(view.run, actions=view.actions, events=view.events),
+        "stoppable": [], "token": "", "can_ask": False, "askable": [], "can_undo": False,
+        "requests": sorted(asked, key=lambda r: r.created_at, reverse=True), "ask_error": "", "asked": {},
+        "archived_at": view.archived_at})
+    response["X-Robots-Tag"] = "noindex"
+    response["Referrer-Policy"] = "no-referrer"
+    return response
 
 
 def _share_page(request, run: Run, token: str, *, ask_error: str = "", status: int = 200, asked: dict | None = None):

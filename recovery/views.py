@@ -17,8 +17,9 @@ from django.views.decorators.http import require_POST, require_safe
 
 from ledger.engine import holds, moves
 from ledger.api import selectors as ledger_selectors
-from ledger.errors import PermissionDenied, StateConflict, UnwindError, ValidationFailed
-from ledger.models import ActionStatus, Role, Run, RunStatus
+from ledger.archive import reader as archive_reader
+from ledger.errors import ArchiveUnavailable, NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
+from ledger.models import ActionStatus, Role, Run, RunStatus, Tool
 from ledger.engine.runs import resume_refusal
 from ledger.engine.undo_plans import undo_draft
 from ledger.engine.unknowns import unknown_steps
@@ -327,8 +328,33 @@ def run_or_404(request, pk: int):
 
 @login_required
 def run_detail(request, pk: int):
-    access, run = run_or_404(request, pk)
+    access = selectors.access_for(request.user)
+    run = selectors.run_get(access=access, pk=pk)
+    if run is None:
+        return archived_run_page(request, access, pk)
     return run_page(request, access, run)
+
+
+def archived_run_page(request, access: selectors.Access, pk: int):
+    """A run moved to the archive (docs/archive.md), read from its segment: what it did, its trail and its history.
+    Nothing can be done to it any more, so no move is offered."""
+    try:
+        view = archive_reader.archived_run(tenant_ids=access.tenant_ids, agent_id=None, run_id=pk)
+    except NotFound:
+        raise Http404("No such run") from None
+    except ArchiveUnavailable as unavailable:
+        return render(request, "recovery/refused.html", {"title": "Archived run unavailable",
+                                                         "detail": unavailable.detail}, status=503)
+    tools = {tool.pk: tool for tool in Tool.objects.filter(pk__in={a.tool_id for a in view.actions})}
+    for action in view.actions:
+        action.tool = tools[action.tool_id]
+        action.args_json = selectors.pretty_json(action.args)
+        action.result_json = selectors.pretty_json(action.result) if action.result is not None else ""
+    return render(request, "recovery/archived_run.html", {
+        "run": view.run, "view": view, "actions": view.actions, "attempts": view.attempts,
+        "events": [{"seq": e.seq, "kind": e.kind, "actor": e.actor, "at": e.created_at, "action": e.action_ref}
+                   for e in view.events],
+        "trail": correction_trail(view.run, actions=view.actions, events=view.events)})
 
 
 def run_page(request, access: selectors.Access, run: Run, *, new_link_url: str = ""):

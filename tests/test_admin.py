@@ -166,7 +166,7 @@ def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
     assert too_short.status_code == 200 and "run_idle_timeout_seconds" in too_short.context["adminform"].form.errors
     response = admin_world.client.post(url(Tenant, "change", tenant.pk), {
         "name": "Acme", "approval_threshold": "critical", "approval_ttl_seconds": 600, "run_idle_timeout_seconds": 1800,
-        "customer_requests_seconds": 0})
+        "customer_requests_seconds": 0, "retention_seconds": 0})
     assert response.status_code == 302
     tenant.refresh_from_db()
     assert (tenant.approval_threshold, tenant.approval_ttl_seconds) == ("critical", 600)
@@ -180,7 +180,7 @@ def test_tenant_defaults_changed_in_admin_are_a_new_version(admin_world):
 def test_tenant_added_in_admin_gets_its_audit_chain(admin_world):
     response = admin_world.client.post(url(Tenant, "add"), {
         "slug": "initech", "name": "Initech", "approval_threshold": "medium", "approval_ttl_seconds": 600,
-        "run_idle_timeout_seconds": 3600, "customer_requests_seconds": 0})
+        "run_idle_timeout_seconds": 3600, "customer_requests_seconds": 0, "retention_seconds": 0})
     assert response.status_code == 302
     tenant = Tenant.objects.get(slug="initech")
     assert tenant.approval_threshold == "medium" and tenant.approval_ttl_seconds == 600

@@ -104,7 +104,7 @@ LEDGER_FLOORS = (
      "ledger.tracing_provider", "ledger.db"),
     ("ledger.models", "ledger.events", "ledger.tracing"),
     # what a step is allowed to do, what calls its tool, what records it
-    ("ledger.policy", "ledger.executors", "ledger.audit"),
+    ("ledger.policy", "ledger.executors", "ledger.audit", "ledger.archive"),
     # a step's life, tenants and agents
     ("ledger.engine", "ledger.tenancy"),
     # the doors: the agent API, the admin, Django's entry points

@@ -13,6 +13,8 @@ from rest_framework import serializers
 from rest_framework.response import Response
 
 from ledger.api import selectors
+from ledger.archive import reader as archive_reader
+from ledger.errors import NotFound
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of, require_role
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, OldestFirst, StrictSerializer, absolute
 from ledger.api.problems import problems
@@ -100,11 +102,25 @@ class RunDetailView(ApiView):
     permission_classes = [IsAgentOrMember]
 
     @extend_schema(tags=TAG, operation_id="runs_get", summary="Get a run with its actions and checkpoints",
+                   description="An archived run (docs/archive.md) is read from its segment and carries `archived` "
+                               "(when, and the segment's SHA-256).",
                    responses={200: RunDetailOut, **problems(404)})
     def get(self, request, run_id: int):
         caller = caller_of(request)
-        return run_response(request, selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id,
-                                                       run_id=run_id))
+        try:
+            run = selectors.run_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
+        except NotFound:
+            # An archived run answers from its segment, to whoever may read it as a hot run (docs/archive.md).
+            return archived_run_response(request, archive_reader.archived_run(
+                tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id))
+        return run_response(request, run)
+
+
+def archived_run_response(request, view) -> Response:
+    data = RunDetailOut(view.run, context={"request": request, "actions": view.actions,
+                                           "checkpoints": view.checkpoints}).data
+    data["archived"] = {"at": view.archived_at.isoformat(), "segment": view.segment}
+    return Response(data)
 
 
 class RunCancelIn(StrictSerializer):

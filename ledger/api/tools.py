@@ -65,6 +65,7 @@ def policy_of(tool: Tool) -> dict:
         "display": tool.display,
         "rules": tool.rules,
         "limits": tool.limits,
+        "retention": tool.retention_seconds,
     }
 
 
@@ -144,6 +145,9 @@ class ToolPolicy(serializers.Serializer):
                                   '(docs/policy.md).')
     limits = serializers.JSONField(required=False, help_text='Budgets and rates: [{"per": "run", "sum": "args.amount", '
                                    '"max": 1000}, {"per": "agent", "count": 20, "window": "1h"}] (docs/policy.md).')
+    retention = serializers.JSONField(required=False, help_text='How long a settled run that called it stays in the hot '
+                                      'tables: a duration like 365d, or seconds; 0 or "forever": as its tenant says '
+                                      '(docs/archive.md).')
 
 
 class ToolOut(serializers.Serializer):

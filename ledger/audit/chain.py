@@ -57,10 +57,11 @@ TOOL_POLICY_FIELDS = (
     "name", "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "target_type", "target_from", "key_fields", "honours_idempotency_key", "snapshot",
     "verify", "lookup", "compensation", "timeout_seconds", "max_attempts", "backoff_seconds", "version", "actor",
-    "on_refusal", "describe", "display", "hold", "rules", "limits",
+    "on_refusal", "describe", "display", "hold", "rules", "limits", "retention_seconds",
 )
 TENANT_DEFAULTS_FIELDS = ("version", "approval_threshold", "approval_ttl_seconds", "actor", "run_idle_timeout_seconds",
-                          "local_part_case_sensitive", "customer_requests_seconds", "subaddress_separators")
+                          "local_part_case_sensitive", "customer_requests_seconds", "subaddress_separators",
+                          "retention_seconds")
 # Fields a fingerprinted row gained after chains were first written, with the value every earlier row holds. While
 # a row holds it, the field stays out of the fingerprint; otherwise it joins by name, so rows recorded before the
 # field existed still verify as recorded, and setting the field on one of them shows like any other edit.
@@ -70,7 +71,7 @@ ADDED_LATER = {"on_refusal": "answer", "describe": {}, "display": {}, "run_idle_
                "local_part_case_sensitive": False,
                "args_text": "", "content_key": "", "repeat_of_id": None, "hold": {}, "stopped_by": "",
                "customer_requests_seconds": 0, "subaddress_separators": "+",
-               "rules": [], "limits": [], "policy_decision": None}
+               "rules": [], "limits": [], "policy_decision": None, "retention_seconds": 0}
 # Fingerprinted by their bytes: the digest's canonical form would not tell composed from decomposed text.
 BY_BYTES = ("args_text",)
 # `is_current` is the one field a recorded version changes (when a newer one supersedes it); `verify_chain` checks

@@ -13,6 +13,8 @@ from django.conf import settings
 
 from django.db import connection
 
+from ledger.archive import chain as archive_chain
+from ledger.archive.service import ARCHIVED_EVENT
 from ledger.db import sql
 from ledger.audit import erased, sealed, subjects
 from ledger.audit.chain import (
@@ -31,6 +33,7 @@ class ChainReport:
     check: str = ""  # which check failed: sequence, link, key, hmac, head, sends, hold, undo, fingerprint, policy,
     # attempt, totals, export-signature, export-head
     exported_head: int | None = None  # the seq of the signed head checked against, when there is one
+    segments: int = 0  # archived segments read as part of the chain (ledger/archive)
 
 
 class _Broken(Exception):
@@ -43,13 +46,15 @@ def verify_chain(tenant_id: int, *, keys: dict[str, bytes] | None = None) -> Cha
     """Walk a tenant's chain: sequence, links, each event's HMAC under the key it names, the head, the newest signed
     head exported outside the database (when UNWIND_AUDIT_EXPORT_DIR is set), and the fingerprints of the rows."""
     keys = settings.UNWIND_AUDIT_KEYS if keys is None else keys
-    state = {"events": 0, "exported": None}
+    state = {"events": 0, "exported": None, "segments": 0}
     try:
         with subjects.cache_scope(tenant_id):
             _verify(tenant_id, keys, state)
+    except archive_chain.ArchiveBroken as broken:
+        return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])
     except _Broken as broken:
         return ChainReport(False, state["events"], broken.problem, broken.check, state["exported"])
-    return ChainReport(True, state["events"], exported_head=state["exported"])
+    return ChainReport(True, state["events"], exported_head=state["exported"], segments=state["segments"])
 
 
 def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
@@ -62,6 +67,11 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         except audit_export.ExportInvalid as exc:
             raise _Broken("export-signature", str(exc)) from None
         state["exported"] = exported["seq"] if exported else None
+    # Archived segments (ledger/archive, docs/archive.md) hold the older slices of the chain and the rows of the runs
+    # they took out of the hot tables: the walk reads them first, as one chain with the hot events.
+    archive = archive_chain.load(tenant_id)
+    state["segments"] = len(archive.segments)
+    segments_recorded: dict[str, int] = {}
     prev = GENESIS
     expected_seq = 0
     last_action: dict[int, tuple[str, int]] = {}
@@ -77,8 +87,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     holds: dict[int, tuple[str, int]] = {}
     refused: list[tuple[int, str, str]] = []
     rewritten = erased.Rewritten(tenant_id)
-    events = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
-    for event in events.iterator(chunk_size=2000):
+    hot = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq").iterator(chunk_size=2000)
+    for event in archive_chain.events(archive, hot):
         state["events"] += 1
         expected_seq += 1
         if event.seq != expected_seq:
@@ -111,6 +121,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             undo_seals[event.action_ref] = (str(data["undo"]), event.seq)
         if event.action_ref is not None and event.kind == "forward.held" and "executes_at" in data:
             holds[event.action_ref] = (data["executes_at"], event.seq)
+        if event.kind == ARCHIVED_EVENT:
+            segments_recorded[str(data.get("segment"))] = event.seq
         if event.kind == sealed.TAMPERING:
             refused.append((event.seq, str(data.get("check") or "sends"), str(data.get("problem") or "")))
         carried = data.get("rows") or {}
@@ -137,6 +149,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     head = AuditHead.objects.filter(pk=tenant_id).first()
     if head is not None and (head.seq != expected_seq or head.hash != prev):
         raise _Broken("head", f"the chain ends at #{expected_seq} but its head says #{head.seq}: events were removed")
+    archive_chain.recorded_segments(archive, segments_recorded)
+    _check_archived_rows(archive, last_action, last_run, last_row)
     # Runs first: a step's fingerprint is keyed with its run's key (ledger/audit/subjects.py), so an edit of the key
     # is named as the run's.
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
@@ -160,6 +174,24 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         seq, check, problem = refused[0]
         more = f" (and {len(refused) - 1} more such refusals)" if len(refused) > 1 else ""
         raise _Broken(check, f"event #{seq} recorded a step refused by the engine: {problem}{more}")
+
+
+def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: dict) -> None:
+    """Rows that left the hot tables for a segment left legitimately: each must still be as the chain last recorded
+    it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there."""
+    specs = [("ledger.action", Action, action_fingerprint, last_action), ("ledger.run", Run, run_fingerprint, last_run)]
+    specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label]) for spec in fingerprinted_models()]
+    for label, model, fingerprint, recorded in specs:
+        keyed_by_text = label not in ("ledger.action", "ledger.run")
+        for number, row in archive.rows(label):
+            pk = str(row["id"]) if keyed_by_text else row["id"]
+            last = recorded.get(pk)
+            if last is None:
+                continue
+            if last[0] != fingerprint(archive_chain.instance(model, row)):
+                raise _Broken("archive", f"archived {label.split('.')[-1]} {row['id']} in segment {number} differs "
+                                         f"from its state at event #{last[1]}: edited before or while archived")
+            recorded.pop(pk)
 
 
 # The columns the seal, undo and hold checks read of each step.
@@ -245,9 +277,9 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                 "services' back")
     live = Tenant.objects.filter(pk=tenant_id).values_list(
         "approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
-        "subaddress_separators").first()
+        "subaddress_separators", "retention_seconds").first()
     if live != (latest.approval_threshold, latest.approval_ttl_seconds, latest.run_idle_timeout_seconds,
-                latest.local_part_case_sensitive, latest.subaddress_separators):
+                latest.local_part_case_sensitive, latest.subaddress_separators, latest.retention_seconds):
         raise _Broken("policy", f"the tenant's defaults differ from their version {latest.version}: "
                                 "changed behind the services' back")
 

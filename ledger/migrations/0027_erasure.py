@@ -5,7 +5,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0025_agent_person'),
+        ('ledger', '0026_archive'),
     ]
 
     operations = [

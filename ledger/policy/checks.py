@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from ledger.errors import ValidationFailed
+from ledger.models import RETENTION_SECONDS as RETENTION_BOUNDS
 
 
 def fail(where: str, why: str):
@@ -48,6 +49,17 @@ def duration(value: Any, where: str, *, minimum: float = 0, maximum: float | Non
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return number(value, where, minimum=minimum, maximum=maximum, unit=" seconds")
     fail(where, f"must be a duration like 30s, 2m or 500ms, not {value!r}")
+
+
+# Retention (`retention`, docs/archive.md): from an hour to a hundred years; "forever" (or 0) keeps runs hot.
+RETENTION_SECONDS = RETENTION_BOUNDS
+
+
+def retention(value: Any, where: str) -> int:
+    """A policy's `retention` in seconds: a duration like 90d, or "forever"/0 for never archiving (0)."""
+    if value in ("forever", 0):
+        return 0
+    return int(duration(value, where, minimum=RETENTION_SECONDS[0], maximum=RETENTION_SECONDS[1]))
 
 
 def require_mapping(value: Any, where: str) -> dict:

@@ -91,7 +91,11 @@ def parse_document(document: Any) -> PolicyDocument:
             if flag in audit and audit[flag] is not True:
                 checks.fail(f"agentSafety.audit.{flag}", "Unwind always captures it; it cannot be turned off")
         tools = _tool_section(safety.get("policies", {}), "agentSafety.policies")
-        return PolicyDocument(tenant=document.get("tenant"), defaults=_parse_defaults(document.get("defaults", {})), tools=tools)
+        defaults = _parse_defaults(document.get("defaults", {}))
+        if "retention" in audit:
+            # Enforced by `manage.py archive` (docs/archive.md): settled runs older than it leave the hot tables.
+            defaults["retention_seconds"] = checks.retention(audit["retention"], "agentSafety.audit.retention")
+        return PolicyDocument(tenant=document.get("tenant"), defaults=defaults, tools=tools)
     unknown = set(document) - {"tenant", "defaults", "tools"}
     if unknown:
         checks.fail(sorted(unknown)[0], "is not a policy section (known: tenant, defaults, tools, or agentSafety)")
@@ -103,16 +107,18 @@ def _parse_defaults(defaults: Any) -> dict:
     defaults = checks.require_mapping(defaults, "defaults")
     parsed: dict[str, Any] = {}
     unknown = set(defaults) - {"approval_threshold", "approval_ttl", "run_idle_timeout", "local_part_case_sensitive",
-                               "subaddress_separators", "customer_requests"}
+                               "subaddress_separators", "customer_requests", "retention"}
     if unknown:
         checks.fail(f"defaults.{sorted(unknown)[0]}", "is not a tenant default (known: approval_threshold, approval_ttl, "
                                                 "run_idle_timeout, local_part_case_sensitive, subaddress_separators, "
-                                                "customer_requests)")
+                                                "customer_requests, retention)")
     if "customer_requests" in defaults:
         window = defaults["customer_requests"]
         parsed["customer_requests_seconds"] = 0 if window in ("off", False) else int(checks.duration(
             window, "defaults.customer_requests", minimum=CUSTOMER_REQUESTS_SECONDS[0],
             maximum=CUSTOMER_REQUESTS_SECONDS[1]))
+    if "retention" in defaults:
+        parsed["retention_seconds"] = checks.retention(defaults["retention"], "defaults.retention")
     if "local_part_case_sensitive" in defaults:
         if not isinstance(defaults["local_part_case_sensitive"], bool):
             checks.fail("defaults.local_part_case_sensitive", "must be true or false")

@@ -24,6 +24,7 @@ TOOL_KEYS = {
     "description", "args_schema", "action_class", "saga_role", "risk", "approval", "approvals_required",
     "executor", "endpoint", "url", "path", "method", "target", "idempotency", "snapshot", "verify", "lookup",
     "compensation", "timeout", "retry", "on_refusal", "describe", "display", "hold", "rules", "limits",
+    "retention",
 }
 
 
@@ -280,6 +281,8 @@ def parse_tool(name: str, spec: Any, *, where: str) -> dict:
     # Conditions on the arguments and budgets (ledger/policy/rules.py, ledger/policy/limits.py): compiled and bounded here.
     fields["rules"] = parse_rules(spec.get("rules"), where=f"{where}.rules")
     fields["limits"] = parse_limits(spec.get("limits"), where=f"{where}.limits")
+    # How long a settled run that called it stays hot (docs/archive.md); 0: as long as its tenant says.
+    fields["retention_seconds"] = checks.retention(spec.get("retention", 0), f"{where}.retention")
     return fields
 
 

@@ -20,7 +20,7 @@ from ledger.policy.tool_entry import parse_tool
 from ledger.policy.twins import with_inline_twins
 
 DEFAULT_FIELDS = ("approval_threshold", "approval_ttl_seconds", "run_idle_timeout_seconds", "local_part_case_sensitive",
-                  "customer_requests_seconds", "subaddress_separators")
+                  "customer_requests_seconds", "subaddress_separators", "retention_seconds")
 
 
 def policy_digest(fields: dict) -> str:

@@ -1,0 +1,123 @@
+"""Reading an archived run back from its segment: for its console page, its trail link and the API (docs/archive.md).
+
+Who may read it is decided as for a hot run, from the index (`ArchivedRun`: its tenant and agent), before any segment
+is fetched. A fetched segment must hash to its name: one that does not is refused, never shown.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ledger.archive import segments
+from ledger.archive.chain import ArchivedEvent, archived_event, instance
+from ledger.archive.store import archive_store, segment_key
+from ledger.errors import ArchiveUnavailable, NotFound
+from ledger.models import Action, ArchivedKey, ArchivedRun, ArchiveSegment, Attempt, Checkpoint, Run
+
+_CACHED = 4  # segments kept decoded in a process: a page and its trail read the same one again
+_cache: OrderedDict[str, segments.Segment] = OrderedDict()
+_lock = threading.Lock()
+
+
+@dataclass
+class ArchivedRunView:
+    run: Run  # unsaved objects rebuilt from the segment's rows
+    actions: list[Action]
+    checkpoints: list[Checkpoint]
+    attempts: list[Attempt]
+    events: list[ArchivedEvent]
+    rows: dict[str, list[dict]] = field(default_factory=dict)  # every row of the run, by model label
+    archived_at: datetime | None = None
+    segment: str = ""
+
+
+def segment(index: ArchiveSegment, *, store=None) -> segments.Segment:
+    with _lock:
+        if index.sha256 in _cache:
+            _cache.move_to_end(index.sha256)
+            return _cache[index.sha256]
+    data = (store or archive_store()).get(segment_key(index.tenant_id, index.sha256))
+    if data is None or hashlib.sha256(data).hexdigest() != index.sha256:
+        why = "is missing" if data is None else "no longer hashes to its name"
+        raise ArchiveUnavailable(f"archive segment {index.number} of the run's tenant {why}: run `manage.py "
+                                 "verify_audit`")
+    read = segments.decode(data)
+    with _lock:
+        _cache[index.sha256] = read
+        while len(_cache) > _CACHED:
+            _cache.popitem(last=False)
+    return read
+
+
+def archived_run(*, tenant_ids: list[int], agent_id: int | None, run_id: int, store=None) -> ArchivedRunView:
+    """An archived run the caller may read (an agent: only its own), or NotFound as for a run that never was."""
+    found = ArchivedRun.objects.filter(tenant_id__in=tenant_ids, pk=run_id)
+    if agent_id is not None:
+        found = found.filter(agent_id=agent_id)
+    entry = found.select_related("segment").first()
+    if entry is None:
+        raise NotFound(f"there is no run {run_id}")
+    return _view(entry, store=store)
+
+
+def archived_row(label: str, value: str) -> tuple[ArchivedRunView, dict] | None:
+    """The archived row of `label` another app finds by its key (a trail link by its token's hash), with its run."""
+    key = ArchivedKey.objects.filter(label=label, value=value).select_related("run__segment").first()
+    if key is None:
+        return None
+    view = _view(key.run)
+    column = {"recovery.trailsharelink": "token_hash"}.get(label)
+    for row in view.rows.get(label, []):
+        if column is None or row.get(column) == value:
+            return view, row
+    return None
+
+
+def _view(entry: ArchivedRun, *, store=None) -> ArchivedRunView:
+    held = segment(entry.segment, store=store)
+    owners = {"action_id": {a["id"]: a["run_id"] for a in held.rows.get("ledger.action", [])},
+              "request_id": {r["id"]: r.get("run_id") for r in held.rows.get("approvals.approvalrequest", [])}}
+    rows: dict[str, list[dict]] = {}
+    for label, found in held.rows.items():
+        mine = [row for row in found if _run_of(label, row, owners) == entry.run_id]
+        if mine:
+            rows[label] = mine
+    run_rows = rows.get("ledger.run", [])
+    if not run_rows:
+        raise ArchiveUnavailable(f"archive segment {entry.segment.number} does not hold run {entry.run_id}")
+    run = instance(Run, run_rows[0])
+    actions = sorted((instance(Action, row) for row in rows.get("ledger.action", [])), key=lambda a: a.seq)
+    for action in actions:
+        action.run = run
+    checkpoints = sorted((instance(Checkpoint, row) for row in rows.get("ledger.checkpoint", [])), key=lambda c: c.pk)
+    attempts = sorted((instance(Attempt, row) for row in rows.get("ledger.attempt", [])),
+                      key=lambda a: (a.action_id, a.number))
+    return ArchivedRunView(run=run, actions=actions, checkpoints=checkpoints, attempts=attempts,
+                           events=_events(entry, store=store), rows=rows, archived_at=entry.archived_at,
+                           segment=entry.segment.sha256)
+
+
+def _run_of(label: str, row: dict, owners: dict) -> int | None:
+    """The run a row of the segment belongs to: its own column, or that of the step or request it hangs from."""
+    if label == "ledger.run":
+        return row["id"]
+    if row.get("run_id") is not None:
+        return row["run_id"]
+    for column, runs in owners.items():
+        if row.get(column) is not None:
+            return runs.get(row[column])
+    return None
+
+
+def _events(entry: ArchivedRun, *, store=None) -> list[ArchivedEvent]:
+    """The run's audit events, from the segments whose slices hold them."""
+    found = []
+    for index in ArchiveSegment.objects.filter(tenant_id=entry.tenant_id, last_seq__gte=entry.first_seq,
+                                               first_seq__lte=entry.last_seq).order_by("number"):
+        for line in segment(index, store=store).events:
+            if line["run"] == entry.run_id:
+                found.append(archived_event(line, index))
+    return found

@@ -1,0 +1,83 @@
+"""One segment: JSON Lines compressed with zstd, named by the SHA-256 of its bytes (docs/archive.md).
+
+Line 1 is the manifest: {"t": "segment", "format": 1, "tenant", "number", "first_seq", "last_seq", "prev_hash" (the
+hash the slice's first event links to), "last_hash" (its last event's, or prev_hash for an empty slice),
+"prev_segment" (the SHA-256 of the tenant's segment before it, or null), "runs" (the ids whose rows it holds),
+"head" (the signed head at last_seq: tenant, seq, hash, key_id, at, signer, sig, as ledger/audit/export.py signs)}.
+Then one line per audit event of the slice {"t": "event", "seq", "kind", "actor", "run", "action", "data", "at",
+"prev", "hash", "key"}, and one per row {"t": "row", "model": "app.model", "fields": {column: value}}. Any tool that
+reads zstd and JSON reads it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
+
+import zstandard
+
+FORMAT = 1
+LEVEL = 3  # zstd's default: most of the size for little of the time (bench figures in docs/archive.md)
+
+
+class SegmentUnreadable(Exception):
+    """A segment's bytes are not a segment (damaged, or not zstd JSON Lines)."""
+
+
+def _plain(value):
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not stored in a segment")
+
+
+_encode = json.JSONEncoder(default=_plain, ensure_ascii=False, separators=(",", ":")).encode
+
+
+def event_line(event: dict) -> dict:
+    """An audit event's line from its column values (`AuditEvent.objects.values(...)`)."""
+    return {"t": "event", "seq": event["seq"], "kind": event["kind"], "actor": event["actor"],
+            "run": event["run_ref"], "action": event["action_ref"], "data": event["data"],
+            "at": event["created_at"].isoformat(), "prev": event["prev_hash"], "hash": event["hash"],
+            "key": event["key_id"]}
+
+
+def encode(manifest: dict, events: list, rows: list[tuple[str, dict | str]]) -> tuple[bytes, str]:
+    """(the segment's bytes, their SHA-256). An event is its columns, or its line already as JSON text; a row's
+    fields are a dict, or already JSON text (PostgreSQL writes both: service.py)."""
+    lines = [_encode({"t": "segment", "format": FORMAT, **manifest})]
+    lines.extend(event if isinstance(event, str) else _encode(event_line(event)) for event in events)
+    lines.extend('{"t":"row","model":%s,"fields":%s}' % (_encode(label), values if isinstance(values, str)
+                                                          else _encode(values)) for label, values in rows)
+    data = zstandard.ZstdCompressor(level=LEVEL).compress(("\n".join(lines) + "\n").encode())
+    return data, hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class Segment:
+    manifest: dict
+    events: list[dict] = field(default_factory=list)
+    rows: dict[str, list[dict]] = field(default_factory=dict)  # model label -> rows' fields
+
+
+def decode(data: bytes) -> Segment:
+    try:
+        text = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34).decode()
+        lines = [json.loads(line) for line in text.splitlines() if line]
+    except (zstandard.ZstdError, UnicodeDecodeError, ValueError) as exc:
+        raise SegmentUnreadable(f"not a zstd JSON Lines segment ({exc})") from None
+    if not lines or lines[0].get("t") != "segment" or lines[0].get("format") != FORMAT:
+        raise SegmentUnreadable("its first line is not a segment manifest of format 1")
+    segment = Segment(manifest=lines[0])
+    for line in lines[1:]:
+        if line.get("t") == "event":
+            segment.events.append(line)
+        elif line.get("t") == "row":
+            segment.rows.setdefault(line["model"], []).append(line["fields"])
+        else:
+            raise SegmentUnreadable(f"a line of an unknown type {line.get('t')!r}")
+    return segment
+

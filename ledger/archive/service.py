@@ -1,0 +1,272 @@
+"""Archiving a tenant's due runs into segments, and legal holds (docs/archive.md).
+
+A pass takes the due runs (retention.py) in batches of UNWIND_ARCHIVE_SEGMENT_RUNS, ordered by their last audit
+event. Each batch becomes one segment: the slice of the tenant's chain from the end of its previous segment to the
+batch's last event (every event of the slice, the kept-hot runs' too, so that the archive holds the chain whole and
+in order), the batch's rows (everything deleting the runs would remove, found from the models' relations, so apps
+built on the ledger are archived without the ledger importing them) and the signed head at the slice's end. The
+file is written first (named by its SHA-256, so writing it again is harmless); then, in one ledger transaction under
+the chain's lock, the batch is checked again (a hold set or a step reopened meanwhile keeps the run: the pass stops
+and the written file is an orphan nobody indexes), indexed, recorded in the chain (`archive.segment`), and its rows
+and its runs' events are deleted from the hot tables.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, router
+from django.db.models import Model, Q
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from ledger.archive import retention, segments
+from ledger.archive.retention import id_set
+from ledger.archive.store import archive_store, segment_key
+from ledger.audit.chain import GENESIS, ledger_transaction
+from ledger.canonical import dumps
+from ledger.errors import StateConflict, ValidationFailed
+from ledger.models import Action, ArchivedKey, ArchivedRun, ArchiveSegment, AuditEvent, Run, Tenant
+
+ARCHIVED_EVENT = "archive.segment"
+HOLD_EVENT = "legal_hold.set"
+
+# Look-up keys of archived rows other apps find them by (a trail link by its token's hash): label -> column.
+_lookup_keys: dict[str, str] = {}
+
+
+def register_archived_lookup(model: type[Model], column: str) -> None:
+    """Called at AppConfig.ready() by the app that owns the model: its archived rows stay findable by `column`."""
+    _lookup_keys[model._meta.label_lower] = column
+
+
+# --- what a run's rows are --------------------------------------------------------------------------------------
+
+@dataclass
+class _Table:
+    model: type[Model]
+    lookups: list[str] = field(default_factory=list)  # each `<path>__in` reaches the run ids
+    nulls: list[tuple[str, str]] = field(default_factory=list)  # (column set to NULL, path) for SET_NULL relations
+
+
+def run_tables() -> list[_Table]:
+    """Every model whose rows deleting a run deletes (CASCADE from Run, transitively), in the order they are first
+    reached (parents before children), each with every path by which it reaches a run; and the SET_NULL columns
+    that point into them."""
+    tables: dict[str, _Table] = {}
+    queue = [(Run, "")]
+    while queue:
+        model, path = queue.pop(0)
+        label = model._meta.label_lower
+        first = label not in tables or not tables[label].lookups
+        table = tables.setdefault(label, _Table(model))
+        table.lookups.append(path)
+        if not first:
+            continue  # its children were reached from its first path
+        # Hidden relations too (related_name="+"): a step a customer's request names points at it that way.
+        relations = [f for f in model._meta.get_fields(include_hidden=True) if f.auto_created and (f.one_to_many or f.one_to_one) and not f.concrete]
+        for rel in relations:
+            child = rel.related_model
+            child_path = f"{rel.field.name}__{path}" if path else rel.field.name
+            if rel.on_delete.__name__ == "CASCADE" and child is not model:  # an undo's step is reached as a step
+                queue.append((child, child_path))
+            elif rel.on_delete.__name__ == "SET_NULL":
+                tables.setdefault(child._meta.label_lower, _Table(child)).nulls.append((rel.field.attname, child_path))
+    return [table for table in tables.values() if table.lookups or table.nulls]
+
+
+def _reaches(table: _Table, ids: list[int]) -> Q:
+    q = Q(pk__in=[])
+    for path in table.lookups:
+        q |= Q(**{f"{path}__in" if path else "pk__in": id_set(ids)})
+    return q
+
+
+# On PostgreSQL the database writes a segment's lines itself: an event's line, and a row as JSON, as text that goes
+# into the segment as it is (no decoding of JSON columns to encode them again). An event's `at` is its timestamp in
+# ISO 8601 (the connection's time zone is UTC), which parses back to the instant its HMAC covers.
+EVENT_LINE = ("json_build_object('t', 'event', 'seq', seq, 'kind', kind, 'actor', actor, 'run', run_ref, 'action', "
+              "action_ref, 'data', data, 'at', created_at, 'prev', prev_hash, 'hash', hash, 'key', key_id)::text")
+
+
+def _table_rows(table: _Table, ids: list[int]) -> list[tuple[int, dict | str]]:
+    """(primary key, fields) of the table's rows of these runs, oldest first."""
+    found = table.model._base_manager.filter(_reaches(table, ids)).order_by("pk")
+    if connection.vendor == "postgresql":
+        whole = RawSQL(f"row_to_json({connection.ops.quote_name(table.model._meta.db_table)})::text", ())
+        return list(found.annotate(archive_fields=whole).values_list("pk", "archive_fields"))
+    attname = table.model._meta.pk.attname
+    return [(row[attname], row) for row in found.values()]
+
+
+# --- a pass ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class PassReport:
+    tenant: str
+    kept: str = ""  # why nothing of the tenant is archived
+    runs: int = 0
+    actions: int = 0
+    events: int = 0
+    segments: list[str] = field(default_factory=list)
+    due: list[int] = field(default_factory=list)  # dry run: the runs that would go
+    seconds: float = 0.0
+    stopped: str = ""  # why the pass stopped early
+
+
+def archive_tenant(*, tenant: Tenant, actor: str, now: datetime | None = None, dry_run: bool = False,
+                   store=None, segment_runs: int | None = None, limit: int | None = None) -> PassReport:
+    started = time.perf_counter()
+    now = now or timezone.now()
+    report = PassReport(tenant.slug, kept=retention.why_kept(tenant))
+    if report.kept:
+        return report
+    due = retention.due_runs(tenant, now=now, limit=limit)
+    if dry_run:
+        report.due = [c.run_id for c in due]
+        report.runs = len(due)
+        report.actions = Action.objects.filter(run_id__in=report.due).count() if due else 0
+        return report
+    if not due:
+        return report
+    from ledger.audit import export as audit_export  # cryptography is loaded only where heads are signed
+
+    key = audit_export.signing_key()
+    store = store or archive_store()
+    size = segment_runs or settings.UNWIND_ARCHIVE_SEGMENT_RUNS
+    tables = run_tables()
+    for start in range(0, len(due), size):
+        batch = due[start:start + size]
+        try:
+            segment = _archive_batch(tenant, batch, tables=tables, store=store, key=key, actor=actor, now=now)
+        except StateConflict as conflict:
+            report.stopped = str(conflict)
+            break
+        report.runs += segment.runs
+        report.actions += segment.actions
+        report.events += segment.last_seq - segment.first_seq + 1
+        report.segments.append(segment.sha256)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+EVENT_COLUMNS = ("seq", "kind", "actor", "run_ref", "action_ref", "data", "created_at", "prev_hash", "hash", "key_id")
+
+
+def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: str, now: datetime) -> ArchiveSegment:
+    from ledger.audit import export as audit_export
+
+    ids = [c.run_id for c in batch]
+    previous = ArchiveSegment.objects.filter(tenant_id=tenant.pk).order_by("-number").first()
+    first_seq = previous.last_seq + 1 if previous else 1
+    last_seq = max(previous.last_seq if previous else 0, max(c.last_seq for c in batch))
+    slice_ = AuditEvent.objects.filter(tenant_id=tenant.pk, seq__gte=first_seq, seq__lte=last_seq).order_by("seq")
+    if connection.vendor == "postgresql":
+        events = list(slice_.annotate(line=RawSQL(EVENT_LINE, ())).values_list("line", flat=True))
+        last = slice_.reverse().values("hash", "key_id").first()
+    else:
+        events = list(slice_.values(*EVENT_COLUMNS))
+        last = events[-1] if events else None
+    if len(events) != last_seq - first_seq + 1:
+        raise StateConflict(f"the chain of tenant {tenant.slug} has gaps between #{first_seq} and #{last_seq}: "
+                            "run `manage.py verify_audit` (nothing was archived)")
+    prev_hash = previous_hash(tenant.pk, first_seq, previous)
+    last_hash = last["hash"] if last else prev_hash
+    rows, actions, taken = [], 0, {}
+    for table in tables:
+        label = table.model._meta.label_lower
+        found = _table_rows(table, ids) if table.lookups else []
+        if label == "ledger.action":
+            actions = len(found)
+        rows.extend((label, fields) for _, fields in found)
+        taken[label] = [pk for pk, _ in found]
+    head = {"tenant": tenant.pk, "slug": tenant.slug, "seq": last_seq, "hash": last_hash,
+            "key_id": last["key_id"] if last else "", "at": now.isoformat(),
+            "signer": audit_export.public_key_id(key.public_key())}
+    head["sig"] = base64.b64encode(key.sign(signed_part(head))).decode()
+    manifest = {"tenant": tenant.pk, "number": (previous.number + 1) if previous else 1, "first_seq": first_seq,
+                "last_seq": last_seq, "prev_hash": prev_hash, "last_hash": last_hash,
+                "prev_segment": previous.sha256 if previous else None, "runs": ids, "head": head}
+    data, sha256 = segments.encode(manifest, events, rows)
+    store.put(segment_key(tenant.pk, sha256), data)
+    return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, taken=taken,
+                   tables=tables, actor=actor, now=now)
+
+
+def signed_part(head: dict) -> bytes:
+    """What a head's signature covers: every other field, canonical (as ledger/audit/export.py signs its lines)."""
+    return dumps({name: value for name, value in head.items() if name != "sig"}).encode()
+
+
+def previous_hash(tenant_id: int, first_seq: int, previous: ArchiveSegment | None) -> str:
+    if first_seq == 1:
+        return GENESIS
+    event = AuditEvent.objects.filter(tenant_id=tenant_id, seq=first_seq).values_list("prev_hash", flat=True).first()
+    if event is not None:
+        return event
+    # Every event of the slice before was archived (none of them stayed hot): the last segment says where it ended.
+    return previous.last_hash if previous is not None else GENESIS
+
+
+def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tables, actor, now) -> ArchiveSegment:
+    ids = [c.run_id for c in batch]
+    with ledger_transaction(tenant.pk) as audit:
+        fresh = Tenant.objects.filter(pk=tenant.pk).values_list("legal_hold", "retention_seconds").get()
+        tenant.legal_hold, tenant.retention_seconds = fresh
+        still = retention.settled(Run.objects.filter(pk__in=ids, legal_hold=False, status__in=list(
+            retention.RUN_FINAL)).values_list("pk", flat=True), tenant=tenant, now=now) if not tenant.legal_hold else set()
+        if still != set(ids):
+            changed = sorted(set(ids) - still)
+            raise StateConflict(f"run {changed[0]} of tenant {tenant.slug} is no longer due (a legal hold, or a step "
+                                f"reopened, since the pass began): it stays hot; segment {sha256[:12]} is not indexed")
+        segment = ArchiveSegment.objects.create(
+            tenant_id=tenant.pk, number=manifest["number"], sha256=sha256, first_seq=manifest["first_seq"],
+            last_seq=manifest["last_seq"], runs=len(ids), actions=actions, size=size)
+        ArchivedRun.objects.bulk_create([
+            ArchivedRun(run_id=c.run_id, tenant_id=tenant.pk, agent_id=c.agent_id, segment=segment,
+                        first_seq=c.first_seq, last_seq=c.last_seq, finished_at=c.finished_at, archived_at=now)
+            for c in batch])
+        keyed = [(label, json.loads(row) if isinstance(row, str) else row) for label, row in rows if label in _lookup_keys]
+        keys = [ArchivedKey(label=label, value=str(row[_lookup_keys[label]]), run_id=row["run_id"])
+                for label, row in keyed]
+        ArchivedKey.objects.bulk_create(keys)
+        for table in tables:
+            for column, path in table.nulls:
+                table.model._base_manager.filter(**{f"{path}__in": ids}).update(**{column: None})
+        # Exactly the rows the segment holds, by primary key: a row added since they were read (a new trail link,
+        # say) keeps its run's row referenced, and the foreign key fails the transaction rather than lose it.
+        using = router.db_for_write(Run)
+        for table in reversed(tables):
+            pks = taken.get(table.model._meta.label_lower) or []
+            for start in range(0, len(pks), 5000):
+                table.model._base_manager.filter(pk__in=id_set(pks[start:start + 5000]))._raw_delete(using)
+        AuditEvent.objects.filter(tenant_id=tenant.pk, run_ref__in=id_set(ids))._raw_delete(using)
+        audit.record(ARCHIVED_EVENT, actor=actor, segment=sha256, number=manifest["number"],
+                     first_seq=manifest["first_seq"], last_seq=manifest["last_seq"], runs=ids, actions=actions)
+    return segment
+
+
+def legal_hold_set(*, tenant: Tenant, held: bool, actor: str, why: str, run: Run | None = None) -> bool:
+    """Set or clear a legal hold on a run or on its whole tenant, recorded in the tenant's chain with who and why.
+    Returns whether anything changed. A hold keeps runs out of every archive pass from the moment it commits."""
+    why = (why or "").strip()
+    if not why:
+        raise ValidationFailed("why: a legal hold is set or cleared with a reason", field="why")
+    with ledger_transaction(tenant.pk) as audit:
+        if run is not None:
+            changed = Run.objects.filter(pk=run.pk, tenant_id=tenant.pk).exclude(legal_hold=held).update(
+                legal_hold=held)
+        else:
+            changed = Tenant.objects.filter(pk=tenant.pk).exclude(legal_hold=held).update(legal_hold=held)
+        if changed:
+            audit.record(HOLD_EVENT, actor=actor, run=run, held=held, why=why[:1000],
+                         scope="run" if run is not None else "tenant")
+    if run is not None:
+        run.legal_hold = held
+    else:
+        tenant.legal_hold = held
+    return bool(changed)
