@@ -59,8 +59,8 @@ class ErasureResult:
 
     def sentence(self) -> str:
         if not self.runs:
-            return (f"tenant {self.tenant}: no run acts for this person (never recorded, or already erased): "
-                    "nothing changed")
+            return " ".join([f"tenant {self.tenant}: no run in the hot tables acts for this person (never recorded, "
+                             "or already erased): nothing changed.", *self.notes])
         said = (f"tenant {self.tenant}: erased {self.runs} run(s), {self.actions} step(s), {self.fields} stored "
                 f"value(s) and {self.events} audit event(s) on {self.erased_at:%Y-%m-%d}; the chain still verifies")
         return " ".join([said + ".", *self.notes])
@@ -143,6 +143,7 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
     with ledger_transaction(tenant.pk) as log:
         runs = list(Run.objects.filter(tenant=tenant, on_behalf_of__iexact=subject).order_by("pk"))
         runs = [run for run in runs if run.on_behalf_of.casefold() == subject.casefold()]
+        result.notes += _archived_runs_of(tenant, subject)
         if not runs:
             return result
         unsettled = [run for run in runs if run.status not in RUN_FINAL]
@@ -244,6 +245,31 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
             "events keep bare SHA-256 digests of the rows as they then stood, which someone holding the rest of a row "
             "could test a guess against; the events' own text was erased.")
     return result
+
+
+def _archived_runs_of(tenant: Tenant, subject: str) -> list[str]:
+    """What erasure cannot reach in the tenant's archive (docs/archive.md): segments are content-addressed and
+    signed into the chain, never rewritten, so a run of the person's archived before keeps its text there. Named,
+    so the person's request can be answered truthfully (SECURITY.md)."""
+    from ledger.archive import chain as archive_chain
+    from ledger.errors import ArchiveUnavailable
+    from ledger.models import ArchiveSegment
+
+    if not ArchiveSegment.objects.filter(tenant=tenant).exists():
+        return []
+    try:
+        archive = archive_chain.load(tenant.pk)
+    except (ArchiveUnavailable, archive_chain.ArchiveBroken) as exc:  # said, rather than claiming there is none
+        return [f"The archive could not be read ({exc}), so whether it holds runs of this person "
+                "is not known: archived runs are never rewritten by erasure (SECURITY.md)."]
+    found = sorted({(number, row["id"]) for number, row in archive.rows("ledger.run")
+                    if str(row.get("on_behalf_of") or "").casefold() == subject.casefold()})
+    if not found:
+        return []
+    segments = sorted({number for number, _ in found})
+    return [f"{len(found)} archived run(s) of this person ({', '.join(f'run {pk}' for _, pk in found[:20])}) stay "
+            f"in archive segment(s) {', '.join(map(str, segments))}: erasure does not rewrite archives "
+            "(SECURITY.md); they leave only when those segments are deleted."]
 
 
 def subject_erase_by(*, user, tenant: Tenant, subject: str, reason: str) -> ErasureResult:

@@ -47,6 +47,14 @@ def cache_scope(tenant_id: int | None = None):
         _local.cache = None
 
 
+def remember(keys: dict[int, str]) -> None:
+    """Runs' keys known from elsewhere than the hot table (an archived run's row, ledger/archive): in a scope, the
+    digests of its steps and rows are then made under it as they were recorded."""
+    cache = getattr(_local, "cache", None)
+    if cache is not None:
+        cache.update(keys)
+
+
 def forget() -> None:
     """Drop the cached keys (erasure, which blanks them, calls it)."""
     if getattr(_local, "cache", None) is not None:

@@ -179,6 +179,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
 def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: dict) -> None:
     """Rows that left the hot tables for a segment left legitimately: each must still be as the chain last recorded
     it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there."""
+    # An archived run's steps and rows are keyed with its key, which left the hot table with it.
+    subjects.remember({row["id"]: row.get("fingerprint_key") or "" for _, row in archive.rows("ledger.run")})
     specs = [("ledger.action", Action, action_fingerprint, last_action), ("ledger.run", Run, run_fingerprint, last_run)]
     specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label]) for spec in fingerprinted_models()]
     for label, model, fingerprint, recorded in specs:
