@@ -8,7 +8,6 @@ CREATE OR REPLACE FUNCTION unwind_compensated(
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_status text;
     v_lease timestamptz;
     v_step integer;
@@ -101,16 +100,7 @@ BEGIN
                                 finished_at = n.finished_at
           FROM jsonb_populate_record(NULL::ledger_run, p_settle) n WHERE r.id = p_run;
     END IF;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'row', jsonb_build_object(
         'run_lease', CASE WHEN p_lease IS NOT NULL THEN v_lease END,
         'undo_lease', CASE WHEN p_next IS NOT NULL THEN v_row.lease_expires_at END));

@@ -6,7 +6,6 @@ CREATE OR REPLACE FUNCTION unwind_complete(
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_same boolean;
     v_busy boolean;
     v_newer boolean;
@@ -43,17 +42,8 @@ BEGIN
       FROM ledger_action a WHERE a.run_id = p_run AND a.kind = 'forward';
     IF v_busy THEN RETURN jsonb_build_object('outcome', 'fallback'); END IF;
     IF v_newer THEN RETURN jsonb_build_object('outcome', 'stale'); END IF;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH checkpointed AS (INSERT INTO ledger_checkpoint SELECT (v_checkpoint).*),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i)),
-    head AS (UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant)
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    WITH checkpointed AS (INSERT INTO ledger_checkpoint SELECT (v_checkpoint).*)
     UPDATE ledger_run r SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
       FROM jsonb_populate_record(NULL::ledger_run, p_changes) n WHERE r.id = p_run
     RETURNING r.* INTO v_run;

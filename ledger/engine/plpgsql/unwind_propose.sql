@@ -7,7 +7,6 @@ CREATE OR REPLACE FUNCTION unwind_propose(
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_status text;
     v_cancelled boolean;
     v_step integer;
@@ -79,33 +78,22 @@ BEGIN
     v_row.lease_expires_at := clock_timestamp() + (v_row.lease_expires_at - p_at);
     v_row.seq := v_step;
     v_row.defaults_version := v_dv;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
     -- A key already taken is a replay, which the Python path answers: the insert does nothing, and nothing else is
     -- written, as every other write depends on it. (Checked by the key's unique index itself, so that no plan made
     -- while the table was small reads the tenant's actions instead.)
     WITH inserted AS (
         INSERT INTO ledger_action SELECT (v_row).*
         ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_agent DO NOTHING RETURNING id),
-    numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run AND EXISTS (SELECT FROM inserted)),
-    attempted AS (
-        INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
-                                    error_message, latency_ms)
-        SELECT inserted.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
-          FROM inserted, jsonb_populate_record(NULL::ledger_attempt, p_attempt) a),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i)
-          WHERE EXISTS (SELECT FROM inserted))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant AND EXISTS (SELECT FROM inserted);
+    numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run AND EXISTS (SELECT FROM inserted))
+    INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
+                                error_message, latency_ms)
+    SELECT inserted.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
+      FROM inserted, jsonb_populate_record(NULL::ledger_attempt, p_attempt) a;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     IF v_moved <> 1 THEN
         RETURN jsonb_build_object('outcome', 'fallback');  -- a replay
     END IF;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     -- The id of this caller's next proposal, drawn now: it spares that proposal a read when it comes soon.
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'used', to_jsonb(v_used),
                               'next_id', nextval(pg_get_serial_sequence('ledger_action', 'id')));

@@ -5,7 +5,6 @@ CREATE OR REPLACE FUNCTION unwind_succeed(
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_status text;
     v_open boolean;
     v_pivot boolean;
@@ -28,20 +27,10 @@ BEGIN
      WHERE a.id = p_action AND a.run_id = p_run AND a.status = 'running';
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     IF v_moved <> 1 THEN RETURN 'fallback'; END IF;  -- moved by someone else: the Python path says how
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH ended AS (
-        UPDATE ledger_attempt t
-           SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
-          FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
-         WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant;
+    UPDATE ledger_attempt t
+       SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
+      FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
+     WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;
