@@ -1,5 +1,6 @@
 CREATE OR REPLACE FUNCTION unwind_compensated(
-    p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_from text[], p_steps jsonb, p_lease timestamptz, p_undo bigint,
+    p_undo_changes jsonb,
     p_undo_attempt jsonb,
     p_forward bigint, p_forward_changes jsonb, p_next_forward bigint, p_next_forward_changes jsonb, p_next jsonb,
     p_next_attempt jsonb, p_threshold text, p_settle jsonb, p_checkpoint jsonb,
@@ -22,7 +23,9 @@ BEGIN
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_status <> 'unwinding' THEN
+    -- The run in the status the caller decided under; p_from: the statuses the undo, its step and the next step
+    -- to undo move from, as the caller decided.
+    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status THEN
         RETURN jsonb_build_object('outcome', 'fallback');
     END IF;
     IF p_lease IS NULL THEN
@@ -56,7 +59,7 @@ BEGIN
            lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
            updated_at = n.updated_at, finished_at = n.finished_at
               FROM jsonb_populate_record(NULL::ledger_action, p_undo_changes) n
-             WHERE a.id = p_undo AND a.run_id = p_run AND a.status = 'running' RETURNING a.id),
+             WHERE a.id = p_undo AND a.run_id = p_run AND a.status = p_from[1] RETURNING a.id),
         ended AS (
             UPDATE ledger_attempt t
                SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
@@ -65,7 +68,7 @@ BEGIN
         compensated AS (
             UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
               FROM jsonb_populate_record(NULL::ledger_action, p_forward_changes) n
-             WHERE a.id = p_forward AND a.status = 'compensating' RETURNING a.id)
+             WHERE a.id = p_forward AND a.status = p_from[2] RETURNING a.id)
         SELECT (SELECT count(*) FROM undone), (SELECT count(*) FROM compensated) INTO v_undone, v_ended;
         IF v_undone <> 1 THEN RAISE EXCEPTION 'unwind: undo % moved under the run lock', p_undo; END IF;
         IF v_ended <> 1 THEN RAISE EXCEPTION 'unwind: step % moved under the run lock', p_forward; END IF;
@@ -78,7 +81,7 @@ BEGIN
         WITH claimed AS (
             UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at
               FROM jsonb_populate_record(NULL::ledger_action, p_next_forward_changes) n
-             WHERE a.id = p_next_forward AND a.status = 'succeeded' RETURNING a.id),
+             WHERE a.id = p_next_forward AND a.status = p_from[3] RETURNING a.id),
         numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run),
         inserted AS (INSERT INTO ledger_action SELECT (v_row).*)
         SELECT count(*) INTO v_ended FROM claimed;

@@ -1,5 +1,6 @@
 CREATE OR REPLACE FUNCTION unwind_failed(
-    p_tenant bigint, p_run bigint, p_steps jsonb, p_action bigint, p_changes jsonb, p_attempt jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_steps jsonb, p_action bigint, p_from text, p_changes jsonb,
+    p_attempt jsonb,
     p_run_changes jsonb, p_checkpoint jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
@@ -17,7 +18,8 @@ BEGIN
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_status <> 'running' OR v_pivot OR v_leased THEN
+    -- The run in the status the caller decided under, before its pivot, with no unwind lease.
+    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status OR v_pivot OR v_leased THEN
         RETURN 'fallback';
     END IF;
     SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
@@ -29,7 +31,7 @@ BEGIN
                error_class = n.error_class, error_message = n.error_message, updated_at = n.updated_at,
                finished_at = n.finished_at
           FROM jsonb_populate_record(NULL::ledger_action, p_changes) n
-         WHERE a.id = p_action AND a.run_id = p_run AND a.status = 'running' RETURNING a.id),
+         WHERE a.id = p_action AND a.run_id = p_run AND a.status = p_from RETURNING a.id),
     ended AS (
         UPDATE ledger_attempt t
            SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms,

@@ -1,5 +1,6 @@
 CREATE OR REPLACE FUNCTION unwind_succeed(
-    p_tenant bigint, p_run bigint, p_action bigint, p_changes jsonb, p_pivot boolean, p_attempt jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_action bigint, p_from text, p_changes jsonb, p_pivot boolean,
+    p_attempt jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -15,7 +16,9 @@ BEGIN
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_status <> 'running' OR NOT v_open OR (p_pivot AND NOT v_pivot) THEN
+    -- The run in the status the caller decided under (p_run_status), not cancelled, its pivot's commit recorded if
+    -- this is the pivot; the step in the status it moves from (p_from).
+    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status OR NOT v_open OR (p_pivot AND NOT v_pivot) THEN
         RETURN 'fallback';
     END IF;
     UPDATE ledger_action a
@@ -24,7 +27,7 @@ BEGIN
            lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
            updated_at = n.updated_at, finished_at = n.finished_at
       FROM jsonb_populate_record(NULL::ledger_action, p_changes) n
-     WHERE a.id = p_action AND a.run_id = p_run AND a.status = 'running';
+     WHERE a.id = p_action AND a.run_id = p_run AND a.status = p_from;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     IF v_moved <> 1 THEN RETURN 'fallback'; END IF;  -- moved by someone else: the Python path says how
     UPDATE ledger_attempt t
