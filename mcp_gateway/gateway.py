@@ -34,7 +34,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from ledger.db import sql
-from ledger.engine import decision
+from ledger.engine import decision, runsteps
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links, waits
@@ -385,7 +385,7 @@ def open_run(session: McpSession, agent: Agent, *, goal: str, on_behalf_of: str)
 def run_for_call(session: McpSession, agent: Agent) -> Run:
     """The session's run, opened with the documented defaults on the first call (and after a commit or rollback)."""
     if session.run_id is not None:
-        return sql.get(Run, pk=session.run_id)
+        return runsteps.run_with_steps(session.run_id)[0]  # with its steps, which the proposal decides from
     # Two first calls of one session at once (a client may pipeline) must not open two runs: the session's row is
     # locked (after the tenant's chain head, like every ledger write) and read again.
     with ledger_transaction(agent.tenant_id):
@@ -415,7 +415,7 @@ def run_of_handle(agent: Agent, handle) -> Run:
     if isinstance(handle, bool) or not isinstance(handle, int) or not 1 <= handle < 2 ** 63:
         raise ValidationFailed("the run handle must be the run_id unwind_begin answered (a positive integer)",
                                field="run_id")
-    run = sql.get(Run, pk=handle)
+    run, _ = runsteps.run_with_steps(handle)  # with its steps, which the proposal decides from
     if run is None or run.tenant_id != agent.tenant_id or run.agent_id != agent.pk:
         raise NotFound(f"there is no run {handle}")
     return run

@@ -62,8 +62,8 @@ ENGINE_PATH_MODULES = {
     "test_inline_twin", "test_insider_audit", "test_insider_edits", "test_leases_at_write", "test_lifecycle_model",
     "test_limit_totals", "test_mcp_servers", "test_one_decision", "test_one_effect", "test_parity",
     "test_production_server", "test_retry_patience", "test_rules_one_call", "test_rules_properties",
-    "test_saga_moves_http", "test_settling", "test_tracing", "test_undo_plan_http", "test_waits",
-    "test_wire_json_results",
+    "test_saga_moves_http", "test_settling", "test_sql_holds_no_rules", "test_tracing", "test_undo_plan_http",
+    "test_waits", "test_wire_json_results",
 }
 
 

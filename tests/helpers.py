@@ -15,7 +15,7 @@ def act(run, tool, args, *, key=None, target=None, intent=None):
     proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker", idempotency_key=key,
                               target=target, intent=intent or {"goal": run.goal, "confidence": 0.9})
     if proposal.claimed:
-        execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+        execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True, claimed=proposal.action)
         run.refresh_from_db()
         if run.status == "unwinding":
             execution.unwind(run.pk)

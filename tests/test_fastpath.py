@@ -163,12 +163,16 @@ def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tool
                     intent={}, compensation_plan=compensation_plan_of(tool, run.tenant_id, twin=twin))
     before = head_of(tools), proposal_run.next_seq
     stale = "low" if threshold != "low" else "high"
-    assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=stale, owner="me",
-                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == ("stale", None)
+    def guards(threshold):  # the run as read, without steps, and the threshold the decision used
+        return fastpath.ProposeGuards(run_status=proposal_run.status, cancelled=False, step=proposal_run.next_seq,
+                                      steps=[], threshold=threshold, key_free_in=(0,))
+
+    assert fastpath.propose(action, guards=guards(stale), owner="me", actor="agent:x",
+                            event={"tool": tool.name, "key_source": "header"}) == ("stale", None)
     assert (head_of(tools), Run.objects.get(pk=run.pk).next_seq) == before
     assert not Action.objects.filter(pk=action_id).exists()
-    assert fastpath.propose(action, matching=("succeeded",), roles=[], gone=[], threshold=threshold, owner="me",
-                            actor="agent:x", event={"tool": tool.name, "key_source": "header"}) == ("ok", None)
+    assert fastpath.propose(action, guards=guards(threshold), owner="me", actor="agent:x",
+                            event={"tool": tool.name, "key_source": "header"}) == ("ok", None)
     assert Action.objects.get(pk=action_id).seq == before[1] and Attempt.objects.filter(action_id=action_id).exists()
     assert verify_chain(tools.acme.pk).ok
 
@@ -198,8 +202,9 @@ def _completing(run: Run):
 
 
 def _complete(completed: Run, checkpoint: Checkpoint):
-    return fastpath.complete(completed, checkpoint=checkpoint, pending=[], busy=(*attempts.PENDING, "running"),
-                             done=attempts.DONE, unfinished=attempts.UNFINISHED)
+    return fastpath.complete(completed, run_status="running", checkpoint=checkpoint, pending=[],
+                             busy=(*attempts.PENDING, "running"), done=attempts.DONE, unfinished=attempts.UNFINISHED,
+                             awaiting=("awaiting_approval",))
 
 
 def test_a_run_with_a_step_in_flight_is_not_completed_by_the_call(tools):
@@ -371,7 +376,8 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
     Action.objects.filter(run=run).update(status="compensating")  # moved since the read
     before = head_of(tools)
     assert fastpath.compensated(
-        run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
+        run=read, run_status="unwinding", froms=("running", "compensating", "succeeded"),
+        steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
         next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=True,
         checkpoint=Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="compensated", state={}),
         lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
@@ -393,7 +399,8 @@ def test_a_second_unwinder_does_not_take_a_held_lease(tools):
     read, next_id, (checkpoint_id,), threshold, rows = fastpath.run_for_unwind(run.pk)
     Run.objects.filter(pk=run.pk).update(lease_expires_at=held)
     assert fastpath.compensated(
-        run=read, steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
+        run=read, run_status="unwinding", froms=("running", "compensating", "succeeded"),
+        steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
         next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=False, checkpoint=None,
         lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held

@@ -652,9 +652,9 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
     # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
     ("unwind_succeed", "error_class = '', error_message = ''", "error_class = 'x', error_message = ''", "ok",
      ".attempts[0].error_class: 'x' != ''"),
-    # The completion's checkpoint, built in SQL: a completed run resumes (`runstate.checkpoint_state`); here not.
-    ("unwind_complete", "'recovery_mode', 'resume'", "'recovery_mode', 'compensate'", "ok",
-     ".checkpoints[0].state.recovery_mode: 'compensate' != 'resume'"),
+    # The completion's checkpoint, its steps filled in by SQL: here it lists none of them as done.
+    ("unwind_complete", "FILTER (WHERE a.status = ANY (p_done))", "FILTER (WHERE false)", "ok",
+     ".checkpoints[0].state.completed_action_ids"),
     # A limit's room, handed to the call: here it never refuses, and the third reservation goes over the budget.
     ("unwind_propose", "IF v_used[i] > (p_limits->(i - 1)->>'room')::numeric THEN", "IF false THEN", "budget",
      ".actions[2].policy_decision.denied: only in python"),

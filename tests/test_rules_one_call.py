@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.engine import decision, execution, fastpath
+from ledger.engine import decision, execution, fastpath, runsteps
 from ledger.engine.proposal import action_propose
 from ledger.errors import UnwindError
 from ledger.models import Action, ActionStatus as A, Run
@@ -44,7 +44,7 @@ def _propose(run, args, **kwargs):
 
 
 def _finish(proposal):
-    execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True)
+    execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True, claimed=proposal.action)
 
 
 def test_a_ruled_tool_kept_by_the_process_is_proposed_in_one_statement(tools):
@@ -84,7 +84,9 @@ def test_rules_decided_on_a_step_count_that_moved_are_decided_again(tools):
     `run.steps` must see the count under the lock: the call writes nothing, and the Python path refuses."""
     _ruled(tools, rules=[{"when": "run.steps >= 1", "deny": "one reservation per run"}])
     run = open_run(tools, goal="steps")
-    stale = Run.objects.get(pk=run.pk)  # read before the first step, as a second request would have
+    # Read with its steps before the first step, as a second process would hold it (a copy without them is read
+    # again with them before the decision, and never goes stale this way).
+    stale, _ = runsteps.run_with_steps(run.pk)
     _finish(_propose(run, {**HOTEL, "nights": 1}))
     assert stale.next_seq == 1
     with CaptureQueriesContext(connection) as queries, pytest.raises(decision.PolicyDenied) as refused:

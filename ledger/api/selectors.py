@@ -13,7 +13,7 @@ from datetime import datetime
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from ledger.db import sql
-from ledger.engine import decision
+from ledger.engine import decision, runsteps
 from ledger.errors import NotFound
 from ledger.models import (
     ACTIVE_ACTION_STATUSES, RUN_FINAL, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, ErasedRun,
@@ -82,8 +82,9 @@ def run_events(run: Run) -> QuerySet[AuditEvent]:
 
 
 def run_for_write(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:
-    """The run an agent writes to (a proposal), read with one written-once statement; relations load lazily."""
-    run = sql.get(Run, pk=run_id)
+    """The run an agent writes to (a proposal), read with one written-once statement with its steps (kept on it for
+    the proposal to decide from: ledger/engine/runsteps.py); relations load lazily."""
+    run, _ = runsteps.run_with_steps(run_id)
     if run is None or run.tenant_id not in tenant_ids or (agent_id is not None and run.agent_id != agent_id):
         raise NotFound(f"there is no run {run_id}")
     return run

@@ -225,7 +225,7 @@ def summary(record: dict | None, *, display: dict | None = None, args: dict | No
 
 
 # The error_class of a step its tool's policy refused (as of a step the tool itself refused: the ordering law and
-# the content match pass over both, `proposal._steps_that_could_conflict`, CONTENT_MATCHES).
+# the content match pass over both, `runsteps.order_conflicts`, CONTENT_MATCHES).
 REFUSED = "refused"
 
 

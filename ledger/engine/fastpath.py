@@ -7,15 +7,15 @@ audit append and COMMIT: a round trip apiece. Here the plain case of each is one
 (ledger/engine/plpgsql/<name>.sql, one file per function, installed by `migrate`) in autocommit, so PostgreSQL runs the
 whole transaction in that call:
 
-- `unwind_propose`: locks the head, then the run; checks that the tool version, its compensation's twin and the
-  tenant's slug and approval threshold the decision used are still current (the caller may have taken them from
-  what this process keeps: `kept_tool`; else it answers 'stale'), then what the Python path checks under those
-  locks (the run takes steps and is not cancelled, no step of the run has the same content, the ordering law finds
-  no later-role step, and no action from before keys were scoped by agent holds the key: the Python path says
-  whose it is); then inserts the action (its id drawn beforehand, with the tool's read or by this thread's
+- `unwind_propose`: writes a proposal Python decided (`proposal.plain`, `runsteps`): locks the head, then the run;
+  checks the guards it was decided under (`ProposeGuards`: the run's status, cancel mark, next step number and
+  actions' ids and statuses; the tool version, its compensation's twin and the tenant's slug and approval threshold,
+  which the caller may have taken from what this process keeps: `kept_tool`; else it answers 'stale', and the caller
+  decides again from a fresh read) and that the key is free in the scopes it is told (else 'taken': the Python path
+  says whose it is); then inserts the action (its id drawn beforehand, with the tool's read or by this thread's
   previous proposal) unless its agent's key is taken (a replay: the unique index on tenant, agent and key says
-  so, and nothing is written),
-  takes the step's number, inserts the attempt, appends the event, and draws the id of this thread's next proposal.
+  so, and nothing is written), takes the step's number, inserts the attempt, appends the event, and draws the id
+  of this thread's next proposal. It knows no rule: no status name, no ordering law, no content match.
 - `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
   opening) and appends its event, and draws the id of this thread's next run.
 - `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
@@ -34,10 +34,12 @@ whole transaction in that call:
   pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
   move one row), closes the attempt and appends the event.
 
-Anything else answers 'fallback' having written nothing, and the caller takes the Python path, which decides the case
+Anything else answers 'fallback' (or 'stale', 'taken', 'full') having written nothing, and the caller takes the Python
+path, which decides the case
 under the same locks and says what happened (a replay, `in_flight`, an ordering refusal, a cancelled run, a
 StateConflict). Everything the chain records is built here exactly as on the Python path (the same fingerprints,
-the same data); the function only fills in the sequence number and the HMAC chain, which it computes from the
+the same data); the function only fills in the sequence number and the HMAC chain (`unwind_chain_append`, which every
+function calls), which it computes from the
 head it locked: `event_hash`'s HMAC-SHA256 as sha256(okey || sha256(ikey || message)), with the key's padded
 halves passed for that call and never stored. `verify_chain` checks these events as it checks every other.
 
@@ -68,7 +70,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
 from ledger.db import sql
-from ledger.engine import plpgsql, transitions
+from ledger.engine import plpgsql, runsteps, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
@@ -274,19 +276,20 @@ def checkpoint_id() -> int:
     return _next_checkpoint.take()
 
 
-def complete(run: Run, *, checkpoint: models.Model, pending: list, busy: tuple, done: tuple,
-             unfinished: tuple) -> Run | None:
+def complete(run: Run, *, run_status: str, checkpoint: models.Model, pending: list, busy: tuple, done: tuple,
+             unfinished: tuple, awaiting: tuple) -> Run | None:
     """Complete `run` (the caller's copy, in memory already completed, which `pending`'s events were built from) and
     insert `checkpoint` in one call, which checks under its locks that the run is still running with the pivot and
-    the fingerprinted fields of the copy and no action in `busy`, and builds the checkpoint's state from the run's
-    steps (`done` and `unfinished` as `runstate.checkpoint_state` sorts them). Returns the run as the call left it;
-    None when nothing was written."""
+    the fingerprinted fields of the copy and no action in `busy`, and its status still `run_status` (what the
+    caller decided under), and fills the checkpoint's state (in `checkpoint`, as `runstate.checkpoint_state` builds
+    it without steps) with the run's steps (`done`, `unfinished` and `awaiting` as it sorts them). Returns the run as
+    the call left it; None when nothing was written."""
     now = timezone.now()
     outcome = _call(
-        "unwind_complete", "%s::bigint, %s::bigint, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb, %s::jsonb,"
-        f" %s::text[], %s::text[], %s::text[], %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal, Jsonb(run.intent),
-         Jsonb(run.plan), list(busy), list(done), list(unfinished),
+        "unwind_complete", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
+        f" %s::jsonb, %s::text[], %s::text[], %s::text[], %s::text[], %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, run_status, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal,
+         Jsonb(run.intent), Jsonb(run.plan), list(busy), list(done), list(unfinished), list(awaiting),
          _row(run, fields=("status", "updated_at", "finished_at")), _row(checkpoint, adding=True),
          *_chain(run.tenant_id, pending, now)])
     if outcome[0] != "ok":
@@ -319,6 +322,10 @@ class Step:
     status: str
 
 
+# The forward steps an unwinder may undo next (`unwinding.compensated_in_one_call` decides which): read whole.
+UNDO_NEXT = (A.SUCCEEDED, A.COMPENSATING)
+
+
 def run_for_unwind(run_id: int, *, checkpoints: int = 1):
     """The run, ids for the compensations to come and for `checkpoints` checkpoints, the tenant's approval threshold,
     and every action of the run in order with its tool's name and class, read in one statement without locks:
@@ -335,18 +342,18 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
         # scanned the status index, every succeeded action of every run (0.7 ms).
         "WITH ids AS MATERIALIZED (SELECT (SELECT pg_catalog.array_agg(nextval(pg_get_serial_sequence('ledger_action',"
         " 'id')) ORDER BY g) FROM generate_series(1, 1 + (SELECT count(*) FILTER (WHERE c.kind = 'forward'"
-        " AND c.status IN ('succeeded', 'compensating')) FROM ledger_action c WHERE c.run_id = %s)) g) AS action_id,"
+        " AND c.status = ANY (%s)) FROM ledger_action c WHERE c.run_id = %s)) g) AS action_id,"
         " (SELECT pg_catalog.array_agg(nextval(pg_get_serial_sequence('ledger_checkpoint', 'id')) ORDER BY g)"
         " FROM generate_series(1, %s) g) AS checkpoint_ids)"
         f" SELECT {run_cols}, ids.action_id, ids.checkpoint_ids, tenant.approval_threshold, tenant.slug,"
         f" a.id, a.seq, a.kind, a.status, t.name, t.action_class, {action_cols}, {tool_cols}"
         " FROM ledger_run r CROSS JOIN ids JOIN ledger_tenant tenant ON tenant.id = r.tenant_id"
         " LEFT JOIN ledger_action a ON a.run_id = r.id LEFT JOIN ledger_tool t ON t.id = a.tool_id"
-        " LEFT JOIN ledger_action f ON f.id = a.id AND a.kind = 'forward' AND a.status IN ('succeeded', 'compensating')"
+        " LEFT JOIN ledger_action f ON f.id = a.id AND a.kind = 'forward' AND a.status = ANY (%s)"
         # The version of the compensation's tool bound when the step was proposed (`unwinding.compensation_tool`).
         " LEFT JOIN ledger_tool u ON u.tenant_id = r.tenant_id AND u.id = CASE"
         " WHEN f.compensation_plan->>'tool_id' ~ '^[0-9]{1,18}$' THEN (f.compensation_plan->>'tool_id')::bigint END"
-        " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [run_id, checkpoints, run_id, UNWIND_READ_LIMIT])
+        " WHERE r.id = %s AND r.next_seq <= %s ORDER BY a.seq", [list(UNDO_NEXT), run_id, checkpoints, list(UNDO_NEXT), run_id, UNWIND_READ_LIMIT])
     if not rows:
         return None, [], [], None, []
     first = rows[0]
@@ -372,23 +379,25 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
     return run, list(action_ids), list(checkpoint_ids), threshold, actions
 
 
-def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: models.Model | None,
+def compensated(*, run: Run, run_status: str, froms: tuple[str, str, str], steps: list, undo: Action | None, undo_attempt: models.Model | None,
                 forward: Action | None, next_forward: Action | None, next_undo: Action | None,
                 next_attempt: models.Model | None, threshold: str, settle: bool, checkpoint: models.Model | None,
                 lease, pending: list, now):
     """Record `undo`'s success (its new state in memory) and `forward` compensated (or, with `lease`, take the run's
     unwind lease until then), then either the claim of `next_undo` for `next_forward` (both in memory as they are to
     be recorded) or, with `settle`, the run compensated (in memory) with its `checkpoint`, with the `pending`
-    events, in one call; provided the run is still unwinding under this unwinder's lease (or, taking it, under
-    none) and its actions still have the statuses in `steps` ([id, status] in order). Returns (step,
+    events, in one call; provided the run is still `run_status` (unwinding) under this unwinder's lease (or, taking
+    it, under none) and its actions still have the statuses in `steps` ([id, status] in order). `froms`: the
+    statuses `undo`, `forward` and `next_forward` move from, as the caller decided. Returns (step,
     defaults_version) of the next compensation ((None, None) without one) and the leases the call wrote (the run's
     and the next compensation's, None for those it did not take), which run from when it held its locks; or None:
     nothing was written."""
     outcome = _call(
-        "unwind_compensated", "%s::bigint, %s::bigint, %s::jsonb, %s::timestamptz, %s::bigint, %s::jsonb, %s::jsonb, "
+        "unwind_compensated", "%s::bigint, %s::bigint, %s::text, %s::text[], %s::jsonb, %s::timestamptz, %s::bigint, "
+        "%s::jsonb, %s::jsonb, "
         "%s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, "
         f"%s::jsonb, %s::text, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, Jsonb(steps), lease, undo.pk if undo is not None else None,
+        [run.tenant_id, run.pk, run_status, list(froms), Jsonb(steps), lease, undo.pk if undo is not None else None,
          _row(undo, fields=SUCCESS_FIELDS) if undo is not None else None,
          _row(undo_attempt, fields=("number", "finished_at", "outcome", "latency_ms")) if undo is not None else None,
          forward.pk if forward is not None else None,
@@ -406,16 +415,16 @@ def compensated(*, run: Run, steps: list, undo: Action | None, undo_attempt: mod
     return outcome[1], outcome[2], leases.get("run_lease"), leases.get("undo_lease")
 
 
-def failed(*, run: Run, steps: list, action: Action, attempt: models.Model, checkpoint: models.Model,
-           pending: list, now) -> bool:
+def failed(*, run: Run, run_status: str, steps: list, action: Action, status_from: str, attempt: models.Model,
+           checkpoint: models.Model, pending: list, now) -> bool:
     """Record a forward step failed for good (`action` in memory as it is to be recorded, its `attempt` ended) and
     its run starting to unwind (`run` in memory: unwinding) with its `checkpoint`, with the `pending` events, in one
-    call; provided the run is still running before its pivot, with no unwind lease, and its actions still have the
-    statuses in `steps`."""
+    call; provided the run is still `run_status` (running) before its pivot, with no unwind lease, and its actions
+    still have the statuses in `steps` (the step's own `status_from`)."""
     outcome = _call(
-        "unwind_failed", "%s::bigint, %s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, %s::jsonb, "
-        f"%s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, Jsonb(steps), action.pk,
+        "unwind_failed", "%s::bigint, %s::bigint, %s::text, %s::jsonb, %s::bigint, %s::text, %s::jsonb, %s::jsonb, "
+        f"%s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, run_status, Jsonb(steps), action.pk, status_from,
          _row(action, fields=("status", "lease_owner", "lease_expires_at", "error_class", "error_message",
                               "updated_at", "finished_at")),
          _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms", "error_class", "error_message")),
@@ -508,15 +517,29 @@ def _twin_checked(tool: Tool, plan: dict) -> tuple[str | None, int | None]:
     return name, plan.get("tool_id")
 
 
-def propose(action: Action, *, matching: tuple, roles: list, gone: list, threshold: str, owner: str,
-            actor: str, event: dict, limits: list[dict] | None = None, counted: tuple = (),
-            step: int | None = None) -> tuple[str, list | None]:
-    """Record `action` (its id drawn by `current_tool`, or kept), claimed as `owner`, with its attempt and its
-    `forward.proposed` event in one call. `limits`: the tool's limits as `unwind_limits_used` counts them, each with
-    the `room` the call needs (`limits.asked`), counted under the call's locks over the steps whose status is in
-    `counted`; `step`: the step number the tool's rules were decided for (they read `run.steps`). Answers ("ok", what
-    each limit had used); "stale" when the tool, its twin, the tenant's slug or threshold it was decided from are no
-    longer current; anything else when the Python path decides. Only "ok" wrote anything."""
+@dataclass(frozen=True)
+class ProposeGuards:
+    """What a proposal was decided under, which `unwind_propose` checks under its locks before it writes (any that
+    fails: 'stale', nothing written): the run's status, its cancel mark, its next step's number and its actions
+    ([id, status] in order, `runsteps.guard`); the tool's version, its twin, the tenant's slug and approval
+    threshold (from the action's tool); and the key scopes besides the agent's own where the key must be free."""
+
+    run_status: str
+    cancelled: bool
+    step: int
+    steps: list
+    threshold: str | None
+    key_free_in: tuple
+
+
+def propose(action: Action, *, guards: ProposeGuards, owner: str, actor: str, event: dict,
+            limits: list[dict] | None = None, counted: tuple = ()) -> tuple[str, list | None]:
+    """Write a proposal Python decided: record `action` (its id drawn by `current_tool`, or kept), claimed as
+    `owner`, with its attempt and its `forward.proposed` event in one call, provided `guards` still hold. `limits`:
+    the tool's limits as `unwind_limits_used` counts them, each with the `room` the call needs (`limits.asked`),
+    counted under the call's locks over the steps whose status is in `counted`. Answers ("ok", what each limit had
+    used); "stale" when a guard failed (decide again from a fresh read); "taken" when the key is (the Python path
+    answers the replay); "full" when a limit had no room; "altered"/"fallback" otherwise. Only "ok" wrote anything."""
     now = timezone.now()
     attempt = Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=now)
     log = audit.AuditLog(action.tenant_id, head=None)
@@ -524,13 +547,14 @@ def propose(action: Action, *, matching: tuple, roles: list, gone: list, thresho
     row = _row(action, adding=True)
     twin_name, twin_id = _twin_checked(action.tool, action.compensation_plan)
     outcome = _call(
-        "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, %s::text, %s::text, %s::text[], "
-        "%s::text[], %s::text[], %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, %s::text, %s::jsonb, "
-        f"%s::text[], %s::bigint, {CHAIN_ARGS}",
+        "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, %s::text, %s::bigint[], %s::text, "
+        "%s::boolean, %s::integer, %s::jsonb, %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, %s::text, "
+        f"%s::jsonb, %s::text[], {CHAIN_ARGS}",
         [action.tenant_id, action.run_id, row, _row(attempt, fields=("number", "worker", "started_at")),
-         action.idempotency_key, action.content_key, list(matching), roles, gone, threshold, action.tool.created_at,
-         action.tool.tenant.slug, twin_name, twin_id, action.tool.name,
-         None if limits is None else Jsonb(limits), list(counted), step, *_chain(action.tenant_id, log.pending, now)])
+         action.idempotency_key, list(guards.key_free_in), guards.run_status, guards.cancelled, guards.step,
+         Jsonb(guards.steps), guards.threshold, action.tool.created_at, action.tool.tenant.slug, twin_name, twin_id,
+         action.tool.name, None if limits is None else Jsonb(limits), list(counted),
+         *_chain(action.tenant_id, log.pending, now)])
     if outcome[0] != "ok":
         return outcome[0], None
     action.seq, action.defaults_version = outcome[1], outcome[2]
@@ -546,9 +570,16 @@ SUCCESS_FIELDS = ("status", "result", "after", "verification", "target_id", "com
                   "lease_expires_at", "error_class", "error_message", "updated_at", "finished_at")
 
 
+# The run's status under which a step's success is recorded in one call (anything else: the Python path decides).
+SUCCESS_RUN_STATUS = R.RUNNING
+
+
 def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: str, pivot: bool) -> bool:
     """Record a forward step's success (`changes`: what `action_transition` to succeeded sets) with its attempt's end
-    and its event in one call; on True, `action` holds the changes. False: nothing was written."""
+    and its event in one call, provided the run is SUCCESS_RUN_STATUS and the step still in the status it moves
+    from; on True, `action` holds the changes. False: nothing was written."""
+    if A.SUCCEEDED not in transitions.ACTION_TRANSITIONS[action.status]:
+        return False
     now = timezone.now()
     after, changed = transitions.moved(action, A.SUCCEEDED, now=now, **changes)
     log = audit.AuditLog(action.tenant_id, head=None)
@@ -556,8 +587,10 @@ def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: s
     attempt = Attempt(action=action, number=action.attempts, finished_at=now, outcome="succeeded",
                       latency_ms=latency_ms)
     outcome = _call(
-        "unwind_succeed", f"%s::bigint, %s::bigint, %s::bigint, %s::jsonb, %s::boolean, %s::jsonb, {CHAIN_ARGS}",
-        [action.tenant_id, action.run_id, action.pk, _row(after, fields=SUCCESS_FIELDS), pivot,
+        "unwind_succeed",
+        f"%s::bigint, %s::bigint, %s::text, %s::bigint, %s::text, %s::jsonb, %s::boolean, %s::jsonb, {CHAIN_ARGS}",
+        [action.tenant_id, action.run_id, SUCCESS_RUN_STATUS, action.pk, action.status,
+         _row(after, fields=SUCCESS_FIELDS), pivot,
          _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms")),
          *_chain(action.tenant_id, log.pending, now)])
     if outcome[0] != "ok":
@@ -565,5 +598,6 @@ def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: s
     for name, value in changed.items():
         setattr(action, name, value)
     if Action.run.is_cached(action):  # what the call found under the run's lock
-        action.run.status, action.run.cancel_requested_at = R.RUNNING, None
+        action.run.status, action.run.cancel_requested_at = SUCCESS_RUN_STATUS, None
+        runsteps.moved(action.run, action.pk, A.SUCCEEDED)  # the steps a next proposal decides from
     return True

@@ -14,13 +14,10 @@ lock, so of a stop and a release racing exactly one wins, on SQLite and PostgreS
 """
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from datetime import timedelta
 
 from django.db.models import Min, Q
-from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from ledger import events
 from ledger.db import sql
@@ -30,7 +27,6 @@ from ledger.audit import sealed
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.errors import StateConflict
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R, Tool
-from ledger.policy.law import held_roles_it_must_wait_for
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.transitions import action_transition, run_transition
 
@@ -202,26 +198,3 @@ def stop_refusal(action: Action) -> str:
     if action.status == A.HELD:
         return ""
     return f"step {action.seq} is {action.get_status_display()}: only a held step can be stopped"
-
-
-def steps_it_must_wait_for(run: Run, tool: Tool) -> list[tuple[int, str, str, str]]:
-    """The run's held steps of a role `tool` must wait for (law.held_roles_it_must_wait_for), earliest first."""
-    roles = held_roles_it_must_wait_for(tool)
-    if not roles:
-        return []
-    rows = sql.fetch_all(
-        "SELECT a.seq, t.name, a.saga_role, a.next_attempt_at FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
-        f" WHERE a.run_id = %s AND a.kind = %s AND a.status = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
-        " ORDER BY a.seq", [run.pk, ActionKind.FORWARD, A.HELD, *roles])
-    return [(seq, name, role, _utc(when)) for seq, name, role, when in rows]
-
-
-def _utc(when) -> str:
-    """A held step's time as a person reads it (SQLite hands the column back as text)."""
-    if isinstance(when, str):
-        when = parse_datetime(when)
-    if when is None:
-        return "its window ends"
-    if timezone.is_naive(when):
-        when = timezone.make_aware(when, dt.timezone.utc)
-    return f"{when.astimezone(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"

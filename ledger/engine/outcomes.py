@@ -281,8 +281,9 @@ def failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float | 
     attempt = Attempt(action=action, number=action.attempts, finished_at=now, latency_ms=latency_ms,
                       outcome="failed_transient" if error.transient else "failed_permanent",
                       error_class=error.error_class, error_message=error.message[:2000])
-    if not fastpath.failed(run=run, steps=[[row.pk, row.status] for row, *_ in rows], action=failed, attempt=attempt,
-                           checkpoint=checkpoint, pending=log.pending, now=now):
+    if not fastpath.failed(run=run, run_status=R.RUNNING, steps=[[row.pk, row.status] for row, *_ in rows],
+                           action=failed, status_from=A.RUNNING, attempt=attempt, checkpoint=checkpoint,
+                           pending=log.pending, now=now):
         return False
     for name, value in failed_moved.items():
         setattr(action, name, value)

@@ -13,7 +13,7 @@ from ledger import events, tracing
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import digest, storable
 from ledger.db import received, sql
-from ledger.engine import attempts, decision, fastpath, holds, readback, runstate
+from ledger.engine import attempts, decision, fastpath, holds, readback, runstate, runsteps
 from ledger.engine.dispatch import new_owner
 from ledger.engine.transitions import run_transition
 from ledger.errors import (
@@ -23,18 +23,11 @@ from ledger.errors import (
 from ledger.executors.call import ToolError
 from ledger.models import Action, ActionClass, ActionKind, ActionStatus as A, Executor, Run, RunStatus as R, Tool
 from ledger.policy import limits as tool_limits, schemas
-from ledger.policy.law import approvals_needed, check_not_after_held, check_order, roles_it_may_not_follow
+from ledger.policy.law import approvals_needed, check_not_after_held, check_order
 from ledger.policy.tool_entry import TARGET_FROM_AGENT
+from ledger.engine.runsteps import CONTENT_IN_FLIGHT, CONTENT_MATCHES
 
 IN_FLIGHT = (A.PLANNED, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
-
-
-# A forward step a new proposal with the same content matches: it took effect, or may still (guarantee 1 across
-# keys). A failed, rejected, expired, skipped or compensated step did nothing that stands, so it may be tried again.
-CONTENT_IN_FLIGHT = (A.PLANNED, A.AWAITING_APPROVAL, A.APPROVED, A.RUNNING, A.RETRY_SCHEDULED, A.HELD)
-
-
-CONTENT_MATCHES = (A.SUCCEEDED, *CONTENT_IN_FLIGHT)
 
 
 MAX_KEY_LENGTH = 255
@@ -147,33 +140,28 @@ class _SameContent(Exception):
         self.action_id = action_id
 
 
-def _match_content(run: Run, content_key: str, repeat_of: int | None) -> None:
+def _match_content(steps: list[runsteps.Seen], content_key: str, repeat_of: int | None, run: Run) -> None:
     """One effect per logical action: refuse to record a step whose content the run already holds in a step that
-    succeeded or is in flight, unless the agent names that step in `repeat_of`. Runs with the run row locked
-    (`take_seq`), so of two concurrent proposals with the same content only the first is recorded."""
+    succeeded or is in flight (`runsteps.same_content`), unless the agent names that step in `repeat_of`. Decided
+    from `steps` read with the run row locked (`take_seq`), so of two concurrent proposals with the same content
+    only the first is recorded."""
     if repeat_of is not None:
         if not content_key:
             raise RepeatMismatch("a read-only call is never matched by content, so it repeats nothing; send it "
                                  "without repeat_of", repeat_of=repeat_of)
-        if sql.fetch_one(
-                f"SELECT id FROM ledger_action WHERE id = %s AND run_id = %s AND kind = %s AND content_key = %s"
-                f" AND status IN ({', '.join(['%s'] * len(CONTENT_MATCHES))})",
-                [repeat_of, run.pk, ActionKind.FORWARD, content_key, *CONTENT_MATCHES]) is None:
+        if not any(s.pk == repeat_of and s.kind == ActionKind.FORWARD and s.content_key == content_key
+                   and s.status in CONTENT_MATCHES for s in steps):
             raise RepeatMismatch(_why_not_a_repeat(run, content_key, repeat_of), repeat_of=repeat_of)
         return
-    found = sql.fetch_one(
-        f"SELECT id, status FROM ledger_action WHERE run_id = %s AND content_key = %s"
-        f" AND status IN ({', '.join(['%s'] * len(CONTENT_MATCHES))}) ORDER BY seq DESC LIMIT 1",
-        [run.pk, content_key, *CONTENT_MATCHES])
+    found = runsteps.same_content(steps, content_key)
     if found is None:
         return
-    action_id, status = found
-    if status in CONTENT_IN_FLIGHT:
+    if found.status in CONTENT_IN_FLIGHT:
         raise SameContentInFlight(
-            f"action {action_id} of this run has the same content (tool, target, arguments) and is still "
-            f"{status.replace('_', ' ')}; wait for it (or poll it) instead of sending it again. To do it twice on "
-            f"purpose, send \"repeat_of\": {action_id}", action_id=action_id, matched_by="content")
-    raise _SameContent(action_id)
+            f"action {found.pk} of this run has the same content (tool, target, arguments) and is still "
+            f"{found.status.replace('_', ' ')}; wait for it (or poll it) instead of sending it again. To do it twice "
+            f"on purpose, send \"repeat_of\": {found.pk}", action_id=found.pk, matched_by="content")
+    raise _SameContent(found.pk)
 
 
 def _why_not_a_repeat(run: Run, content_key: str, repeat_of: int) -> str:
@@ -319,30 +307,68 @@ def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of:
                   repeat_of=repeat_of)
 
 
+# The run statuses a step is proposed in (`_record` refuses the others, saying why), and the key scope of keys used
+# before keys were scoped by agent, which `_replay_of_key` looks in too.
+TAKES_STEPS = (R.RUNNING, R.AWAITING_APPROVAL)
+LEGACY_KEY_AGENT = 0
+
+
+def plain(run: Run, steps: list[runsteps.Seen], tool: Tool, content_key: str) -> bool:
+    """Whether the proposal is the plain case the one-call writer records, decided from the run in hand and its
+    `steps`: the run takes steps, no step has the same content, the ordering law finds no conflict and no step of the
+    run is held (whether it must wait for one is `_record`'s to say). Anything else `_record` decides under locks."""
+    return (run.status in TAKES_STEPS and not run.cancel_requested_at
+            and runsteps.same_content(steps, content_key) is None and not runsteps.order_conflicts(steps, tool)
+            and not runsteps.any_held(steps))
+
+
 def _propose_in_one_call(*, run, tool, action_id, threshold, twin, args, args_text, args_hash, target_id, key, source, intent,
                          before, actor, inline, queued, content_key) -> Proposal | None:
-    """PostgreSQL: the plain proposal (no approval needed, nothing in the run to match or refuse, the tool's rules
-    and limits let it through) in one call (ledger/engine/fastpath.py). None: nothing was recorded, and `_record`
-    decides the case."""
-    ruled = decision.in_one_call(tool=tool, run=run, args=args, threshold=threshold)
-    if ruled is None or holds.window(tool):
+    """PostgreSQL: decide, then write. Python decides the plain proposal (`plain`, the tool's rules and approval
+    rule, no hold) from the run in hand and its steps (kept on it by the previous call, or read now with the run in
+    one statement), and `fastpath.propose` writes it in one call under the guards it was decided with. A failed
+    guard ('stale') is decided again once from a fresh read. None: nothing was recorded, and `_record` decides."""
+    if holds.window(tool):
         return None
-    owner = new_owner(held=inline)
-    action = decision.bind(_new_action(
-        run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text, args_hash=args_hash,
-        content_key=content_key, repeat_of=None, target_id=target_id, key=key, source=source, required=0, owner=owner,
-        inline=inline, queued=queued, before=before, intent=intent, twin=twin), ruled.decided)
-    action.pk = action_id
-    outcome, used = fastpath.propose(
-        action, matching=CONTENT_MATCHES, roles=roles_it_may_not_follow(tool), gone=list(GONE), threshold=threshold,
-        owner=owner, actor=actor, event={"tool": tool.name, "key_source": source},
-        limits=ruled.limits, counted=tool_limits.COUNTED, step=ruled.step)
-    if outcome != "ok":
-        return None
-    ruled.counted(used)
-    run.next_seq = action.seq + 1  # as the call left it: the caller's next proposal in this run reads it
-    action.tool = tool
-    return Proposal(action=action, replayed=False, owner="" if tool.executor == Executor.CLIENT else owner)
+    steps = runsteps.kept(run)
+    for _ in range(2):
+        fresh = steps is None
+        if fresh:
+            read, steps = runsteps.run_with_steps(run.pk)
+            if read is None:
+                return None
+            run.status, run.cancel_requested_at, run.next_seq = read.status, read.cancel_requested_at, read.next_seq
+            runsteps.keep(run, steps)
+        ruled = decision.in_one_call(tool=tool, run=run, args=args, threshold=threshold)
+        if ruled is None or not plain(run, steps, tool, content_key):
+            return None
+        owner = new_owner(held=inline)
+        action = decision.bind(_new_action(
+            run=run, tool=tool, seq=0, defaults_version=0, args=args, args_text=args_text, args_hash=args_hash,
+            content_key=content_key, repeat_of=None, target_id=target_id, key=key, source=source, required=0,
+            owner=owner, inline=inline, queued=queued, before=before, intent=intent, twin=twin), ruled.decided)
+        action.pk = action_id
+        guards = fastpath.ProposeGuards(
+            run_status=run.status, cancelled=bool(run.cancel_requested_at), step=run.next_seq,
+            steps=runsteps.guard(steps), threshold=threshold, key_free_in=(LEGACY_KEY_AGENT,))
+        outcome, used = fastpath.propose(
+            action, guards=guards, owner=owner, actor=actor, event={"tool": tool.name, "key_source": source},
+            limits=ruled.limits, counted=tool_limits.COUNTED)
+        if outcome == "ok":
+            ruled.counted(used)
+            run.next_seq = action.seq + 1  # as the call left it: the caller's next proposal in this run reads it
+            runsteps.keep(run, [*steps, runsteps.Seen(
+                action.pk, action.seq, action.kind, action.status, content_key, action.saga_role, action.error_class,
+                tool.name, tool.action_class)])
+            action.tool = tool
+            return Proposal(action=action, replayed=False, owner="" if tool.executor == Executor.CLIENT else owner)
+        if outcome != "stale":
+            return None  # nothing written, the steps as they were: `_record` decides (a replay, a limit, …)
+        runsteps.keep(run, None)  # a guard failed: the next decision reads afresh
+        if fresh:
+            return None
+        steps = None
+    return None
 
 
 def _new_action(*, run, tool, seq, defaults_version, args, args_text, args_hash, content_key, repeat_of, target_id, key,
@@ -386,36 +412,16 @@ def compensation_plan_of(tool: Tool, tenant_id: int, *, twin: tuple[int, int] | 
     return plan
 
 
-GONE = (A.REJECTED, A.EXPIRED, A.SKIPPED)  # steps that never ran: the ordering law does not count them
-
-
-def _steps_that_could_conflict(run: Run, tool: Tool) -> list[tuple[int, str, str]]:
-    """The earliest earlier step that `check_order` would refuse `tool` after, if any.
-
-    Only a step of a later saga role (or a second pivot) can break the ordering law, and the law names
-    the first one, so one row is enough, however long the run. A retriable tool can follow anything.
-    A step the tool refused did nothing, so it is no earlier step (a refused pivot leaves room for another).
-    """
-    roles = roles_it_may_not_follow(tool)
-    if not roles:
-        return []
-    gone = list(GONE)
-    return sql.fetch_all(
-        "SELECT a.seq, t.name, a.saga_role FROM ledger_action a JOIN ledger_tool t ON t.id = a.tool_id"
-        f" WHERE a.run_id = %s AND a.kind = %s AND a.saga_role IN ({', '.join(['%s'] * len(roles))})"
-        f" AND a.status NOT IN ({', '.join(['%s'] * len(gone))}) AND t.action_class <> %s"
-        " AND NOT (a.status = %s AND a.error_class = %s) ORDER BY a.seq LIMIT 1",
-        [run.pk, ActionKind.FORWARD, *roles, *gone, ActionClass.READ_ONLY, A.FAILED, attempts.REFUSED])
-
-
 def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, intent, before, actor, inline, queued,
             content_key, repeat_of) -> Proposal:
+    runsteps.keep(run, None)  # the caller's copy: what this writes is not in it
     with ledger_transaction(run.tenant_id) as audit:
         # Lock the run and take the next step number in one statement (a refusal below rolls the number back),
         # reading the tenant's approval threshold as it stands now with it.
         run, threshold, defaults_version = attempts.take_seq(run.pk)
+        steps = runsteps.read(run.pk)  # what the content match and the ordering law decide from, under the lock
         if content_key or repeat_of is not None:
-            _match_content(run, content_key, repeat_of)
+            _match_content(steps, content_key, repeat_of, run)
         if run.cancel_requested_at:
             raise RunCancelled(f"run {run.pk} was cancelled; it starts no new action")
         if run.status not in (R.RUNNING, R.AWAITING_APPROVAL):
@@ -424,8 +430,8 @@ def _record(*, run, tool, args, args_text, args_hash, target_id, key, source, in
             why = f" ({run.attention_detail[:300]})" if stopped else ""
             raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}{why}; it accepts no new actions",
                                run_status=run.status)
-        check_order(_steps_that_could_conflict(run, tool), tool=tool)
-        check_not_after_held(holds.steps_it_must_wait_for(run, tool), tool=tool)
+        check_order(runsteps.order_conflicts(steps, tool), tool=tool)
+        check_not_after_held(runsteps.held_it_waits_for(steps, tool), tool=tool)
         # The tool's rules and limits (ledger/engine/decision.py), counted under the locks just taken.
         decided = decision.decide(tool=tool, run=run, args=args, threshold=threshold) if decision.applies(tool) else None
         required = decided.required if decided else approvals_needed(

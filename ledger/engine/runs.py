@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.db import sql
-from ledger.engine import attempts, fastpath, runstate
+from ledger.engine import attempts, fastpath, runstate, runsteps
 from ledger.audit import subjects
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
@@ -63,6 +63,8 @@ def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_o
                 sql.insert(run)
                 audit.record("run.opened", actor=actor, run=run, goal=run.goal[:500], plan=plan)
         run.replayed = False
+        runsteps.keep(run, [])  # a new run has no step yet: its first proposal decides from that
+
     except IntegrityError:
         if not idempotency_key:
             raise
@@ -123,10 +125,12 @@ def _complete_in_one_call(run: Run, *, actor: str) -> Run | None:
     log = AuditLog(run.tenant_id, head=None)
     log.record(f"run.{R.COMPLETED}", actor=actor, run=completed, status_from=R.RUNNING)
     log.record("run.checkpoint", actor=attempts.SYSTEM, run=completed, label="completed", checkpoint=checkpoint_id)
-    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run_id=run.pk, label="completed")
-    return fastpath.complete(completed, checkpoint=checkpoint, pending=log.pending,
+    # Its state as runstate.checkpoint_state builds it; the call fills in the steps it reads under its locks.
+    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run_id=run.pk, label="completed",
+                            state=runstate.checkpoint_state(completed, []))
+    return fastpath.complete(completed, run_status=R.RUNNING, checkpoint=checkpoint, pending=log.pending,
                              busy=(*attempts.PENDING, A.RUNNING), done=attempts.DONE,
-                             unfinished=attempts.UNFINISHED)
+                             unfinished=attempts.UNFINISHED, awaiting=runstate.AWAITING)
 
 
 def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:

@@ -37,6 +37,9 @@ def checkpoint_save(run: Run, label: str, *, log: AuditLog) -> Checkpoint:
     return checkpoint
 
 
+AWAITING = (A.AWAITING_APPROVAL,)  # the steps a checkpoint lists as awaiting approval
+
+
 def checkpoint_state(run: Run, steps: list[tuple]) -> dict:
     """What a checkpoint records of the run and its forward `steps` ((id, seq, status, tool name), in order)."""
     actions = [dict(zip(("id", "seq", "status", "tool__name"), row)) for row in steps]
@@ -48,7 +51,7 @@ def checkpoint_state(run: Run, steps: list[tuple]) -> dict:
     return {
         "run_status": run.status, "pivot_committed": run.pivot_committed,
         "completed_action_ids": completed, "pending_action_ids": pending,
-        "awaiting_approval_ids": [a["id"] for a in actions if a["status"] == A.AWAITING_APPROVAL],
+        "awaiting_approval_ids": [a["id"] for a in actions if a["status"] in AWAITING],
         "recovery_mode": mode, "summary": summary,
     }
 

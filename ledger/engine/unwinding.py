@@ -184,7 +184,8 @@ def next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner
         log.record("run.checkpoint", actor=attempts.SYSTEM, run=run, label="compensated", checkpoint=state.checkpoint_id)
     undo_after, attempt, forward_after = undo if undo is not None else (None, None, None)
     recorded = fastpath.compensated(
-        run=run, steps=[[action.pk, action.status] for action, *_ in rows], undo=undo_after, undo_attempt=attempt,
+        run=run, run_status=R.UNWINDING, froms=(A.RUNNING, A.COMPENSATING, A.SUCCEEDED),
+        steps=[[action.pk, action.status] for action, *_ in rows], undo=undo_after, undo_attempt=attempt,
         forward=forward_after, next_forward=next_forward, next_undo=next_undo, next_attempt=next_attempt,
         threshold=state.threshold, settle=candidate is None, checkpoint=checkpoint, lease=lease,
         pending=log.pending, now=now)

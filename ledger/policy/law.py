@@ -25,8 +25,9 @@ def roles_it_may_not_follow(tool: Tool) -> list[str]:
     """The ordering law, in the one place it is written: the saga roles of earlier steps `tool` may not follow.
 
     Compensatable steps first, then at most one pivot, then retriable steps; read-only tools change nothing and may
-    come anywhere. `check_order` explains a refusal from it, and the PostgreSQL proposal (unwind_propose.sql) is
-    handed this list and only looks for an earlier step with one of these roles: it knows no law of its own.
+    come anywhere. `check_order` explains a refusal from it; `engine/runsteps.order_conflicts` finds the earlier step
+    it names, on both paths. No SQL knows the law: the PostgreSQL proposal only checks that the run's steps are
+    still those the law was applied to.
     """
     if tool.action_class == ActionClass.READ_ONLY:
         return []

@@ -1,5 +1,6 @@
 CREATE OR REPLACE FUNCTION unwind_compensated(
-    p_tenant bigint, p_run bigint, p_steps jsonb, p_lease timestamptz, p_undo bigint, p_undo_changes jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_from text[], p_steps jsonb, p_lease timestamptz, p_undo bigint,
+    p_undo_changes jsonb,
     p_undo_attempt jsonb,
     p_forward bigint, p_forward_changes jsonb, p_next_forward bigint, p_next_forward_changes jsonb, p_next jsonb,
     p_next_attempt jsonb, p_threshold text, p_settle jsonb, p_checkpoint jsonb,
@@ -8,7 +9,6 @@ CREATE OR REPLACE FUNCTION unwind_compensated(
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_status text;
     v_lease timestamptz;
     v_step integer;
@@ -23,7 +23,9 @@ BEGIN
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_status <> 'unwinding' THEN
+    -- The run in the status the caller decided under; p_from: the statuses the undo, its step and the next step
+    -- to undo move from, as the caller decided.
+    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status THEN
         RETURN jsonb_build_object('outcome', 'fallback');
     END IF;
     IF p_lease IS NULL THEN
@@ -57,7 +59,7 @@ BEGIN
            lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
            updated_at = n.updated_at, finished_at = n.finished_at
               FROM jsonb_populate_record(NULL::ledger_action, p_undo_changes) n
-             WHERE a.id = p_undo AND a.run_id = p_run AND a.status = 'running' RETURNING a.id),
+             WHERE a.id = p_undo AND a.run_id = p_run AND a.status = p_from[1] RETURNING a.id),
         ended AS (
             UPDATE ledger_attempt t
                SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
@@ -66,7 +68,7 @@ BEGIN
         compensated AS (
             UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
               FROM jsonb_populate_record(NULL::ledger_action, p_forward_changes) n
-             WHERE a.id = p_forward AND a.status = 'compensating' RETURNING a.id)
+             WHERE a.id = p_forward AND a.status = p_from[2] RETURNING a.id)
         SELECT (SELECT count(*) FROM undone), (SELECT count(*) FROM compensated) INTO v_undone, v_ended;
         IF v_undone <> 1 THEN RAISE EXCEPTION 'unwind: undo % moved under the run lock', p_undo; END IF;
         IF v_ended <> 1 THEN RAISE EXCEPTION 'unwind: step % moved under the run lock', p_forward; END IF;
@@ -79,7 +81,7 @@ BEGIN
         WITH claimed AS (
             UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at
               FROM jsonb_populate_record(NULL::ledger_action, p_next_forward_changes) n
-             WHERE a.id = p_next_forward AND a.status = 'succeeded' RETURNING a.id),
+             WHERE a.id = p_next_forward AND a.status = p_from[3] RETURNING a.id),
         numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run),
         inserted AS (INSERT INTO ledger_action SELECT (v_row).*)
         SELECT count(*) INTO v_ended FROM claimed;
@@ -101,16 +103,7 @@ BEGIN
                                 finished_at = n.finished_at
           FROM jsonb_populate_record(NULL::ledger_run, p_settle) n WHERE r.id = p_run;
     END IF;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'row', jsonb_build_object(
         'run_lease', CASE WHEN p_lease IS NOT NULL THEN v_lease END,
         'undo_lease', CASE WHEN p_next IS NOT NULL THEN v_row.lease_expires_at END));

@@ -1,12 +1,12 @@
 CREATE OR REPLACE FUNCTION unwind_complete(
-    p_tenant bigint, p_run bigint, p_pivot boolean, p_agent bigint, p_on_behalf_of text, p_goal text, p_intent jsonb,
-    p_plan jsonb, p_busy text[], p_done text[], p_unfinished text[], p_changes jsonb, p_checkpoint jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_pivot boolean, p_agent bigint, p_on_behalf_of text, p_goal text, p_intent jsonb,
+    p_plan jsonb, p_busy text[], p_done text[], p_unfinished text[], p_awaiting text[], p_changes jsonb,
+    p_checkpoint jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_same boolean;
     v_busy boolean;
     v_newer boolean;
@@ -17,7 +17,7 @@ BEGIN
     -- Running, with the pivot and the fingerprinted fields the caller built the events from (else the Python path
     -- says which).
     SELECT h.seq, h.hash,
-           r.status = 'running' AND r.pivot_committed = p_pivot AND r.agent_id IS NOT DISTINCT FROM p_agent
+           r.status = p_run_status AND r.pivot_committed = p_pivot AND r.agent_id IS NOT DISTINCT FROM p_agent
            AND r.on_behalf_of = p_on_behalf_of AND r.goal = p_goal AND r.intent = p_intent AND r.plan = p_plan
       INTO v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
@@ -26,34 +26,24 @@ BEGIN
     IF NOT FOUND OR NOT v_same THEN RETURN jsonb_build_object('outcome', 'fallback'); END IF;
     -- No step in flight; and the checkpoint's id was drawn before the locks: the run's checkpoints are read in id
     -- order, so none may have come after it. Its state as runstate.checkpoint_state builds it from the run's
-    -- forward steps in order.
+    -- forward steps in order, onto what the caller decided of it (the run's status, pivot and recovery mode).
     SELECT EXISTS (SELECT 1 FROM ledger_action b WHERE b.run_id = p_run AND b.status = ANY (p_busy)),
            EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > v_checkpoint.id),
-           jsonb_build_object(
-               'run_status', 'completed', 'pivot_committed', p_pivot, 'recovery_mode', 'resume',
+           v_checkpoint.state || jsonb_build_object(
                'completed_action_ids',
                coalesce(jsonb_agg(a.id ORDER BY a.seq) FILTER (WHERE a.status = ANY (p_done)), '[]'::jsonb),
                'pending_action_ids',
                coalesce(jsonb_agg(a.id ORDER BY a.seq) FILTER (WHERE a.status = ANY (p_unfinished)), '[]'::jsonb),
                'awaiting_approval_ids',
-               coalesce(jsonb_agg(a.id ORDER BY a.seq) FILTER (WHERE a.status = 'awaiting_approval'), '[]'::jsonb),
+               coalesce(jsonb_agg(a.id ORDER BY a.seq) FILTER (WHERE a.status = ANY (p_awaiting)), '[]'::jsonb),
                'summary', coalesce(string_agg((SELECT t.name FROM ledger_tool t WHERE t.id = a.tool_id) || ' '
                                               || replace(a.status, '_', ' '), ', ' ORDER BY a.seq), 'no actions yet'))
       INTO v_busy, v_newer, v_checkpoint.state
       FROM ledger_action a WHERE a.run_id = p_run AND a.kind = 'forward';
     IF v_busy THEN RETURN jsonb_build_object('outcome', 'fallback'); END IF;
     IF v_newer THEN RETURN jsonb_build_object('outcome', 'stale'); END IF;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH checkpointed AS (INSERT INTO ledger_checkpoint SELECT (v_checkpoint).*),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i)),
-    head AS (UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant)
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    WITH checkpointed AS (INSERT INTO ledger_checkpoint SELECT (v_checkpoint).*)
     UPDATE ledger_run r SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
       FROM jsonb_populate_record(NULL::ledger_run, p_changes) n WHERE r.id = p_run
     RETURNING r.* INTO v_run;

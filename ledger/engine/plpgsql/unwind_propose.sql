@@ -1,64 +1,61 @@
 CREATE OR REPLACE FUNCTION unwind_propose(
-    p_tenant bigint, p_run bigint, p_action jsonb, p_attempt jsonb, p_key text, p_content_key text,
-    p_matching text[], p_roles text[], p_gone text[], p_threshold text, p_tool_written timestamptz, p_slug text,
-    p_twin_name text, p_twin bigint, p_tool_name text, p_limits jsonb, p_counted text[], p_step bigint,
-    p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
+    p_tenant bigint, p_run bigint, p_action jsonb, p_attempt jsonb, p_key text, p_key_free_in bigint[],
+    p_run_status text, p_cancelled boolean, p_step integer, p_steps jsonb, p_threshold text,
+    p_tool_written timestamptz, p_slug text, p_twin_name text, p_twin bigint, p_tool_name text, p_limits jsonb,
+    p_counted text[], p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS jsonb LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- The writer of a proposal Python decided (ledger/engine/proposal.py, runsteps.py): it knows no rule. It locks the
+-- chain head, then the run, and checks the guards the decision was made under; any that fails answers 'stale',
+-- having written nothing, and the caller decides again from a fresh read.
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
-    v_status text;
-    v_cancelled boolean;
-    v_step integer;
+    v_same boolean;
     v_dv integer;
     v_current boolean;
     v_twin bigint;
     v_slug text;
     v_threshold text;
+    v_steps jsonb;
     v_taken boolean;
     v_moved integer;
     v_row ledger_action;
     v_used numeric[];
 BEGIN
-    SELECT h.seq, h.hash, r.status, r.cancel_requested_at IS NOT NULL, r.next_seq
-      INTO v_seq, v_prev, v_status, v_cancelled, v_step
+    -- The run as the caller decided from it: its status, its cancel mark and its next step's number.
+    SELECT h.seq, h.hash, r.status = p_run_status AND (r.cancel_requested_at IS NOT NULL) = p_cancelled
+                          AND r.next_seq = p_step
+      INTO v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_cancelled OR v_status NOT IN ('running', 'awaiting_approval') THEN
+    IF NOT FOUND THEN
         RETURN jsonb_build_object('outcome', 'fallback');
     END IF;
-    -- What the caller decided from, as it stands now: the tool's version is still the current one (the very row:
-    -- its id and when it was written, should ids ever be drawn again, after a restore), the compensation's twin
-    -- (unless the tool pins its version) is still the version bound, the tenant's slug (which signs the call) and
-    -- approval threshold are unchanged. The caller may have taken them from what its process keeps. Then what the
-    -- Python path decides itself: the same content done or in flight, a step the ordering law refuses (a replay,
-    -- the key taken, below).
+    -- The rest of what the caller decided from, as it stands now: the tool's version is still the current one (the
+    -- very row: its id and when it was written, should ids ever be drawn again, after a restore), the compensation's
+    -- twin (unless the tool pins its version) is still the version bound, the tenant's slug (which signs the call)
+    -- and approval threshold are unchanged, and the run's actions are those it decided from ([id, status] in
+    -- order: what the same-content match, the ordering law and the held steps were decided on). The caller may have
+    -- taken them from what its process keeps. Then whether the key is taken in a scope the caller names besides its
+    -- agent's (which the key's unique index checks at the insert, below).
     SELECT coalesce((SELECT t.is_current AND t.created_at = p_tool_written FROM ledger_tool t
                       WHERE t.id = (p_action->>'tool_id')::bigint AND t.tenant_id = p_tenant), false),
            (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = p_tenant AND t.name = p_twin_name AND t.is_current),
            n.slug, n.approval_threshold,
-           EXISTS (SELECT 1 FROM ledger_action a WHERE a.run_id = p_run AND a.content_key = p_content_key
-                         AND a.content_key <> '' AND a.status = ANY (p_matching))
-           OR EXISTS (SELECT 1 FROM ledger_action a
-                       WHERE a.run_id = p_run AND a.kind = 'forward' AND a.saga_role = ANY (p_roles)
-                         AND a.status <> ALL (p_gone) AND NOT (a.status = 'failed' AND a.error_class = 'refused')
-                         AND (SELECT t.action_class FROM ledger_tool t WHERE t.id = a.tool_id) <> 'read_only')
-           OR EXISTS (SELECT 1 FROM ledger_action a
-                       WHERE a.tenant_id = p_tenant AND a.key_agent = 0 AND a.idempotency_key = p_key)
-           -- A held step in the run (an undo window): whether this one must wait for it is the Python path's to say.
-           OR EXISTS (SELECT 1 FROM ledger_action a WHERE a.run_id = p_run AND a.status = 'held'),
+           (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
+              FROM ledger_action a WHERE a.run_id = p_run),
+           EXISTS (SELECT 1 FROM ledger_action a
+                    WHERE a.tenant_id = p_tenant AND a.key_agent = ANY (p_key_free_in) AND a.idempotency_key = p_key),
            (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
-      INTO v_current, v_twin, v_slug, v_threshold, v_taken, v_dv
+      INTO v_current, v_twin, v_slug, v_threshold, v_steps, v_taken, v_dv
       FROM ledger_tenant n WHERE n.id = p_tenant;
-    IF NOT v_current OR (p_twin_name IS NOT NULL AND v_twin IS DISTINCT FROM p_twin)
-            OR v_slug IS DISTINCT FROM p_slug OR v_threshold IS DISTINCT FROM p_threshold THEN
+    IF NOT v_same OR NOT v_current OR (p_twin_name IS NOT NULL AND v_twin IS DISTINCT FROM p_twin)
+            OR v_slug IS DISTINCT FROM p_slug OR v_threshold IS DISTINCT FROM p_threshold OR v_steps <> p_steps THEN
         RETURN jsonb_build_object('outcome', 'stale');
     END IF;
-    -- The tool's rules were decided for the step number p_step (they read `run.steps`): another step came first.
-    IF v_taken OR v_step IS DISTINCT FROM coalesce(p_step, v_step) THEN
-        RETURN jsonb_build_object('outcome', 'fallback');  -- the Python path says which
+    IF v_taken THEN
+        RETURN jsonb_build_object('outcome', 'taken');  -- the Python path says whose key it is
     END IF;
     v_row := jsonb_populate_record(NULL::ledger_action, p_action);
     -- The tool's limits, counted under the tenant's chain lock taken above: the call goes on only with the room it
@@ -68,7 +65,7 @@ BEGIN
         v_used := unwind_limits_used(p_tenant, p_run, p_tool_name, p_limits, p_counted, p_at);
         FOR i IN 1 .. coalesce(cardinality(v_used), 0) LOOP
             IF v_used[i] > (p_limits->(i - 1)->>'room')::numeric THEN
-                RETURN jsonb_build_object('outcome', 'fallback');
+                RETURN jsonb_build_object('outcome', 'full');
             END IF;
             v_row.policy_decision := jsonb_set(v_row.policy_decision, ARRAY['limits', (i - 1)::text, 'used'],
                                                to_jsonb(v_used[i]));
@@ -77,36 +74,25 @@ BEGIN
     -- The lease, as long as the caller made it, runs from now on the database's clock: the locks are held, and
     -- no wait for them has eaten into it.
     v_row.lease_expires_at := clock_timestamp() + (v_row.lease_expires_at - p_at);
-    v_row.seq := v_step;
+    v_row.seq := p_step;
     v_row.defaults_version := v_dv;
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
     -- A key already taken is a replay, which the Python path answers: the insert does nothing, and nothing else is
     -- written, as every other write depends on it. (Checked by the key's unique index itself, so that no plan made
     -- while the table was small reads the tenant's actions instead.)
     WITH inserted AS (
         INSERT INTO ledger_action SELECT (v_row).*
         ON CONFLICT ON CONSTRAINT idempotency_key_unique_per_agent DO NOTHING RETURNING id),
-    numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run AND EXISTS (SELECT FROM inserted)),
-    attempted AS (
-        INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
-                                    error_message, latency_ms)
-        SELECT inserted.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
-          FROM inserted, jsonb_populate_record(NULL::ledger_attempt, p_attempt) a),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i)
-          WHERE EXISTS (SELECT FROM inserted))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant AND EXISTS (SELECT FROM inserted);
+    numbered AS (UPDATE ledger_run SET next_seq = next_seq + 1 WHERE id = p_run AND EXISTS (SELECT FROM inserted))
+    INSERT INTO ledger_attempt (action_id, number, worker, started_at, finished_at, outcome, error_class,
+                                error_message, latency_ms)
+    SELECT inserted.id, a.number, a.worker, a.started_at, NULL, '', '', '', NULL
+      FROM inserted, jsonb_populate_record(NULL::ledger_attempt, p_attempt) a;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     IF v_moved <> 1 THEN
-        RETURN jsonb_build_object('outcome', 'fallback');  -- a replay
+        RETURN jsonb_build_object('outcome', 'taken');  -- a replay
     END IF;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     -- The id of this caller's next proposal, drawn now: it spares that proposal a read when it comes soon.
-    RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'used', to_jsonb(v_used),
+    RETURN jsonb_build_object('outcome', 'ok', 'step', p_step, 'defaults_version', v_dv, 'used', to_jsonb(v_used),
                               'next_id', nextval(pg_get_serial_sequence('ledger_action', 'id')));
 END $$;

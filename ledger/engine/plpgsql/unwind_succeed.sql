@@ -1,11 +1,11 @@
 CREATE OR REPLACE FUNCTION unwind_succeed(
-    p_tenant bigint, p_run bigint, p_action bigint, p_changes jsonb, p_pivot boolean, p_attempt jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_action bigint, p_from text, p_changes jsonb, p_pivot boolean,
+    p_attempt jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_hashes text[];
     v_status text;
     v_open boolean;
     v_pivot boolean;
@@ -16,7 +16,9 @@ BEGIN
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    IF NOT FOUND OR v_status <> 'running' OR NOT v_open OR (p_pivot AND NOT v_pivot) THEN
+    -- The run in the status the caller decided under (p_run_status), not cancelled, its pivot's commit recorded if
+    -- this is the pivot; the step in the status it moves from (p_from).
+    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status OR NOT v_open OR (p_pivot AND NOT v_pivot) THEN
         RETURN 'fallback';
     END IF;
     UPDATE ledger_action a
@@ -25,23 +27,13 @@ BEGIN
            lease_expires_at = n.lease_expires_at, error_class = n.error_class, error_message = n.error_message,
            updated_at = n.updated_at, finished_at = n.finished_at
       FROM jsonb_populate_record(NULL::ledger_action, p_changes) n
-     WHERE a.id = p_action AND a.run_id = p_run AND a.status = 'running';
+     WHERE a.id = p_action AND a.run_id = p_run AND a.status = p_from;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
     IF v_moved <> 1 THEN RETURN 'fallback'; END IF;  -- moved by someone else: the Python path says how
-    v_hashes := unwind_chain_hashes(v_prev, v_seq, p_ikey, p_okey, p_events);
-    WITH ended AS (
-        UPDATE ledger_attempt t
-           SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
-          FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
-         WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL),
-    chained AS (
-        INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
-                                       hash, key_id)
-        SELECT p_tenant, v_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN v_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
-          FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
-    UPDATE ledger_audithead
-       SET seq = v_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], v_prev)
-     WHERE tenant_id = p_tenant;
+    UPDATE ledger_attempt t
+       SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
+      FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
+     WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL;
+    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;

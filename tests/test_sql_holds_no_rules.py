@@ -1,0 +1,94 @@
+"""Issue 40: no engine rule written in two languages. Python decides; the PL/pgSQL functions write what they were
+told under the guards the decision was made under (docs/architecture.md, "Every rule and the one place it is
+decided").
+
+- No status name appears as a literal in any function's file: the statuses come from Python's enums (a status
+  added to ActionStatus or RunStatus is covered without touching this test), handed to the functions as arguments.
+- No function reads what the ordering law (a step's saga role) or the same-content match (its content key) decide
+  from: both are decided in ledger/engine/runsteps.py, and the one-call proposal only compares the run's actions
+  with those the decision was made from.
+- A stale decision is never written: a run copy whose steps are out of date is decided again, not recorded.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ledger.engine import fastpath, plpgsql, runsteps
+from ledger.engine.proposal import action_propose
+from ledger.errors import OrderingViolation
+from ledger.models import Action, ActionStatus, RunStatus
+from tests.conftest import needs_postgres
+from tests.helpers import open_run
+
+STATUSES = {status.value for status in ActionStatus} | {status.value for status in RunStatus}
+LITERAL = re.compile(r"'((?:[^']|'')*)'")
+# What the ordering law and the content match read of a step: no function may read them.
+RULE_COLUMNS = ("saga_role", "content_key")
+
+
+def _code(text: str) -> str:
+    """A function's text without its comments (which may name a status to say what the caller decides)."""
+    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+
+
+def test_no_status_literal_in_any_sql_file():
+    found = {}
+    for name, function in plpgsql.functions().items():
+        literals = {literal.lower() for literal in LITERAL.findall(_code(function.text))}
+        if literals & STATUSES:
+            found[name] = sorted(literals & STATUSES)
+    assert not found, f"status names written in SQL (hand them from Python's transition tables instead): {found}"
+
+
+def test_no_sql_file_reads_what_the_ordering_law_or_the_content_match_decide_from():
+    found = {name: [column for column in RULE_COLUMNS if re.search(rf"\b{column}\b", _code(function.text))]
+             for name, function in plpgsql.functions().items()}
+    assert not {name: columns for name, columns in found.items() if columns}, found
+
+
+def test_the_check_sees_a_status_literal_and_the_law_query(tmp_path):
+    """The two checks above can fail: a function that names a status, or looks for an earlier pivot, is found."""
+    text = plpgsql.functions()["unwind_succeed"].text
+    planted = text.replace("a.status = p_from", "a.status = 'running'")
+    assert planted != text
+    assert set(LITERAL.findall(_code(planted))) & STATUSES == {"running"}
+    assert re.search(r"\bsaga_role\b", _code(text + "\nSELECT 1 FROM ledger_action a WHERE a.saga_role = ANY (p_roles)"))
+
+
+@pytest.fixture
+def no_gate(tools):
+    tools.acme.approval_threshold = "critical"
+    tools.acme.save()
+    return tools
+
+
+@needs_postgres
+def test_a_decision_from_stale_steps_is_decided_again_not_written(no_gate, monkeypatch, settings):
+    """The process decides a proposal from the steps it holds for the run; the writer checks them under its locks.
+    Here the copy says the run's pivot was refused (no earlier step then), while the ledger has it succeeded since,
+    with the same step number: the call must answer 'stale', and the decision made again refuses a second pivot."""
+    settings.UNWIND_FAST_PATH = True  # about the one-call writer: on even in the run with UNWIND_FAST_PATH=0
+    run = open_run(no_gate)
+    first = action_propose(run=run, tool_name="payments.charge", args={"customer": "c", "amount_cents": 100},
+                           actor="agent:booker").action
+    Action.objects.filter(pk=first.pk).update(status=ActionStatus.FAILED, error_class="refused", lease_owner="",
+                                              lease_expires_at=None)
+    stale, _ = runsteps.run_with_steps(run.pk)  # what a process holds: the pivot refused
+    Action.objects.filter(pk=first.pk).update(status=ActionStatus.SUCCEEDED, error_class="")
+    answers = []
+    propose = fastpath.propose
+
+    def recorded(*args, **kwargs):
+        answer = propose(*args, **kwargs)
+        answers.append(answer[0])
+        return answer
+
+    monkeypatch.setattr(fastpath, "propose", recorded)
+    with pytest.raises(OrderingViolation) as refused:
+        action_propose(run=stale, tool_name="payments.charge", args={"customer": "c", "amount_cents": 200},
+                       actor="agent:booker")
+    assert refused.value.extra["rule"] == "one_pivot"
+    assert answers[0] == "stale"  # the writer was asked, and refused to write a stale decision
+    assert list(Action.objects.filter(run_id=run.pk).values_list("pk", flat=True)) == [first.pk]
