@@ -474,7 +474,8 @@ class Normaliser:
       checked against the Python rule's own digest of the stored arguments and then written as that rule's name.
     - The fingerprints of the rows an event touched (`rows`: `{"recoveryitem:12": digest}`): digests over the ids and
       times above (the rows themselves are compared in their own tables).
-    - Lease owners and the worker names on attempts: a random token per claim and per process.
+    - Lease owners and the worker names on attempts: a random token per claim and per process; a run's
+      `fingerprint_key` (ledger/audit/subjects.py): random per run.
     - Attempt latencies: measured.
     - The sandbox's record ids (`usr_1a2b…`): random per record.
     """
@@ -488,7 +489,7 @@ class Normaliser:
               "checkpoint_id": "C", "checkpoint": "C", "item_id": "I", "item": "I", "request_id": "Q", "decision_id": "D",
               "request": "Q"}
     CLOCK = {"prev_hash", "hash", "run_state", "action_state", "sends", "undo", "lease_owner", "latency_ms",
-             "reclaimed_from"}
+             "reclaimed_from", "fingerprint_key"}
     TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.]+(\+00:00|Z)?")
     RECORD = re.compile(r"\b([a-z]{2,5})_[0-9a-f]{8,}\b")
     KEY = re.compile(r"\buw-[0-9a-f]{16,}\b")
