@@ -156,7 +156,7 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
 # The columns the seal, undo and hold checks read of each step.
 SEAL_FIELDS = ("kind", "seq", "status", "args", "args_text", "args_hash", "tool_id", "target_id", "tenant_id",
                "key_agent", "idempotency_key", "next_attempt_at", "compensation_plan", "result", "before", "after",
-               "target_type", "risk", "intent")
+               "target_type", "risk", "intent", "approvals_required")
 
 
 def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
