@@ -251,9 +251,11 @@ def sizes(actions: int) -> dict:
     out = {}
     with connection.cursor() as cursor:
         for table in TABLES:
-            # A partitioned table's own size is 0: its partitions hold the rows.
-            cursor.execute("SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(%s)"
-                           " WHERE isleaf", [table])
+            # A partitioned table's own size is 0 (its partitions hold the rows), and pg_partition_tree lists nothing
+            # for a table that is not partitioned.
+            cursor.execute("SELECT CASE WHEN c.relkind = 'p' THEN (SELECT coalesce(sum(pg_total_relation_size(relid)),"
+                           " 0) FROM pg_partition_tree(c.oid) WHERE isleaf) ELSE pg_total_relation_size(c.oid) END"
+                           " FROM pg_class c WHERE c.oid = to_regclass(%s)", [table])
             out[table] = int(cursor.fetchone()[0])
     total = sum(out.values())
     return {"bytes": out, "total_bytes": total, "bytes_per_action": round(total / max(actions, 1))}

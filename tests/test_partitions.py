@@ -82,6 +82,24 @@ def test_a_month_without_a_partition_lands_in_default_and_moves_when_it_is_made(
     assert partitions.ensure(ahead=0, today=far.date()) == []  # made once
 
 
+def test_the_sweep_makes_a_missing_month_and_checks_once_an_hour(tools):
+    from ledger.engine.sweep import sweep
+
+    coming = partitions.add_months(partitions.month_of(datetime.now(dt_timezone.utc)), 1)
+    name = partitions.partition_name("ledger_auditevent", coming)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE ledger_auditevent DETACH PARTITION {name}")
+        cursor.execute(f"DROP TABLE {name}")
+    partitions._ensured_at[0] = None  # this process has not checked yet
+    sweep()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        assert cursor.fetchone()[0]
+    with CaptureQueriesContext(connection) as captured:
+        assert partitions.ensure_now_and_then() == []
+    assert not captured.captured_queries  # checked a moment ago: not again within the hour
+
+
 def test_detach_drops_only_old_months_left_empty(tools):
     _old_months()
     run = open_run(tools)
@@ -265,3 +283,12 @@ def test_the_migration_converts_a_database_that_holds_data():
         assert new[table + ":months"][-1] == "None"
         assert after[table][2] > old[table][2]  # ids go on from where they were
         assert {n for n, _ in new[table + ":constraints"]} == {n for n, _ in old[table + ":constraints"]}
+
+
+def test_the_years_bench_counts_plain_and_partitioned_tables(tools):
+    from bench import years
+
+    run = open_run(tools)
+    act(run, "hr.create_user", {"email": "y@x.io", "name": "Y"})
+    found = years.sizes(1)["bytes"]
+    assert set(found) == set(years.TABLES) and all(size > 0 for size in found.values()), found
