@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import BENCH_DB, DBOS_DB, QUICK, ROOT, bench_env, django_setup, log, recreate_database
+from bench import years
 
 # A smoke's figures are not a run's: under BENCH_QUICK they go to var/bench-quick/, never over bench/results.json.
 OUT = Path(os.environ.get("BENCH_OUT") or (ROOT / "var" / "bench-quick" if QUICK else Path(__file__).resolve().parent))
@@ -59,6 +60,7 @@ def prepare() -> dict:
     recreate_database(DBOS_DB)
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=str(ROOT), env=bench_env(),
                    check=True)
+    years.copy_of(BENCH_DB)  # part 9's database, migrated: a copy made while nothing is connected to this one
 
     with psycopg.connect(psycopg_url(BENCH_DB)) as conn:
         version = conn.execute("show server_version").fetchone()[0]
@@ -154,6 +156,10 @@ def main() -> None:
     with part(results, "scale"):
         log(f"scale: console pages at {SIZES} bulk actions")
         results["scale"] = scale.measure(SIZES, PAGE_REQUESTS, SIZE_SAGAS)
+
+    with part(results, "years"):
+        log(f"years: {years.settings_from_env()['n']:,} actions loaded in bulk, then size, pages and verify_audit")
+        results["years"] = years.measure(fresh=False)
 
     env["load_after"] = os.getloadavg()[0]
     env["seconds"] = round(time.time() - started)

@@ -267,6 +267,11 @@ UNWIND_MAX_BACKOFF = env_float("UNWIND_MAX_BACKOFF", 60.0, minimum=0)
 # retry.max_attempts) before a person is asked. 0 asks at once, after the tool's own attempts.
 UNWIND_PATIENT_BACKOFF = env_float("UNWIND_PATIENT_BACKOFF", 5.0, minimum=0)
 UNWIND_RETRY_PATIENCE = env_float("UNWIND_RETRY_PATIENCE", 900.0, minimum=0)
+# PostgreSQL's monthly partitions of the audit events, attempts and checkpoints (ledger/db/partitions.py): how many
+# months ahead of this one the sweep keeps created, and how long their upkeep waits for a lock before it gives up
+# for this round (so that it never holds up the ledger's writers).
+UNWIND_PARTITION_MONTHS_AHEAD = env_int("UNWIND_PARTITION_MONTHS_AHEAD", 3, minimum=1)
+UNWIND_PARTITION_LOCK_TIMEOUT = env_float("UNWIND_PARTITION_LOCK_TIMEOUT", 2.0, minimum=0.1)
 # How many approval requests an agent may have waiting for people at once, in one run and across its runs: one
 # agent cannot flood the approvers. A proposal past either bound is refused (429 too_many_open_approvals) with
 # nothing recorded; counted in the database, under the tenant's chain lock, so every web process agrees.

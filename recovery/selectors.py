@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from ledger.audit.chain import FINGERPRINT_KEYS
+from ledger.db.partitions import recent
 from ledger.policy.display import shown_value
 from ledger.models import (
     RISK_ORDER, ROLE_ORDER, Action, ActionKind, ActionStatus, Attempt, AuditEvent, Checkpoint, Membership, Role, Run,
@@ -159,7 +160,8 @@ def item_failure(item: RecoveryItem) -> dict | None:
         failing = (Action.objects.filter(compensates=forward, kind=ActionKind.COMPENSATION)
                    .select_related("tool").order_by("-seq").first()) or forward
     return {"forward": forward, "action": failing, "is_compensation": failing.pk != forward.pk,
-            "attempts": list(Attempt.objects.filter(action_id=failing.pk).order_by("number"))}
+            "attempts": list(Attempt.objects.filter(action_id=failing.pk, started_at__gte=recent(failing.created_at))
+                             .order_by("number"))}
 
 
 def drift_comparison(failure: dict | None) -> dict | None:
@@ -172,6 +174,7 @@ def drift_comparison(failure: dict | None) -> dict | None:
         return None
     forward, compensation = failure["forward"], failure["action"]
     event = (AuditEvent.objects.filter(tenant_id=compensation.tenant_id, action_ref=compensation.pk,
+                                       created_at__gte=recent(compensation.created_at),
                                        kind="compensation.failed").order_by("-seq").first())
     now = (event.data or {}).get("current") if event is not None else None
     before, after = forward.before, forward.after
@@ -254,7 +257,7 @@ def run_timeline(run: Run) -> dict:
     approvals = Prefetch("approval_requests", queryset=ApprovalRequest.objects.order_by("created_at").prefetch_related(
         Prefetch("decisions", queryset=ApprovalDecision.objects.select_related("user").order_by("created_at"))))
     actions = list(run.actions.select_related("tool").prefetch_related(
-        Prefetch("attempt_set", queryset=Attempt.objects.order_by("number")), approvals).order_by("seq"))
+        Prefetch("attempt_set", queryset=Attempt.objects.filter(started_at__gte=recent(run.created_at)).order_by("number")), approvals).order_by("seq"))
     by_id = {a.pk: a for a in actions}
     for action in actions:
         dress(action)
@@ -269,8 +272,9 @@ def run_timeline(run: Run) -> dict:
         if action.compensates_id is not None and action.compensates_id in by_id:
             action.undoes = by_id[action.compensates_id]
             by_id[action.compensates_id].undone_by.append(action)
-    checkpoints = list(Checkpoint.objects.filter(run=run).order_by("id"))
-    events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id)
+    since = recent(run.created_at)  # every row below was written after the run was: older partitions are skipped
+    checkpoints = list(Checkpoint.objects.filter(run=run, created_at__gte=since).order_by("id"))
+    events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id, created_at__gte=since)
                   .order_by("seq")[:TIMELINE_AUDIT_LIMIT + 1])
     truncated = len(events) > TIMELINE_AUDIT_LIMIT
     events = events[:TIMELINE_AUDIT_LIMIT]

@@ -23,6 +23,7 @@ from django.utils import timezone
 from approvals.services import notify, require_role
 from ledger.policy import describe
 from ledger.audit.chain import event_is_authentic, ledger_transaction
+from ledger.db.partitions import recent
 from ledger.policy.display import display_value, money_source_args, person_at, shown_args
 from ledger.errors import NotFound, ValidationFailed
 from ledger.models import (
@@ -64,7 +65,8 @@ def correction_trail(run: Run, *, actions: list | None = None, events: list | No
     if actions is None:
         actions = list(run.actions.select_related("tool").order_by("seq"))
     if events is None:
-        events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id).order_by("seq"))
+        events = list(AuditEvent.objects.filter(run_ref=run.pk, tenant_id=run.tenant_id,
+                                              created_at__gte=recent(run.created_at)).order_by("seq"))
     company = run.tenant.name
     latest_comp = {}
     for action in actions:

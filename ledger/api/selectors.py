@@ -13,6 +13,7 @@ from datetime import datetime
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from ledger.db import sql
+from ledger.db.partitions import recent
 from ledger.engine import decision, runsteps
 from ledger.errors import NotFound
 from ledger.models import (
@@ -68,17 +69,17 @@ def run_actions(run: Run) -> list[Action]:
 
 
 def run_checkpoints(run: Run) -> list[Checkpoint]:
-    return list(run.checkpoints.order_by("id"))
+    return list(run.checkpoints.filter(created_at__gte=recent(run.created_at)).order_by("id"))
 
 
 def run_attempts(run: Run) -> QuerySet[Attempt]:
     """Every try of every step of `run` (forward steps and compensations), with the action and tool each tried."""
-    return Attempt.objects.filter(action__run_id=run.pk).select_related("action", "action__tool")
+    return Attempt.objects.filter(action__run_id=run.pk, started_at__gte=recent(run.created_at)).select_related("action", "action__tool")
 
 
 def run_events(run: Run) -> QuerySet[AuditEvent]:
     """The audit events the tenant's chain ties to `run` (its transitions and those of its actions)."""
-    return AuditEvent.objects.filter(tenant_id=run.tenant_id, run_ref=run.pk)
+    return AuditEvent.objects.filter(tenant_id=run.tenant_id, run_ref=run.pk, created_at__gte=recent(run.created_at))
 
 
 def run_for_write(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> Run:

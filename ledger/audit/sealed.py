@@ -39,6 +39,7 @@ from ledger.audit.chain import (
 )
 from ledger.canonical import canonical, digest
 from ledger.db import mapping, received
+from ledger.db.partitions import recent
 from ledger.models import Action, AuditEvent
 
 # The event the engine records when it refuses a step whose row differs from what the chain recorded; its data
@@ -123,6 +124,7 @@ def recorded_seal(action: Action) -> tuple[dict | None, bool]:
     authentic event recorded it approved; Tampered when there is no making event or it does not verify under the audit
     key it names. One read of the step's few events of those kinds."""
     events = list(AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk,
+                                            created_at__gte=recent(action.created_at),
                                             kind__in=(*SEALED_KINDS, *APPROVED_KINDS)).order_by("seq"))
     made = next((event for event in events if event.kind in SEALED_KINDS), None)
     what = f"{action.kind} step {action.seq} (action {action.pk})"
@@ -139,6 +141,7 @@ def recorded_seal(action: Action) -> tuple[dict | None, bool]:
 def check_hold(action: Action) -> None:
     """A held step's window ends when the chain recorded it would (raises Tampered otherwise)."""
     event = (AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk, kind="forward.held",
+                                       created_at__gte=recent(action.created_at),
                                        data__has_key="executes_at").order_by("-seq").first())
     what = f"held step {action.seq} (action {action.pk})"
     if event is None:
@@ -183,6 +186,7 @@ def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
     event does not verify under its audit key."""
     events = list(AuditEvent.objects.filter(tenant_id=forward.tenant_id, action_ref=forward.pk,
+                                            created_at__gte=recent(forward.created_at),
                                             kind__in=UNDO_SEALED_KINDS).order_by("-seq"))
     what = f"step {forward.seq} (action {forward.pk})"
     if not events:

@@ -199,7 +199,7 @@ def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: d
 # The columns the seal, undo and hold checks read of each step.
 SEAL_FIELDS = ("kind", "seq", "status", "args", "args_text", "args_hash", "tool_id", "target_id", "tenant_id",
                "key_agent", "idempotency_key", "next_attempt_at", "compensation_plan", "result", "before", "after",
-               "target_type", "risk", "intent")
+               "target_type", "risk", "intent", "approvals_required")
 
 
 def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:

@@ -9,6 +9,7 @@ from ledger import events
 from ledger.audit.chain import ledger_transaction
 from ledger.canonical import canonical, storable
 from ledger.db import sql
+from ledger.db.partitions import recent
 from ledger.engine import attempts, holds, outcomes, runstate
 from ledger.engine.dispatch import enqueue, new_owner
 from ledger.engine.leases import db_now, lease_at_write, queued_seconds
@@ -146,7 +147,8 @@ def _close_lost_attempt(action: Action) -> bool:
                finished_at=timezone.now(), outcome="lost")
     if action.tool.honours_idempotency_key:
         return True
-    return Attempt.objects.filter(action=action, number=action.attempts, sent_at__isnull=False).exists()
+    return Attempt.objects.filter(action=action, number=action.attempts, sent_at__isnull=False,
+                                  started_at__gte=recent(action.created_at)).exists()
 
 
 def _lease_still(action: Action):

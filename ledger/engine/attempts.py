@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from ledger.audit.chain import AuditLog
 from ledger.db import sql
+from ledger.db.partitions import recent
 from ledger.engine import leases
 from ledger.engine.leases import queued_seconds
 from ledger.executors.call import ToolError
@@ -85,7 +86,7 @@ def keep_trying(action: Action, error: ToolError, *, owner: str, delay: float) -
     it did."""
     if not patient(action, error) or action.attempts < action.max_attempts or action.attempts >= MOST_ATTEMPTS:
         return False
-    first = Attempt.objects.filter(action=action).order_by("number").values_list("started_at", flat=True).first()
+    first = Attempt.objects.filter(action=action, started_at__gte=recent(action.created_at)).order_by("number").values_list("started_at", flat=True).first()
     if first is None or (timezone.now() - first).total_seconds() + delay > settings.UNWIND_RETRY_PATIENCE:
         return False
     if Action.objects.filter(pk=action.pk, status=A.RUNNING, lease_owner=owner).update(
@@ -105,10 +106,11 @@ def attempts_that_may_have_acted(action: Action):
     503), leaving out those that never left Unwind (a tool that ignores keys records when an attempt is sent; for
     one that honours them a new attempt is the same call again, whatever the earlier ones did) and those a person
     set aside by deciding the tool did not act and sending the step again (`resend_by`)."""
-    attempts = Attempt.objects.filter(action=action, finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT)
+    of_it = Attempt.objects.filter(action=action, started_at__gte=recent(action.created_at))
+    attempts = of_it.filter(finished_at__isnull=False).filter(AMBIGUOUS_ATTEMPT)
     if not action.tool.honours_idempotency_key:
         attempts = attempts.filter(sent_at__isnull=False)
-    decided = (Attempt.objects.filter(action=action).exclude(resend_by="").order_by("-number")
+    decided = (of_it.exclude(resend_by="").order_by("-number")
                .values_list("number", flat=True).first())
     return attempts if decided is None else attempts.filter(number__gte=decided)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ledger.db.partitions import recent
 from ledger.engine import attempts
 from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R
 
@@ -117,7 +118,7 @@ def waiting_steps(actions: list[Action], *, but: Action | None = None) -> list[A
 def retry_steps(run: Run, actions: list[Action]) -> list[Action]:
     """The steps a resume retries with their same keys: failed or lost forward steps, except those their tool refused
     (they did nothing and the agent was answered), limited to the last checkpoint's pending steps when it names any."""
-    checkpoint = run.checkpoints.order_by("-id").first()
+    checkpoint = run.checkpoints.filter(created_at__gte=recent(run.created_at)).order_by("-id").first()
     pending = set(checkpoint.state.get("pending_action_ids", [])) if checkpoint else set()
     steps = [a for a in forward_steps(actions) if a.status in (A.FAILED, A.LOST)
              and not (a.status == A.FAILED and a.error_class == attempts.REFUSED)]

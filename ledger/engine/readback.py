@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ledger.canonical import canonical, dumps as canonical_text
 from ledger.db import mapping, received
+from ledger.db.partitions import recent
 from ledger.engine import attempts, failpoints
 from ledger.executors import egress
 from ledger.executors.call import ToolError, ToolOutcome, http_read, python_read, resolve_url
@@ -127,7 +128,7 @@ def read_back_outcome(found: ReadBack) -> ToolOutcome:
 def read_back_pass(action: Action) -> bool:
     """This attempt is the one more pass `record_failure` gave a key-ignoring tool's last unanswered try, to read it
     back once it is over: it reads back, and does not send again (a reclaim after a lost worker does)."""
-    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts).exclude(outcome="deferred")
+    previous = (Attempt.objects.filter(action=action, number__lt=action.attempts, started_at__gte=recent(action.created_at)).exclude(outcome="deferred")
                 .order_by("-number").values_list("outcome", flat=True).first())
     return previous == UNANSWERED_LAST_TRY
 

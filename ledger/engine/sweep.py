@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import logging
 
+from django.db import OperationalError
 from django.db.models import Min, Q
 
 from ledger import events, tracing
+from ledger.db import partitions
 from ledger.engine import holds, leases
 from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
 from ledger.engine.actions import action_claim_due, action_reclaim
@@ -52,6 +54,14 @@ def sweep() -> dict:
     for run_id in list(idle):
         if run_expire_idle(run_id=run_id):
             counts["idle"] += 1
+    try:
+        # The coming months' partitions (PostgreSQL), checked once an hour: a month without one would land in the
+        # DEFAULT partition, which every read scans.
+        created = partitions.ensure_now_and_then()
+        if created:
+            log.info("sweep: created partitions %s", ", ".join(created))
+    except OperationalError as exc:  # a lock it waited for too long: the next hour tries again
+        log.warning("sweep: partitions not checked this time: %s", exc)
     events.emit("sweep", now=now)
     if any(counts.values()):
         log.info("sweep: %s", counts)
