@@ -14,8 +14,9 @@ then, which `verify_audit` does not compare with anything (only a row's last one
 Measured: bytes per action hot (pg_total_relation_size of the ledger's tables, every partition, with indexes and
 TOAST, over the actions), each table's share, the console's pages' p95 (Django's test client, an operator with a
 session, as part 4) for the run list, a recent run and the oldest run, and `verify_chain`'s time over the whole chain.
-Archive throughput (actions/s, issue 42) needs ledger/archive, which this tree does not have yet: `archive_part` is
-where it is measured once it does (it says so in the results until then).
+Then `archive_part`: archive throughput (actions/s) with `manage.py archive` over the older half, the saga's p50
+while it runs against just before, the bytes per action kept hot after it and archived, and `verify_chain` over hot
+and archived (issue 42).
 
 Settings: BENCH_YEARS_N (actions; 10,000,000, or 1,000 under BENCH_QUICK), BENCH_YEARS_MONTHS (12),
 BENCH_YEARS_DB (`<BENCH_DB>_years`, dropped and created afresh), BENCH_PAGE_REQUESTS (30; 5 quick).
@@ -296,10 +297,71 @@ def verify(tenant) -> dict:
             "events_per_s": round(report.events / seconds), "problem": report.problem}
 
 
-def archive_part(tenant) -> dict:
-    """Archive throughput (actions/s) and the saga's p50 while it runs (issue 42): the place to drive ledger/archive's
-    command over this tenant's loaded runs once it is merged. Until then the results say it was not measured."""
-    return {"not_measured": "archive throughput needs ledger/archive, not yet merged into this part"}
+def archive_part(tenant, months: int) -> dict:
+    """Archive throughput and what it costs a saga meanwhile (issue 42), then the hot bytes left and the chain
+    verified hot + archived. A retention of half the loaded span makes the older half due; `manage.py archive` (a
+    child process, as a deployment schedules it) moves up to BENCH_YEARS_ARCHIVE_RUNS of them (20,000; every due one
+    under BENCH_QUICK) to segments in a folder. Meanwhile this process times the onboarding saga of part 1 in another
+    tenant, against the same saga timed just before the archive started: the same process, minutes apart."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from bench.common import bench_env
+    from bench.engine import Saga, tenant_with_tools
+    from ledger.audit.export import generate_key_pair
+    from ledger.models import Action, Tenant
+    from ledger.policy.versions import tenant_defaults_set
+
+    folder = Path(tempfile.mkdtemp(prefix="unwind-years-archive-"))
+    key_file = folder / "signing.pem"
+    key_file.write_bytes(generate_key_pair()[0])
+    tenant_defaults_set(tenant=tenant, values={"retention_seconds": months * 30 * 86400 // 2}, actor="bench")
+    limit = os.environ.get("BENCH_YEARS_ARCHIVE_RUNS") or ("" if QUICK else "20000")
+    saga_tenant, agent, _ = tenant_with_tools(f"{TENANT}-saga")
+    saga = Saga(saga_tenant, agent)
+    baseline_n = 10 if QUICK else 100
+
+    def timed(i: int) -> float:
+        started = time.perf_counter()
+        assert saga.onboard(i, False) == "completed"
+        return time.perf_counter() - started
+
+    for i in range(5):
+        timed(i)  # warm
+    before = [timed(i) for i in range(baseline_n)]
+    env = bench_env(UNWIND_ARCHIVE_URL=f"file://{folder / 'segments'}", UNWIND_AUDIT_SIGNING_KEY_FILE=str(key_file),
+                    BENCH_DB=os.environ.get("BENCH_DB", ""))
+    command = [sys.executable, "manage.py", "archive", "--tenant", TENANT] + (["--limit", limit] if limit else [])
+    actions_before = Action.objects.filter(tenant=tenant).count()
+    started = time.perf_counter()
+    child = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    during = []
+    while child.poll() is None or len(during) < 5:
+        during.append(timed(baseline_n + len(during)))
+    out, err = child.communicate()
+    seconds = time.perf_counter() - started
+    if child.returncode != 0:
+        return {"error": f"manage.py archive exited {child.returncode}: {err[-500:]}"}
+    said = re.search(r"ok: archived (\d+) run\(s\), (\d+) action\(s\)", out)
+    runs, archived = (int(said.group(1)), int(said.group(2))) if said else (0, 0)
+    segment_bytes = sum(p.stat().st_size for p in (folder / "segments").rglob("*") if p.is_file())
+    hot_actions = Action.objects.filter(tenant=tenant).count()
+    result = {
+        "runs": runs, "actions": archived, "seconds": round(seconds, 1),
+        "actions_per_s": round(archived / seconds) if seconds else None,
+        "archived_bytes_per_action": round(segment_bytes / archived) if archived else None,
+        "saga_p50_before_ms": round(summary(before)["p50"], 2), "saga_p50_during_ms": round(summary(during)["p50"], 2),
+        "sagas_during": len(during), "actions_hot_before": actions_before, "actions_hot_after": hot_actions,
+        "after": sizes(hot_actions + Action.objects.filter(tenant=saga_tenant).count()),
+        "command": out.strip().splitlines()[-3:],
+    }
+    result["saga_during_over_before"] = round(result["saga_p50_during_ms"] / result["saga_p50_before_ms"], 3)
+    from django.conf import settings
+
+    settings.UNWIND_ARCHIVE_URL = env["UNWIND_ARCHIVE_URL"]  # this process reads the segments the command wrote
+    result["verify_hot_and_archived"] = verify(Tenant.objects.get(pk=tenant.pk))
+    return result
 
 
 def setup():
@@ -336,7 +398,8 @@ def child(n: int, months: int, requests: int) -> dict:
     log(f"years: pages {out['pages']}")
     out["verify"] = verify(tenant)
     log(f"years: verify {out['verify']}")
-    out["archive"] = archive_part(tenant)
+    out["archive"] = archive_part(tenant, months)
+    log(f"years: archive {out['archive']}")
     return out
 
 

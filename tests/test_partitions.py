@@ -30,6 +30,7 @@ from ledger.db import partitions
 from ledger.models import Action, AuditEvent, AuditHead, Checkpoint
 from tests.conftest import needs_postgres
 from tests.helpers import act, open_run
+from tests.test_archive import signing  # noqa: F401 (a fixture: the archive's folder and signing key)
 from tests.test_console_queue import client_for
 
 pytestmark = needs_postgres
@@ -122,6 +123,25 @@ def test_detach_drops_only_old_months_left_empty(tools):
     assert "ledger_checkpoint_y2024m02" in names and "ledger_auditevent_y2024m01" not in names
     assert (Checkpoint.objects.count(), AuditEvent.objects.count()) == before
     assert verify_chain(tools.acme.pk).ok
+
+
+def test_the_archive_command_drops_the_months_it_left_empty(tools, signing, capsys):
+    """`manage.py archive` ends by detaching and dropping the old months that hold no row any more (issue 42: old
+    partitions are detached, never rewritten); one that still holds a row stays and is counted."""
+    _old_months()
+    run = open_run(tools)
+    kept = Checkpoint.objects.create(tenant=tools.acme, run=run, label="old", state={})
+    Checkpoint.objects.filter(pk=kept.pk).update(created_at=datetime(2024, 2, 10, tzinfo=dt_timezone.utc))
+
+    call_command("archive")
+
+    said = capsys.readouterr().out
+    assert "ledger_auditevent_y2024m01" in said and "ledger_checkpoint_y2024m01" in said, said
+    assert "1 older month(s) still hold rows" in said, said
+    with connection.cursor() as cursor:
+        names = {p.name for table in partitions.PARTITIONED for p in partitions.partitions(cursor, table)}
+    assert "ledger_checkpoint_y2024m02" in names and "ledger_checkpoint_y2024m01" not in names
+    assert Checkpoint.objects.filter(pk=kept.pk).exists()
 
 
 def test_the_command_lists_creates_and_refuses_a_bad_month(tools, capsys):

@@ -134,8 +134,7 @@ def ensure(*, ahead: int | None = None, today: date | None = None) -> list[str]:
     created = []
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK])
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)",
-                       [f"{int(settings.UNWIND_PARTITION_LOCK_TIMEOUT * 1000)}ms"])
+        _short_lock_waits(cursor)
         for table in PARTITIONED:
             if not is_partitioned(cursor, table):
                 continue
@@ -155,6 +154,17 @@ def ensure_now_and_then(now: float | None = None) -> list[str]:
     return ensure()
 
 
+def _short_lock_waits(cursor) -> None:
+    """For this transaction: wait for a lock at most UNWIND_PARTITION_LOCK_TIMEOUT, and never as long as PostgreSQL
+    waits before it looks for a deadlock (`deadlock_timeout`, 1 s by default). Upkeep's DDL and a step's writes take
+    a table's and its partitions' locks in orders that can cross (a step's cached plan locks the partitions it may
+    read); if they do, upkeep's wait ends first and it gives up, so the deadlock check never runs and never picks
+    the step as its victim."""
+    cursor.execute("SELECT setting::int FROM pg_settings WHERE name = 'deadlock_timeout'")  # in ms
+    wait = min(int(settings.UNWIND_PARTITION_LOCK_TIMEOUT * 1000), max(cursor.fetchone()[0] // 2, 1))
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait}ms"])
+
+
 @dataclass
 class Detached:
     name: str
@@ -165,31 +175,43 @@ class Detached:
 def detach_before(month: date, *, today: date | None = None) -> list[Detached]:
     """Detach and drop every month partition older than `month` that holds no row (archiving removed them); one that
     still holds rows is left in place and named, with why. Never the current month or later, never the DEFAULT.
-    Nothing is rewritten: an empty partition is detached from its table, then dropped."""
+    Nothing is rewritten: an empty partition is detached from its table, then dropped.
+
+    Each table in a transaction of its own that locks the table itself first (ACCESS EXCLUSIVE, as DETACH needs it,
+    within UNWIND_PARTITION_LOCK_TIMEOUT): a writer locks the table before the partition its row goes to, so taking a
+    partition first deadlocked with a step appending its events (found by bench/years.py's archive part). While it
+    holds the lock, no row can arrive between the look and the detach; writers wait the few milliseconds it takes.
+    A table that stays busy past the timeout is skipped and named: the next pass takes it."""
+    from django.db import OperationalError
+
     if not supported():
         return []
     current = month_of(today or datetime.now(dt_timezone.utc))
     month = min(month, current)
     done = []
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK])
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)",
-                       [f"{int(settings.UNWIND_PARTITION_LOCK_TIMEOUT * 1000)}ms"])
-        for table in PARTITIONED:
-            if not is_partitioned(cursor, table):
-                continue
-            for part in partitions(cursor, table):
-                if part.month is None or part.month >= month:
+    for table in PARTITIONED:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK])
+                if not is_partitioned(cursor, table):
                     continue
-                # Locked before it is looked at, so that no row can arrive between the look and the detach.
-                cursor.execute(f"LOCK TABLE {_q(part.name)} IN ACCESS EXCLUSIVE MODE")
-                cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(part.name)})")
-                if cursor.fetchone()[0]:
-                    done.append(Detached(part.name, False, "still holds rows: archive its runs first"))
+                old = [part for part in partitions(cursor, table) if part.month is not None and part.month < month]
+                if not old:
                     continue
-                cursor.execute(f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part.name)}")
-                cursor.execute(f"DROP TABLE {_q(part.name)}")
-                done.append(Detached(part.name, True, "empty: detached and dropped"))
+                _short_lock_waits(cursor)
+                cursor.execute(f"LOCK TABLE {_q(table)} IN ACCESS EXCLUSIVE MODE")
+                for part in old:
+                    cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {_q(part.name)})")
+                    if cursor.fetchone()[0]:
+                        done.append(Detached(part.name, False, "still holds rows: archive its runs first"))
+                        continue
+                    cursor.execute(f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part.name)}")
+                    cursor.execute(f"DROP TABLE {_q(part.name)}")
+                    done.append(Detached(part.name, True, "empty: detached and dropped"))
+        except OperationalError as exc:
+            if "lock timeout" not in str(exc):
+                raise
+            done.append(Detached(table, False, "busy (a lock wait cut short): the next pass takes it"))
     return done
 
 

@@ -46,5 +46,25 @@ class Command(BaseCommand):
                     self.stdout.write(f"  segment {sha}")
             if report.stopped:
                 raise CommandError(f"tenant {t.slug}: stopped: {report.stopped}")
+        if not dry_run:
+            self._detach_emptied_months()
         verb = "would archive" if dry_run else "archived"
         self.stdout.write(f"ok: {verb} {runs} run(s), {actions} action(s)")
+
+    def _detach_emptied_months(self):
+        """On PostgreSQL, the months archiving left empty are detached and dropped, never rewritten
+        (ledger/db/partitions.py); a month that still holds a row stays, and is counted."""
+        from datetime import datetime, timezone as dt_timezone
+
+        from ledger.db import partitions
+
+        if not partitions.supported():
+            return
+        done = partitions.detach_before(partitions.month_of(datetime.now(dt_timezone.utc)))
+        dropped = [d.name for d in done if d.dropped]
+        if dropped:
+            self.stdout.write(f"partitions: detached and dropped {len(dropped)} empty month(s): {', '.join(dropped)}")
+        kept = len(done) - len(dropped)
+        if kept:
+            self.stdout.write(f"partitions: {kept} older month(s) still hold rows (runs kept hot, or events of "
+                              "runs still open): `manage.py partitions` lists them")
