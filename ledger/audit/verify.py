@@ -197,8 +197,8 @@ def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: d
 
 
 # The columns the seal, undo and hold checks read of each step.
-SEAL_FIELDS = ("kind", "seq", "status", "args", "args_text", "args_hash", "tool_id", "target_id", "tenant_id",
-               "key_agent", "idempotency_key", "next_attempt_at", "compensation_plan", "result", "before", "after",
+SEAL_FIELDS = ("kind", "seq", "run", "status", "args", "args_text", "args_hash", "tool_id", "target_id",
+               "tenant_id", "key_agent", "idempotency_key", "next_attempt_at", "compensation_plan", "result", "before", "after",
                "target_type", "risk", "intent", "approvals_required")
 
 
