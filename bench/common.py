@@ -91,3 +91,31 @@ def xact_commits(name: str) -> int:
     with psycopg.connect(psycopg_url("postgres"), autocommit=True) as conn:
         row = conn.execute("select xact_commit from pg_stat_database where datname = %s", (name,)).fetchone()
     return int(row[0]) if row else 0
+
+
+def page_times(user, urls: dict[str, str], requests: int) -> dict:
+    """p50/p95/p99 and the queries per request of each console page, requested in this process (Django's test
+    client, `user` logged in); the first three requests of each warm caches and imports and are not counted."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    client.force_login(user)
+    out = {}
+    for name, url in urls.items():
+        times, queries = [], set()
+        for i in range(requests + 3):
+            with CaptureQueriesContext(connection) as captured:
+                started = time.perf_counter()
+                response = client.get(url)
+                seconds = time.perf_counter() - started
+            if response.status_code != 200:
+                out[name] = {"url": url, "error": f"HTTP {response.status_code}"}
+                break
+            if i >= 3:
+                times.append(seconds)
+                queries.add(len(captured))
+        else:
+            out[name] = {"url": url, **summary(times), "queries": sorted(queries)}
+    return out

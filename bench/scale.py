@@ -198,30 +198,9 @@ PAGES = {
 
 
 def measure_pages(bulk: Bulk, requests: int) -> dict:
-    from django.db import connection
-    from django.test import Client
-    from django.test.utils import CaptureQueriesContext
+    from bench.common import page_times
 
-    client = Client()
-    client.force_login(bulk.user)
-    out = {}
-    for name, url in PAGES.items():
-        url = url.format(run=bulk.sample_run)
-        times, queries = [], set()
-        for i in range(requests + 3):
-            with CaptureQueriesContext(connection) as captured:
-                started = time.perf_counter()
-                response = client.get(url)
-                seconds = time.perf_counter() - started
-            if response.status_code != 200:
-                out[name] = {"url": url, "error": f"HTTP {response.status_code}"}
-                break
-            if i >= 3:  # the first requests warm caches and imports
-                times.append(seconds)
-                queries.add(len(captured))
-        else:
-            out[name] = {"url": url, **summary(times), "queries": sorted(queries)}
-    return out
+    return page_times(bulk.user, {name: url.format(run=bulk.sample_run) for name, url in PAGES.items()}, requests)
 
 
 def measure(sizes: list[int], requests: int, engine_sagas: int) -> dict:

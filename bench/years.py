@@ -261,30 +261,10 @@ def sizes(actions: int) -> dict:
 
 
 def pages(user, runs: dict[str, int], requests: int) -> dict:
-    from django.db import connection
-    from django.test import Client
-    from django.test.utils import CaptureQueriesContext
+    from bench.common import page_times
 
-    client = Client()
-    client.force_login(user)
-    urls = {"run list": "/console/runs/", **{f"run page ({name})": f"/console/runs/{pk}/" for name, pk in runs.items()}}
-    out = {}
-    for name, url in urls.items():
-        times, queries = [], set()
-        for i in range(requests + 3):
-            with CaptureQueriesContext(connection) as captured:
-                started = time.perf_counter()
-                response = client.get(url)
-                seconds = time.perf_counter() - started
-            if response.status_code != 200:
-                out[name] = {"url": url, "error": f"HTTP {response.status_code}"}
-                break
-            if i >= 3:
-                times.append(seconds)
-                queries.add(len(captured))
-        else:
-            out[name] = {"url": url, **summary(times), "queries": sorted(queries)}
-    return out
+    return page_times(user, {"run list": "/console/runs/",
+                             **{f"run page ({name})": f"/console/runs/{pk}/" for name, pk in runs.items()}}, requests)
 
 
 def verify(tenant) -> dict:
