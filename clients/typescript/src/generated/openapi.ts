@@ -319,7 +319,7 @@ export interface paths {
         };
         /**
          * Get a run with its actions and checkpoints
-         * @description An APIView whose refusals are served as application/problem+json (except in the browsable API).
+         * @description An archived run (docs/archive.md) is read from its segment and carries `archived` (when, and the segment's SHA-256).
          */
         get: operations["runs_get"];
         put?: never;
@@ -1547,6 +1547,8 @@ export interface components {
             rules?: unknown;
             /** @description Budgets and rates: [{"per": "run", "sum": "args.amount", "max": 1000}, {"per": "agent", "count": 20, "window": "1h"}] (docs/policy.md). */
             limits?: unknown;
+            /** @description How long a settled run that called it stays in the hot tables: a duration like 365d, or seconds; 0 or "forever": as its tenant says (docs/archive.md). */
+            retention?: unknown;
         };
         TrailAuditOut: {
             events: number;
