@@ -29,17 +29,20 @@ from bench.common import BENCH_DB, psycopg_url, summary
 # their "id" is of), the list of [action id, status] the unwinding calls check, the lease the first undo takes.
 SPEC = {
     "unwind_open_run": {"rows": {1: "run"}},
-    "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4},
-    "unwind_succeed": {"ids": {1: "run", 2: "action"}},
-    "unwind_complete": {"ids": {1: "run"}, "rows": {12: "checkpoint"}},
-    "unwind_failed": {"ids": {1: "run", 3: "action"}, "steps": 2, "rows": {7: "checkpoint"}},
-    "unwind_compensated": {"ids": {1: "run", 4: "action", 7: "action", 9: "action"}, "steps": 2, "lease": 3,
-                           "rows": {11: "action", 15: "checkpoint"}},
-    "read for the unwind": {"ids": {0: "run", 2: "run"}},  # fastpath.run_for_unwind
+    "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4, "steps": 9},
+    "unwind_succeed": {"ids": {1: "run", 3: "action"}},
+    "unwind_complete": {"ids": {1: "run"}, "rows": {14: "checkpoint"}},
+    "unwind_failed": {"ids": {1: "run", 4: "action"}, "steps": 3, "rows": {9: "checkpoint"}},
+    "unwind_compensated": {"ids": {1: "run", 6: "action", 9: "action", 11: "action"}, "steps": 4, "lease": 5,
+                           "rows": {13: "action", 17: "checkpoint"}},
+    "read for the unwind": {"ids": {1: "run", 4: "run"}},  # fastpath.run_for_unwind
     # ledger/audit/sealed.recorded_undo_seal, before each undo leaves: the step's success as the chain recorded it. Its
     # arguments are kept as recorded: the replayed events keep the recorded saga's `action_ref` (the function's event
     # rows are not remapped), so the read finds those rows, through the same index, as the engine's read finds its own.
     "read the undo seal": {},
+    # ledger/audit/subjects._run_key: a run's fingerprint key (erasure, issue 42), read where the unwind's rows come
+    # without their run (an undo's seal check, a compensation's event): one more statement per undo.
+    "read the run's key": {"ids": {0: "run"}},
 }
 ROW_KEYS = {"run_id": "run", "compensates_id": "action", "action_id": "action"}  # ids a row holds of other tables
 SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledger_checkpoint"}
@@ -53,6 +56,8 @@ def _kind(sql: str) -> str | None:
         return "read for the unwind"
     if sql.startswith('SELECT "ledger_auditevent"') and '"ledger_auditevent"."action_ref" = ' in sql:
         return "read the undo seal"
+    if sql == "SELECT fingerprint_key FROM ledger_run WHERE id = %s":
+        return "read the run's key"
     return None
 
 
