@@ -40,9 +40,6 @@ SPEC = {
     # arguments are kept as recorded: the replayed events keep the recorded saga's `action_ref` (the function's event
     # rows are not remapped), so the read finds those rows, through the same index, as the engine's read finds its own.
     "read the undo seal": {},
-    # ledger/audit/subjects._run_key: a run's fingerprint key (erasure, issue 42), read where the unwind's rows come
-    # without their run (an undo's seal check, a compensation's event): one more statement per undo.
-    "read the run's key": {"ids": {0: "run"}},
 }
 ROW_KEYS = {"run_id": "run", "compensates_id": "action", "action_id": "action"}  # ids a row holds of other tables
 SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledger_checkpoint"}
@@ -56,8 +53,6 @@ def _kind(sql: str) -> str | None:
         return "read for the unwind"
     if sql.startswith('SELECT "ledger_auditevent"') and '"ledger_auditevent"."action_ref" = ' in sql:
         return "read the undo seal"
-    if sql == "SELECT fingerprint_key FROM ledger_run WHERE id = %s":
-        return "read the run's key"
     return None
 
 

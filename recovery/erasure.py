@@ -139,11 +139,11 @@ def subject_erase(*, tenant: Tenant, subject: str, reason: str, by: str) -> Eras
     if subject.casefold() in reason.casefold() or subject.casefold() in by.casefold():
         raise ValidationFailed("reason: it names the person being erased; the audit chain keeps the reason, so give "
                                "a reference instead", field="reason")
-    result = ErasureResult(tenant=tenant.slug)
+    # Read before the chain's lock is taken: the segments may be fetched from a bucket, and segments never change.
+    result = ErasureResult(tenant=tenant.slug, notes=_archived_runs_of(tenant, subject))
     with ledger_transaction(tenant.pk) as log:
         runs = list(Run.objects.filter(tenant=tenant, on_behalf_of__iexact=subject).order_by("pk"))
         runs = [run for run in runs if run.on_behalf_of.casefold() == subject.casefold()]
-        result.notes += _archived_runs_of(tenant, subject)
         if not runs:
             return result
         unsettled = [run for run in runs if run.status not in RUN_FINAL]

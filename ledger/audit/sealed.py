@@ -174,6 +174,8 @@ def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
     `unwinding.undo_args`). The step as the unwinder built the undo from it when it is in memory (the unwinder's fresh
     undo), else as the ledger has it now."""
     forward = undo.compensates if Action.compensates.is_cached(undo) else Action.objects.get(pk=undo.compensates_id)
+    if "run_fingerprint_key" in undo.__dict__:  # one run, one key: read with the undo (ledger/engine/execution.py)
+        forward.run_fingerprint_key = undo.run_fingerprint_key
     recorded, seq = recorded_undo_seal(forward)
     problem = (undo_seal_problem(forward, recorded, event=seq) if recorded is not None else "") \
         or built_problem(undo, forward, undo_args)

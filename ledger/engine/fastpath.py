@@ -371,6 +371,7 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
             actions.append((Step(*row[at:at + 4]), name, action_class, None))
             continue
         action = sql.instance(Action, row[whole:whole + action_n])
+        action.run_fingerprint_key = run.fingerprint_key  # its digests' key (ledger/audit/subjects.py), read here
         undo_tool = None
         if row[whole + action_n] is not None:
             undo_tool = sql.instance(Tool, row[whole + action_n:whole + action_n + tool_n])
