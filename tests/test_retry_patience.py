@@ -177,8 +177,9 @@ def test_an_undo_whose_tool_stays_down_goes_to_a_person_once_the_patience_is_spe
     undo.refresh_from_db()
     times = starts(undo)
     assert undo.status == "failed" and undo.attempts > 2, (undo.status, undo.attempts)
-    # The last attempt began within the 3 s, and no later one would have.
-    assert times[-1] - times[0] <= 3.0 and times[-1] - times[0] >= 3.0 - 1.2 - 0.3, times
+    # The last attempt was due within the 3 s, and no later one would have been. It begins when a sweep picks it up,
+    # after its due time: on a loaded machine that is a few tenths later, so the upper bound allows half a second.
+    assert times[-1] - times[0] <= 3.0 + 0.5 and times[-1] - times[0] >= 3.0 - 1.2 - 0.3, times
     assert RecoveryItem.objects.get(run_id=run_id, status="open").reason == "compensation_failed"
     assert patient.undo.bodies == []
 
