@@ -85,6 +85,8 @@ def part(results: dict, name: str):
     started = time.time()
     yield
     results["environment"].setdefault("part_seconds", {})[name] = round(time.time() - started, 1)
+    # What the parts so far measured, kept as each ends: a run stopped later (or a part that fails) loses only its own.
+    (OUT / "results.partial.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
 def main() -> None:
@@ -164,6 +166,7 @@ def main() -> None:
     env["load_after"] = os.getloadavg()[0]
     env["seconds"] = round(time.time() - started)
     (OUT / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (OUT / "results.partial.json").unlink(missing_ok=True)
     plot(results, OUT / "cost_vs_size.png")
     print(table(results))
     log(f"done in {env['seconds']} s ({', '.join(f'{k} {v:g}' for k, v in env['part_seconds'].items())}): "
