@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from ledger.archive import segments
 from ledger.archive.service import archive_tenant, legal_hold_set
-from ledger.archive.store import segment_key
+from ledger.archive.store import DirectoryStore, segment_key
 from ledger.audit.verify import verify_chain
 from ledger.errors import ValidationFailed
 from ledger.models import (
@@ -417,3 +417,43 @@ def test_a_segment_name_is_never_a_path(tools):
         with pytest.raises(ValueError):
             segment_key(tools.acme.pk, hostile)
     assert segment_key("7", "0" * 64) == f"tenant-7/{'0' * 64}.jsonl.zst"
+
+
+class HoldingStore(DirectoryStore):
+    """A real directory store; once the segment's file is written, a person sets a legal hold on one of its runs:
+    the race between a pass's reading and its commit."""
+
+    def __init__(self, root, world, run, *, refuse_deletes=False):
+        super().__init__(root)
+        self.world, self.run, self.refuse_deletes = world, run, refuse_deletes
+
+    def put(self, key, data):
+        super().put(key, data)
+        legal_hold_set(tenant=Tenant.objects.get(pk=self.world.acme.pk), run=self.run, held=True, actor="user:ada",
+                       why="litigation, set mid-pass")
+
+    def delete(self, key):
+        if self.refuse_deletes:
+            raise PermissionError("Object Lock: this object is write-once")
+        super().delete(key)
+
+
+@pytest.mark.parametrize("refuse_deletes", [False, True], ids=["store_deletes", "write_once_store"])
+def test_a_hold_set_while_a_pass_writes_keeps_the_run_and_leaves_no_stray_segment(tools, signing, refuse_deletes):
+    first, second = completed_run(tools, "first"), completed_run(tools, "second")
+    age(first, second)
+    retain(tools)
+    events = AuditEvent.objects.filter(tenant=tools.acme).count()
+    store = HoldingStore(signing, tools, second, refuse_deletes=refuse_deletes)
+    report = archive(tools, store=store)
+    assert report.runs == 0 and not report.segments
+    assert f"run {second.pk} of tenant acme is no longer due" in report.stopped, report.stopped
+    assert hot(first) and hot(second) and not ArchiveSegment.objects.exists() and not ArchivedRun.objects.exists()
+    # Only the hold's own event was added to the chain; nothing else of the pass committed.
+    assert AuditEvent.objects.filter(tenant=tools.acme).count() == events + 1
+    left = store.names(tools.acme.pk)
+    if refuse_deletes:
+        assert len(left) == 1 and "stays in the archive (PermissionError" in report.stopped, report.stopped
+    else:
+        assert left == [] and "its file was removed" in report.stopped, report.stopped
+    assert verify_chain(tools.acme.pk).ok

@@ -7,7 +7,7 @@ in order), the batch's rows (everything deleting the runs would remove, found fr
 built on the ledger are archived without the ledger importing them) and the signed head at the slice's end. The
 file is written first (named by its SHA-256, so writing it again is harmless); then, in one ledger transaction under
 the chain's lock, the batch is checked again (a hold set or a step reopened meanwhile keeps the run: the pass stops
-and the written file is an orphan nobody indexes), indexed, recorded in the chain (`archive.segment`), and its rows
+and removes the file it wrote, which nothing indexes), indexed, recorded in the chain (`archive.segment`), and its rows
 and its runs' events are deleted from the hot tables.
 """
 from __future__ import annotations
@@ -193,8 +193,31 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
                 "prev_segment": previous.sha256 if previous else None, "runs": ids, "head": head}
     data, sha256 = segments.encode(manifest, events, rows)
     store.put(segment_key(tenant.pk, sha256), data)
-    return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, taken=taken,
-                   tables=tables, actor=actor, now=now)
+    try:
+        return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, taken=taken,
+                       tables=tables, actor=actor, now=now)
+    except StateConflict as conflict:
+        raise StateConflict(f"{conflict}; {_forget(store, tenant.pk, sha256)}") from None
+    except Exception:
+        _forget(store, tenant.pk, sha256)
+        raise
+
+
+def _forget(store, tenant_id: int, sha256: str) -> str:
+    """The pass wrote a segment that its commit then refused: remove the file, which no index names, so the archive
+    holds only what the chain records. When the database cannot say the index lacks it (the commit's answer was
+    lost, say), or the store refuses (a write-once bucket), the file stays: harmless, never read, and said so."""
+    try:
+        indexed = ArchiveSegment.objects.filter(tenant_id=tenant_id, sha256=sha256).exists()
+    except Exception:  # noqa: BLE001 - whatever the database says, the file stays
+        return f"segment {sha256[:12]} is left in the archive (whether it was indexed could not be read)"
+    if indexed:
+        return f"segment {sha256[:12]} is indexed"
+    try:
+        store.delete(segment_key(tenant_id, sha256))
+    except Exception as exc:  # noqa: BLE001 - a store that keeps what it was given keeps this too
+        return f"segment {sha256[:12]} is not indexed and stays in the archive ({type(exc).__name__}: {exc})"
+    return f"segment {sha256[:12]} was not indexed and its file was removed"
 
 
 def signed_part(head: dict) -> bytes:
@@ -222,7 +245,7 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tabl
         if still != set(ids):
             changed = sorted(set(ids) - still)
             raise StateConflict(f"run {changed[0]} of tenant {tenant.slug} is no longer due (a legal hold, or a step "
-                                f"reopened, since the pass began): it stays hot; segment {sha256[:12]} is not indexed")
+                                "reopened, since the pass began): it stays hot")
         segment = ArchiveSegment.objects.create(
             tenant_id=tenant.pk, number=manifest["number"], sha256=sha256, first_seq=manifest["first_seq"],
             last_seq=manifest["last_seq"], runs=len(ids), actions=actions, size=size)

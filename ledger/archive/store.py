@@ -44,6 +44,9 @@ class DirectoryStore:
         except FileNotFoundError:
             return None
 
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
+
     def names(self, tenant_id: int) -> list[str]:
         folder = self.root / f"tenant-{int(tenant_id)}"
         if not folder.is_dir():
@@ -73,6 +76,9 @@ class BucketStore:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey:
             return None
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def names(self, tenant_id: int) -> list[str]:
         folder = self._key(f"tenant-{int(tenant_id)}/")
