@@ -331,6 +331,12 @@ UNWIND_AUDIT_CHECKPOINT_SECONDS = env_float("UNWIND_AUDIT_CHECKPOINT_SECONDS", 3
 UNWIND_ARCHIVE_URL = env_str("UNWIND_ARCHIVE_URL", "")
 UNWIND_ARCHIVE_S3_ENDPOINT_URL = env_str("UNWIND_ARCHIVE_S3_ENDPOINT_URL", "")
 UNWIND_ARCHIVE_SEGMENT_RUNS = env_int("UNWIND_ARCHIVE_SEGMENT_RUNS", 1000, minimum=1)
+# The share of its time a pass works (0 < pace <= 1): after each segment it rests for what that segment took times
+# (1 - pace) / pace, so the database and the cores serve the agents meanwhile (docs/archive.md, "Operating it").
+UNWIND_ARCHIVE_PACE = env_float("UNWIND_ARCHIVE_PACE", 1.0, minimum=0.01)
+if UNWIND_ARCHIVE_PACE > 1:
+    raise ImproperlyConfigured(f"UNWIND_ARCHIVE_PACE is the share of its time a pass works, at most 1, "
+                               f"not {UNWIND_ARCHIVE_PACE}.")
 if UNWIND_AUDIT_EXPORT_DIR and not (UNWIND_AUDIT_SIGNING_KEY_FILE or UNWIND_AUDIT_PUBLIC_KEY_FILE):
     raise ImproperlyConfigured("UNWIND_AUDIT_EXPORT_DIR needs UNWIND_AUDIT_SIGNING_KEY_FILE (to sign heads) or "
                                "UNWIND_AUDIT_PUBLIC_KEY_FILE (to verify them).")

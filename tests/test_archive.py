@@ -457,3 +457,36 @@ def test_a_hold_set_while_a_pass_writes_keeps_the_run_and_leaves_no_stray_segmen
     else:
         assert left == [] and "its file was removed" in report.stopped, report.stopped
     assert verify_chain(tools.acme.pk).ok
+
+
+def test_a_paced_pass_rests_after_each_segment_for_its_share(tools, signing, monkeypatch):
+    from ledger.archive import service
+
+    runs = [completed_run(tools, f"paced-{n}") for n in range(3)]
+    age(*runs)
+    retain(tools)
+    rests = []
+    monkeypatch.setattr(service.time, "sleep", rests.append)
+    report = archive(tools, segment_runs=1, pace=0.25)
+    assert report.runs == 3 and len(report.segments) == 3
+    # After the first two segments, not the last: three times what each took (working a quarter of the time).
+    assert len(rests) == 2 and all(rest > 0 for rest in rests) and report.rested == pytest.approx(sum(rests))
+    assert verify_chain(tools.acme.pk).ok
+    with pytest.raises(ValidationFailed):
+        archive(tools, pace=0)
+    for bad in ("0", "1.5", "-1"):
+        with pytest.raises(CommandError, match="--pace is the share of its time"):
+            call_command("archive", "--pace", bad, stdout=io.StringIO())
+
+
+def test_an_unpaced_pass_never_rests(tools, signing, monkeypatch):
+    from ledger.archive import service
+
+    runs = [completed_run(tools, f"unpaced-{n}") for n in range(2)]
+    age(*runs)
+    retain(tools)
+    rests = []
+    monkeypatch.setattr(service.time, "sleep", rests.append)
+    out = io.StringIO()
+    call_command("archive", stdout=out)
+    assert rests == [] and "archived 2 run(s)" in out.getvalue() and "resting" not in out.getvalue()

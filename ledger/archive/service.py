@@ -115,12 +115,20 @@ class PassReport:
     segments: list[str] = field(default_factory=list)
     due: list[int] = field(default_factory=list)  # dry run: the runs that would go
     seconds: float = 0.0
+    rested: float = 0.0  # of `seconds`, those it rested between segments (its pace)
     stopped: str = ""  # why the pass stopped early
 
 
 def archive_tenant(*, tenant: Tenant, actor: str, now: datetime | None = None, dry_run: bool = False,
-                   store=None, segment_runs: int | None = None, limit: int | None = None) -> PassReport:
+                   store=None, segment_runs: int | None = None, limit: int | None = None,
+                   pace: float | None = None) -> PassReport:
+    """Archive the tenant's due runs, a segment at a time; at `pace` (UNWIND_ARCHIVE_PACE) below 1, rest after each
+    segment so that the pass works that share of its time."""
     started = time.perf_counter()
+    pace = settings.UNWIND_ARCHIVE_PACE if pace is None else pace
+    if not 0 < pace <= 1:
+        raise ValidationFailed(f"pace: the share of its time a pass works is above 0 and at most 1, not {pace}",
+                               field="pace")
     now = now or timezone.now()
     report = PassReport(tenant.slug, kept=retention.why_kept(tenant))
     if report.kept:
@@ -141,6 +149,7 @@ def archive_tenant(*, tenant: Tenant, actor: str, now: datetime | None = None, d
     tables = run_tables()
     for start in range(0, len(due), size):
         batch = due[start:start + size]
+        began = time.perf_counter()
         try:
             segment = _archive_batch(tenant, batch, tables=tables, store=store, key=key, actor=actor, now=now)
         except StateConflict as conflict:
@@ -150,6 +159,10 @@ def archive_tenant(*, tenant: Tenant, actor: str, now: datetime | None = None, d
         report.actions += segment.actions
         report.events += segment.last_seq - segment.first_seq + 1
         report.segments.append(segment.sha256)
+        if pace < 1 and start + size < len(due):
+            rest = (time.perf_counter() - began) * (1 - pace) / pace
+            time.sleep(rest)
+            report.rested += rest
     report.seconds = time.perf_counter() - started
     return report
 

@@ -17,10 +17,14 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", help="only this tenant slug")
         parser.add_argument("--dry-run", action="store_true", help="say what would be archived; change nothing")
         parser.add_argument("--limit", type=int, help="at most this many runs per tenant in this pass")
+        parser.add_argument("--pace", type=float, help="the share of its time the pass works, above 0 and at most 1 "
+                            "(default UNWIND_ARCHIVE_PACE): it rests after each segment, leaving the machine to agents")
 
-    def handle(self, *args, tenant=None, dry_run=False, limit=None, **options):
+    def handle(self, *args, tenant=None, dry_run=False, limit=None, pace=None, **options):
         if limit is not None and limit < 1:
             raise CommandError("--limit must be at least 1")
+        if pace is not None and not 0 < pace <= 1:
+            raise CommandError(f"--pace is the share of its time the pass works: above 0 and at most 1, not {pace}")
         try:
             store = None if dry_run else archive_store()
         except ImproperlyConfigured as exc:
@@ -28,7 +32,8 @@ class Command(BaseCommand):
         runs = actions = 0
         for t in tenants_named(tenant):
             try:
-                report = archive_tenant(tenant=t, actor="manage.py archive", dry_run=dry_run, store=store, limit=limit)
+                report = archive_tenant(tenant=t, actor="manage.py archive", dry_run=dry_run, store=store, limit=limit,
+                                        pace=pace)
             except ImproperlyConfigured as exc:
                 raise CommandError(str(exc)) from None
             runs, actions = runs + report.runs, actions + report.actions
@@ -39,7 +44,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"tenant {t.slug}: would archive {report.runs} run(s), {report.actions} "
                                   f"action(s){': ' + listed if listed else ''}")
             else:
-                rate = f", {report.actions / report.seconds:,.0f} actions/s" if report.seconds and report.actions else ""
+                working = report.seconds - report.rested
+                rate = f", {report.actions / working:,.0f} actions/s working" if working > 0 and report.actions else ""
+                rate += f", resting {report.rested:.1f} of {report.seconds:.1f} s" if report.rested else ""
                 self.stdout.write(f"tenant {t.slug}: archived {report.runs} run(s), {report.actions} action(s) in "
                                   f"{len(report.segments)} segment(s) to {store.where}{rate}")
                 for sha in report.segments:
