@@ -490,3 +490,51 @@ def test_an_unpaced_pass_never_rests(tools, signing, monkeypatch):
     out = io.StringIO()
     call_command("archive", stdout=out)
     assert rests == [] and "archived 2 run(s)" in out.getvalue() and "resting" not in out.getvalue()
+
+
+def limit_tool(world, limits):
+    from ledger.policy.versions import tool_upsert
+    from tests.conftest import in_process_policy
+
+    spec = dict(in_process_policy()["tools"]["hr.create_user"], limits=limits)
+    tool_upsert(tenant=world.acme, name="hr.create_user", spec=spec, actor="user:ada")
+
+
+@pytest.mark.parametrize("limits, archived", [
+    ([{"per": "run", "count": 5}], True),  # a budget per run ends with its run
+    ([{"per": "tenant", "count": 100, "window": "1h"}], True),  # its step is older than the window
+    ([{"per": "agent", "count": 100, "window": "1h"}, {"per": "tenant", "count": 100, "window": "366d"}], False),
+    ([{"per": "tenant", "count": 100}], False),  # counted for all time: the run stays hot for good
+], ids=["per_run", "window_passed", "longest_window_not_passed", "all_time"])
+def test_a_run_stays_hot_while_a_limit_may_still_count_its_steps(tools, signing, limits, archived):
+    limit_tool(tools, limits)
+    run = completed_run(tools, "limited")
+    age(run)
+    retain(tools)
+    later = timezone.now() + timedelta(hours=2)  # the steps are two hours old by then
+    report = archive(tools, now=later)
+    assert (report.runs == 1) is archived and hot(run) is not archived, report
+    report = verify_chain(tools.acme.pk)
+    assert report.ok, report
+
+
+def test_an_archived_step_gives_back_its_share_of_the_running_totals(tools, signing):
+    """PostgreSQL keeps running totals for limits per agent and per tenant (migration 0022); archiving deletes the
+    counted steps, which take their share back (0029): the totals say what the hot steps add up to, the chain
+    verifies (it checks them), and a limit counts the same as before archiving for any moment after."""
+    from ledger.policy import limits as limits_module
+
+    budget = [{"per": "tenant", "count": 1000, "window": "1h"},
+              {"per": "agent", "count": 100, "window": "1h"}]
+    limit_tool(tools, budget)
+    old, recent = completed_run(tools, "old"), completed_run(tools, "recent")
+    age(old)
+    retain(tools)
+    later = timezone.now() + timedelta(minutes=30)  # the old run's steps still count at `later`: it stays
+    assert archive(tools, now=later).runs == 0
+    much_later = timezone.now() + timedelta(hours=2)
+    tool = tools.acme.tools.get(name="hr.create_user", is_current=True)
+    used_before = limits_module.used_by(tool.limits, tool_name=tool.name, run=recent, now=much_later)
+    assert archive(tools, now=much_later).runs == 1 and not hot(old) and hot(recent)
+    assert limits_module.used_by(tool.limits, tool_name=tool.name, run=recent, now=much_later) == used_before
+    assert verify_chain(tools.acme.pk).ok, verify_chain(tools.acme.pk)

@@ -2,7 +2,8 @@
 
 What must hold: the totals say exactly what reading the steps says (this file's `reference`: the steps of the tool
 in the scope and window whose status is in limits.COUNTED, counted or added up in Python), whatever moves the steps
-made after the totals were first built (recorded, moved in or out of the counted statuses, a run's agent changed),
+made after the totals were first built (recorded, moved in or out of the counted statuses, deleted as archiving
+deletes them, a run's agent changed),
 for any window and any moment. The triggers that keep them hold their own list of the counted statuses (migration
 0022): a status they disagree on with limits.COUNTED fails here.
 
@@ -186,11 +187,12 @@ def test_a_limit_dropped_and_added_again_counts_what_was_proposed_meanwhile(tool
 STEP = st.tuples(st.just("add"), st.integers(0, 2), st.sampled_from(AMOUNTS), st.sampled_from(ActionStatus.values), AGO)
 MOVE = st.tuples(st.just("move"), st.integers(0, 40), st.sampled_from(ActionStatus.values))
 AGENT = st.tuples(st.just("agent"), st.integers(0, 2), st.integers(0, 2))
+DELETE = st.tuples(st.just("delete"), st.integers(0, 40))  # archived: a step leaves the hot table
 READ = st.tuples(st.just("read"), st.sampled_from(WINDOWS), LATER)
 
 
 @needs_postgres
-@given(ops=st.lists(st.one_of(STEP, STEP, MOVE, AGENT, READ), min_size=1, max_size=30),
+@given(ops=st.lists(st.one_of(STEP, STEP, MOVE, AGENT, DELETE, READ), min_size=1, max_size=30),
        last=st.lists(st.tuples(st.sampled_from(WINDOWS), LATER), min_size=1, max_size=4),
        start=st.integers(0, 2 * 3600 * 1000))
 @hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -207,6 +209,8 @@ def test_the_totals_say_what_reading_the_steps_says(tools, ops, last, start):
             elif ledger.steps and kind == "move":
                 step = ledger.steps[values[0] % len(ledger.steps)]
                 Action.objects.filter(pk=step).update(status=values[1])
+            elif ledger.steps and kind == "delete":
+                Action.objects.filter(pk=ledger.steps.pop(values[0] % len(ledger.steps))).delete()
             elif kind == "agent":
                 run = ledger.runs[values[0]]
                 Run.objects.filter(pk=run.pk).update(agent=ledger.agents[values[1]])

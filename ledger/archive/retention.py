@@ -1,7 +1,8 @@
 """Which runs may leave the hot tables: the one place that decides it (docs/archive.md).
 
 A run is archived when it is settled — its status is final (completed, compensated, closed), none of its steps is
-still pending or undoing, none counts toward a tool's limits, and nothing another app keeps open for it (an open recovery item, a pending approval or
+still pending or undoing or may still count toward a tool's limit per agent or per tenant (within the limit's
+window; for all time without one), and nothing another app keeps open for it (an open recovery item, a pending approval or
 notice, an unanswered customer request: each app says so through `register_keeps_hot`) — when neither it nor its
 tenant is under a legal hold, and when it finished longer ago than its retention: its tenant's (`audit.retention`),
 or, when one of the tools it called keeps runs longer (a tool's `retention`), the longest of those. A tenant whose
@@ -18,7 +19,7 @@ from django.db.models import Max, Min, Q
 from django.db.models.expressions import RawSQL
 
 from ledger.models import (
-    ACTIVE_ACTION_STATUSES, RUN_FINAL, Action, ActionStatus, AuditEvent, Run, Tenant, Tool,
+    ACTIVE_ACTION_STATUSES, RUN_FINAL, Action, ActionKind, ActionStatus, AuditEvent, Run, Tenant, Tool,
 )
 
 # Steps in these statuses are not done with: their run stays hot whatever its status says.
@@ -85,11 +86,7 @@ def settled(run_ids: Iterable[int], *, tenant: Tenant, now: datetime) -> set[int
         return set()
     some = id_set(ids)
     busy = set(Action.objects.filter(run_id__in=some, status__in=UNSETTLED_STEPS).values_list("run_id", flat=True))
-    # Steps that count toward a tool's limits stay hot: the limits (and their running totals on PostgreSQL, which
-    # verify_audit checks against the steps) are read from them.
-    limited = [pk for pk, limits in Tool.objects.filter(tenant_id=tenant.pk).values_list("pk", "limits") if limits]
-    busy |= set(Action.objects.filter(Q(totalled=True) | Q(tool_id__in=limited), run_id__in=some)
-                .values_list("run_id", flat=True))
+    busy |= _still_counted(some, tenant=tenant, now=now)
     longest = dict(Action.objects.filter(run_id__in=some).values("run_id").annotate(
         keep=Max("tool__retention_seconds")).values_list("run_id", "keep"))
     finished = dict(Run.objects.filter(pk__in=some).values_list("pk", "finished_at"))
@@ -103,6 +100,34 @@ def settled(run_ids: Iterable[int], *, tenant: Tenant, now: datetime) -> set[int
             continue
         due.add(pk)
     return due
+
+
+def kept_for_limits(limits: list[dict]) -> float | None:
+    """How long a step of a tool with these limits still counts toward one that outlives its run (per agent or per
+    tenant): the longest window, in seconds; None when one counts for all time. A limit per run ends with its run."""
+    windows = [limit.get("window") for limit in limits if limit["per"] != "run"]
+    if any(window is None for window in windows):
+        return None
+    return max(windows, default=0)
+
+
+def _still_counted(some, *, tenant: Tenant, now: datetime) -> set[int]:
+    """The runs with a step that the current limits of its tool (by name, as the limits count) may still count: a
+    limit per agent or per tenant for all time keeps such a run hot for good, one with a window until the step is
+    older than it. Archived steps give back their share of the running totals (PostgreSQL: migration 0029), which
+    then say what the hot steps add up to, as verify_audit checks."""
+    kept = {name: kept_for_limits(limits) for name, limits in Tool.objects.filter(
+        tenant_id=tenant.pk, is_current=True).values_list("name", "limits") if limits}
+    kept = {name: seconds for name, seconds in kept.items() if seconds != 0}
+    if not kept:
+        return set()
+    forever = [name for name, seconds in kept.items() if seconds is None]
+    counted = Q(tool__name__in=forever)
+    for name, seconds in kept.items():
+        if seconds is not None:
+            counted |= Q(tool__name=name, created_at__gte=now - timedelta(seconds=seconds))
+    return set(Action.objects.filter(counted, run_id__in=some, kind=ActionKind.FORWARD)
+               .values_list("run_id", flat=True))
 
 
 def _event_spans(tenant_id: int, run_ids: set[int]):

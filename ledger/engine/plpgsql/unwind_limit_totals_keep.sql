@@ -1,10 +1,11 @@
 CREATE OR REPLACE FUNCTION unwind_limit_totals_keep() RETURNS trigger LANGUAGE plpgsql AS $$
--- The triggers on ledger_action (migration 0022) that keep the running totals of the tool's limits per agent and
--- per tenant (ledger_limittotal; unwind_limit_measure says what they hold): a forward step marked `totalled` that
--- is recorded in, or moves into, one of the counted statuses (the trigger's arguments, TG_ARGV: ledger/policy/
--- limits.py's COUNTED) adds its share to each of its tool's measures, in its bucket of each span; one that moves out
--- of them takes it back. The triggers' WHEN clauses call it only then. A step's arguments, tool, run, kind and time
--- never change once recorded (nothing in the engine writes them again).
+-- The triggers on ledger_action (migrations 0022 and 0029) that keep the running totals of the tool's limits per
+-- agent and per tenant (ledger_limittotal; unwind_limit_measure says what they hold): a forward step marked
+-- `totalled` that is recorded in, or moves into, one of the counted statuses (the trigger's arguments, TG_ARGV:
+-- ledger/policy/limits.py's COUNTED) adds its share to each of its tool's measures, in its bucket of each span; one
+-- that moves out of them, or is deleted in one (archived), takes it back. The triggers' WHEN clauses call it only
+-- then. A step's arguments, tool, run, kind and time never change once recorded (nothing in the engine writes them
+-- again).
 DECLARE
     v_row record;
     v_sign integer;
@@ -15,10 +16,10 @@ BEGIN
     END IF;
     FOREACH v_sign IN ARRAY ARRAY[-1, 1] LOOP
         IF v_sign = -1 THEN  -- what the step held before: taken back
-            CONTINUE WHEN TG_OP <> 'UPDATE' OR OLD.kind <> 'forward' OR NOT OLD.status = ANY (TG_ARGV);
+            CONTINUE WHEN TG_OP = 'INSERT' OR OLD.kind <> 'forward' OR NOT OLD.status = ANY (TG_ARGV);
             v_row := OLD;
         ELSE                 -- what it holds now: added
-            CONTINUE WHEN NEW.kind <> 'forward' OR NOT NEW.status = ANY (TG_ARGV);
+            CONTINUE WHEN TG_OP = 'DELETE' OR NEW.kind <> 'forward' OR NOT NEW.status = ANY (TG_ARGV);
             v_row := NEW;
         END IF;
         INSERT INTO ledger_limittotal AS t (measure_id, scope, span, bucket, value)
