@@ -6,6 +6,7 @@ import tracemalloc
 from datetime import datetime, timezone
 
 from ledger.archive import segments
+from ledger.archive.store import segment_key
 from ledger.audit.verify import verify_chain
 from ledger.engine.runs import run_complete
 from ledger.models import ArchiveSegment
@@ -74,3 +75,48 @@ def test_a_segment_is_read_line_by_line_not_decompressed_whole():
     whole = segments.decode(data)
     assert [row["id"] for row in whole.rows["ledger.action"]] == list(range(100))
     assert len(whole.events) == 2 and whole.manifest["last_seq"] == 2
+
+
+def test_a_segment_removed_or_changed_among_many_is_named_where_the_walk_reaches_it(tools, signing):
+    retain(tools)
+    archived_runs(tools, 6, first=0)
+    files = [signing / segment_key(tools.acme.pk, s.sha256)
+             for s in ArchiveSegment.objects.filter(tenant=tools.acme).order_by("number")]
+    kept = files[3].read_bytes()
+    files[3].unlink()
+    report = verify_chain(tools.acme.pk)
+    assert not report.ok and report.check == "archive" and report.problem.startswith("segment 4 (")
+    assert "is missing from" in report.problem and "removed" in report.problem
+    files[3].write_bytes(kept)
+    changed = bytearray(files[4].read_bytes())
+    changed[len(changed) // 2] ^= 0x01
+    files[4].write_bytes(bytes(changed))
+    report = verify_chain(tools.acme.pk)
+    assert not report.ok and report.problem.startswith("segment 5 (") and "was changed" in report.problem, report
+
+
+def test_a_segment_changed_between_the_walk_and_the_rows_is_named(tools, signing, monkeypatch):
+    """The rows are read in a second pass: a segment must still hash to its name then."""
+    from ledger.archive import chain
+
+    retain(tools)
+    archived_runs(tools, 3, first=0)
+    second = segment_key(tools.acme.pk, ArchiveSegment.objects.get(tenant=tools.acme, number=2).sha256)
+    store, fetched = chain.archive_store(), []
+
+    class ChangedAfterTheWalk:
+        """The directory store, but segment 2 has a bit flipped when it is read the second time."""
+        where = store.where
+
+        def get(self, key):
+            fetched.append(key)
+            data = store.get(key)
+            if key == second and fetched.count(key) == 2:
+                return data[:-1] + bytes([data[-1] ^ 0x01])
+            return data
+
+    monkeypatch.setattr(chain, "archive_store", ChangedAfterTheWalk)
+    report = verify_chain(tools.acme.pk)
+    assert not report.ok and report.check == "archive", report
+    assert report.problem.startswith("segment 2 (") and "was changed" in report.problem, report
+    assert len(fetched) == 5  # segments 1 to 3 for the walk, then 1 and 2 for their rows
