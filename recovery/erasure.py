@@ -258,12 +258,12 @@ def _archived_runs_of(tenant: Tenant, subject: str) -> list[str]:
     if not ArchiveSegment.objects.filter(tenant=tenant).exists():
         return []
     try:
-        archive = archive_chain.load(tenant.pk)
+        found = sorted({(number, row["id"]) for number, rows in archive_chain.load(tenant.pk).rows()
+                        for row in rows.get("ledger.run", [])
+                        if str(row.get("on_behalf_of") or "").casefold() == subject.casefold()})
     except (ArchiveUnavailable, archive_chain.ArchiveBroken) as exc:  # said, rather than claiming there is none
         return [f"The archive could not be read ({exc}), so whether it holds runs of this person "
                 "is not known: archived runs are never rewritten by erasure (SECURITY.md)."]
-    found = sorted({(number, row["id"]) for number, row in archive.rows("ledger.run")
-                    if str(row.get("on_behalf_of") or "").casefold() == subject.casefold()})
     if not found:
         return []
     segments = sorted({number for number, _ in found})

@@ -411,6 +411,23 @@ def test_a_segment_rewritten_and_reindexed_is_named_by_the_chain(archived):
     assert f"recorded segment {index.sha256[:16]}" in problem and "not in the archive index" in problem
 
 
+def test_a_run_whose_text_holds_line_separators_is_archived_verified_and_read_back(tools, signing):
+    """Segments keep text as it is (JSON escapes only "\\n" and the control characters): U+2028, U+2029 and U+0085
+    stay inside a line, which ends at "\\n" alone."""
+    from ledger.archive.reader import archived_run
+
+    goal = "line\u2028separator\u2029paragraph\x85next line"
+    run = open_run(tools, goal=goal)
+    act(run, "hr.create_user", {"email": "ls@x.io", "name": "L\u2028S"})
+    run = run_complete(run=run, actor="agent:booker")
+    age(run)
+    retain(tools)
+    assert archive(tools).runs == 1
+    assert verify_chain(tools.acme.pk).ok
+    view = archived_run(tenant_ids=[tools.acme.pk], agent_id=None, run_id=run.pk)
+    assert view.run.goal == goal and view.actions[0].args["name"] == "L\u2028S"
+
+
 def test_a_segment_name_is_never_a_path(tools):
     """Segment names are computed (tenant id, SHA-256), never taken from a request: nothing else can become a path."""
     for hostile in ("../../etc/passwd", "a" * 63, "A" * 64, "", "0" * 64 + "/x", "0" * 64 + "\n"):

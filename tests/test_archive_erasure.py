@@ -55,3 +55,17 @@ def test_archived_then_erased_says_what_it_could_not_reach_and_verifies(
     assert "erasure does not rewrite archives" in result.sentence()
     checked = verify_chain(tools.acme.pk)
     assert checked.ok, checked
+
+
+def test_an_archive_that_cannot_be_read_is_said_so_by_erasure(tools, signing, django_capture_on_commit_callbacks):
+    """Erasure reads the archive's runs one segment at a time; a segment removed from the store is named as the
+    reason it cannot say what stays archived, rather than an error or a claim that nothing does."""
+    run = dana_run(tools, django_capture_on_commit_callbacks)
+    age(run)
+    retain(tools)
+    assert archive(tools).runs == 1
+    for path in signing.rglob("*.jsonl.zst"):
+        path.unlink()
+    result = subject_erase(tenant=tools.acme, subject=DANA, reason="request #9", by="user:ada")
+    assert "The archive could not be read (segment 1 (" in result.sentence()
+    assert "is missing from file://" in result.sentence() and "archived run(s) of this person" not in result.sentence()

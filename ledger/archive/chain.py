@@ -4,13 +4,15 @@ Each indexed segment is fetched and must hash to its name (else: changed, or swa
 before it (its number, the previous segment's SHA-256, a slice starting where the last ended: else reordered),
 carry a head signed by the audit signing key at its last event, and be recorded in the chain (`archive.segment`).
 The events then join the hot ones as one chain: `events()` yields the archived slices in order, checking that an
-event kept hot beside its archived copy is that copy, then the hot events after them.
+event kept hot beside its archived copy is that copy, then the hot events after them. Segments are fetched and
+checked as the walk reaches them and dropped after, so verifying holds one at a time, however many a tenant has;
+their rows are read in a second pass (`Archive.rows()`).
 """
 from __future__ import annotations
 
 import base64
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -45,19 +47,85 @@ class ArchivedEvent:
     segment: int = 0
 
 
-@dataclass
 class Archive:
-    segments: list[tuple[ArchiveSegment, segments.Segment]] = field(default_factory=list)
+    """A tenant's indexed segments, read one at a time and dropped: a tenant archiving for years has thousands, and
+    verification holds one (docs/archive.md). `segments()` reads each with its checks and its events, `rows()` reads
+    each again for its rows only (the rows are checked against the state the whole walk recorded, known only after
+    it). What is kept across segments is the index's names, to name a segment swapped in or recorded in the chain."""
+
+    def __init__(self, tenant_id: int, *, store=None):
+        self.tenant_id = tenant_id
+        self.names = dict(ArchiveSegment.objects.filter(tenant_id=tenant_id).order_by("number")
+                          .values_list("sha256", "number"))  # in their order, for recorded_segments
+        self._store = store
+        self.read = 0  # segments fetched and checked by segments()
 
     @property
-    def last_seq(self) -> int:
-        return self.segments[-1][0].last_seq if self.segments else 0
+    def store(self):
+        """The store, named only when there are segments: a tenant without any verifies with no UNWIND_ARCHIVE_URL."""
+        if self._store is None:
+            self._store = archive_store()
+        return self._store
 
-    def rows(self, label: str):
-        """(segment number, row fields) of every archived row of a model."""
-        for index, segment in self.segments:
-            for row in segment.rows.get(label, []):
-                yield index.number, row
+    def _indexed(self):
+        return ArchiveSegment.objects.filter(tenant_id=self.tenant_id).order_by("number").iterator(chunk_size=500)
+
+    def _fetch(self, index: ArchiveSegment) -> bytes:
+        """The segment's bytes, which must be there and hash to its name."""
+        data = self.store.get(segment_key(self.tenant_id, index.sha256))
+        if data is None:
+            raise ArchiveBroken("archive", f"{_name(index)} is missing from {self.store.where}: removed")
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != index.sha256:
+            other = self.names.get(actual)
+            if other is not None:
+                raise ArchiveBroken("archive", f"{_name(index)} holds the bytes of segment {other} "
+                                               f"({actual[:16]}…): the segments were swapped (reordered)")
+            raise ArchiveBroken("archive", f"{_name(index)} was changed: its bytes hash to {actual[:16]}…, not to "
+                                           "its name")
+        return data
+
+    def _decode(self, index: ArchiveSegment, data: bytes, *, events: bool, rows: bool) -> segments.Segment:
+        try:
+            return segments.decode(data, events=events, rows=rows)
+        except segments.SegmentUnreadable as exc:
+            raise ArchiveBroken("archive", f"{_name(index)} cannot be read: {exc}") from None
+
+    def segments(self):
+        """(index, segment with its events, not its rows) in order, each fetched and checked on its own and against
+        the one before just before it is yielded; the caller drops it before the next is read."""
+        if not self.names:
+            return
+        verifying = _verifying_key()
+        previous = None
+        for position, index in enumerate(self._indexed(), start=1):
+            segment = self._decode(index, self._fetch(index), events=True, rows=False)
+            manifest = segment.manifest
+            expected_first = previous.last_seq + 1 if previous else 1
+            if (manifest.get("number") != position or index.number != position
+                    or manifest.get("tenant") != self.tenant_id
+                    or manifest.get("prev_segment") != (previous.sha256 if previous else None)
+                    or manifest.get("first_seq") != expected_first or index.first_seq != expected_first):
+                raise ArchiveBroken("archive", f"{_name(index)} does not follow "
+                                               f"{_name(previous) if previous else 'the start of the chain'}: its "
+                                               "number, place or previous segment differ (reordered or one removed)")
+            _check_head(index, manifest, verifying)
+            seqs = [event["seq"] for event in segment.events]
+            if seqs != list(range(manifest["first_seq"], manifest["last_seq"] + 1)):
+                raise ArchiveBroken("archive", f"{_name(index)} does not hold events #{manifest['first_seq']}–"
+                                               f"#{manifest['last_seq']} in order")
+            self.read += 1
+            yield index, segment
+            del segment, manifest, seqs  # not held while the next one is read: one at a time, not two
+            previous = index
+
+    def rows(self):
+        """(segment number, its rows by model label), one segment at a time (a caller drops each before asking for the
+        next): each is fetched again and must still hash to its name, as it may have been changed in between."""
+        if not self.names:
+            return
+        for index in self._indexed():
+            yield index.number, self._decode(index, self._fetch(index), events=False, rows=True).rows
 
 
 def _name(index: ArchiveSegment) -> str:
@@ -65,47 +133,8 @@ def _name(index: ArchiveSegment) -> str:
 
 
 def load(tenant_id: int, *, store=None) -> Archive:
-    """Every segment of the tenant, fetched and checked on its own and against the one before."""
-    indexed = list(ArchiveSegment.objects.filter(tenant_id=tenant_id).order_by("number"))
-    archive = Archive()
-    if not indexed:
-        return archive
-    store = store or archive_store()
-    by_sha = {index.sha256: index for index in indexed}
-    verifying = _verifying_key()
-    previous = None
-    for position, index in enumerate(indexed, start=1):
-        data = store.get(segment_key(tenant_id, index.sha256))
-        if data is None:
-            raise ArchiveBroken("archive", f"{_name(index)} is missing from {store.where}: removed")
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != index.sha256:
-            other = by_sha.get(actual)
-            if other is not None:
-                raise ArchiveBroken("archive", f"{_name(index)} holds the bytes of segment {other.number} "
-                                               f"({actual[:16]}…): the segments were swapped (reordered)")
-            raise ArchiveBroken("archive", f"{_name(index)} was changed: its bytes hash to {actual[:16]}…, not to "
-                                           "its name")
-        try:
-            segment = segments.decode(data)
-        except segments.SegmentUnreadable as exc:
-            raise ArchiveBroken("archive", f"{_name(index)} cannot be read: {exc}") from None
-        manifest = segment.manifest
-        expected_first = previous[0].last_seq + 1 if previous else 1
-        if (manifest.get("number") != position or index.number != position or manifest.get("tenant") != tenant_id
-                or manifest.get("prev_segment") != (previous[0].sha256 if previous else None)
-                or manifest.get("first_seq") != expected_first or index.first_seq != expected_first):
-            raise ArchiveBroken("archive", f"{_name(index)} does not follow "
-                                           f"{_name(previous[0]) if previous else 'the start of the chain'}: its "
-                                           "number, place or previous segment differ (reordered or one removed)")
-        _check_head(index, manifest, verifying)
-        seqs = [event["seq"] for event in segment.events]
-        if seqs != list(range(manifest["first_seq"], manifest["last_seq"] + 1)):
-            raise ArchiveBroken("archive", f"{_name(index)} does not hold events #{manifest['first_seq']}–"
-                                           f"#{manifest['last_seq']} in order")
-        archive.segments.append((index, segment))
-        previous = (index, segment)
-    return archive
+    """The tenant's archive, read as it is walked (nothing is fetched yet)."""
+    return Archive(tenant_id, store=store)
 
 
 def _verifying_key():
@@ -144,7 +173,7 @@ def events(archive: Archive, hot):
     archived slice (one of a run that stayed hot) must be its archived copy, field for field."""
     hot = iter(hot)
     pending = next(hot, None)
-    for index, segment in archive.segments:
+    for index, segment in archive.segments():
         if segment.manifest["first_seq"] <= segment.manifest["last_seq"] and segment.events[0]["prev"] != \
                 segment.manifest["prev_hash"]:
             raise ArchiveBroken("archive", f"{_name(index)} does not start where its manifest says")
@@ -159,6 +188,7 @@ def events(archive: Archive, hot):
                                                    f"{_name(index)}")
                 pending = next(hot, None)
             yield event
+        del segment  # not held while the next one is read
     for event in [pending] if pending is not None else []:
         yield event
     for event in hot:
@@ -172,11 +202,11 @@ def instance(model, row: dict):
 
 def recorded_segments(archive: Archive, seen: dict[str, int]) -> None:
     """Every indexed segment is recorded in the chain (`archive.segment`), and every recorded one is indexed."""
-    indexed = {index.sha256: index for index, _ in archive.segments}
     for sha, seq in seen.items():
-        if sha not in indexed:
+        if sha not in archive.names:
             raise ArchiveBroken("archive", f"event #{seq} recorded segment {str(sha)[:16]}…, which is not in the "
                                            "archive index: removed")
-    for sha, index in indexed.items():
+    for sha in archive.names:
         if sha not in seen:
+            index = ArchiveSegment.objects.get(tenant_id=archive.tenant_id, sha256=sha)
             raise ArchiveBroken("archive", f"{_name(index)} is indexed but no archive.segment event records it")

@@ -11,6 +11,7 @@ reads zstd and JSON reads it.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -63,21 +64,42 @@ class Segment:
     rows: dict[str, list[dict]] = field(default_factory=dict)  # model label -> rows' fields
 
 
-def decode(data: bytes) -> Segment:
-    try:
-        text = zstandard.ZstdDecompressor().decompress(data, max_output_size=1 << 34).decode()
-        lines = [json.loads(line) for line in text.splitlines() if line]
-    except (zstandard.ZstdError, UnicodeDecodeError, ValueError) as exc:
-        raise SegmentUnreadable(f"not a zstd JSON Lines segment ({exc})") from None
-    if not lines or lines[0].get("t") != "segment" or lines[0].get("format") != FORMAT:
+def decode(data: bytes, *, events: bool = True, rows: bool = True) -> Segment:
+    """The segment, keeping only the events or only the rows when that is all a caller reads (verification reads
+    each segment twice, once for each: ledger/archive/chain.py)."""
+    lines = _lines(data)
+    manifest = next(lines, None)
+    if manifest is None or manifest.get("t") != "segment" or manifest.get("format") != FORMAT:
         raise SegmentUnreadable("its first line is not a segment manifest of format 1")
-    segment = Segment(manifest=lines[0])
-    for line in lines[1:]:
+    segment = Segment(manifest=manifest)
+    for line in lines:
         if line.get("t") == "event":
-            segment.events.append(line)
+            if events:
+                segment.events.append(line)
         elif line.get("t") == "row":
-            segment.rows.setdefault(line["model"], []).append(line["fields"])
+            if rows:
+                segment.rows.setdefault(line["model"], []).append(line["fields"])
         else:
             raise SegmentUnreadable(f"a line of an unknown type {line.get('t')!r}")
     return segment
 
+
+def _lines(data: bytes):
+    """The segment's lines as JSON objects, one at a time through zstd's stream reader: neither the whole text nor a
+    list of its lines is held. Lines end at "\\n" only: the JSON text may hold U+2028 and other characters that
+    str.splitlines() would also split at. The stream reader stops quietly where bytes end; a frame cut short shows
+    as fewer bytes than its header says it holds."""
+    try:
+        size = zstandard.frame_content_size(data)
+        reader = zstandard.ZstdDecompressor().stream_reader(data)
+        for text in io.TextIOWrapper(reader, encoding="utf-8", newline="\n"):
+            if text == "\n":
+                continue
+            line = json.loads(text)
+            if not isinstance(line, dict):
+                raise SegmentUnreadable("a line that is not a JSON object")
+            yield line
+        if size < 0 or reader.tell() != size:
+            raise SegmentUnreadable("not a zstd JSON Lines segment (its frame is cut short or does not say its size)")
+    except (zstandard.ZstdError, UnicodeDecodeError, ValueError) as exc:
+        raise SegmentUnreadable(f"not a zstd JSON Lines segment ({exc})") from None

@@ -68,9 +68,8 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             raise _Broken("export-signature", str(exc)) from None
         state["exported"] = exported["seq"] if exported else None
     # Archived segments (ledger/archive, docs/archive.md) hold the older slices of the chain and the rows of the runs
-    # they took out of the hot tables: the walk reads them first, as one chain with the hot events.
+    # they took out of the hot tables: the walk reads them first, one at a time, as one chain with the hot events.
     archive = archive_chain.load(tenant_id)
-    state["segments"] = len(archive.segments)
     segments_recorded: dict[str, int] = {}
     prev = GENESIS
     expected_seq = 0
@@ -140,6 +139,7 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
             raise _Broken("export-head", f"event #{event.seq} is not the signed head exported at {exported['at']}: "
                                          "the chain was rewritten from there on")
         prev = event.hash
+    state["segments"] = archive.read
     if exported is not None and expected_seq < exported["seq"]:
         raise _Broken("export-head", f"the chain ends at #{expected_seq}, below the signed head #{exported['seq']} "
                                      f"exported at {exported['at']}: events were removed")
@@ -178,22 +178,27 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
 
 def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: dict) -> None:
     """Rows that left the hot tables for a segment left legitimately: each must still be as the chain last recorded
-    it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there."""
-    # An archived run's steps and rows are keyed with its key, which left the hot table with it.
-    subjects.remember({row["id"]: row.get("fingerprint_key") or "" for _, row in archive.rows("ledger.run")})
+    it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there.
+    The segments are read again here, one at a time: what the chain last recorded is known only after the walk."""
     specs = [("ledger.action", Action, action_fingerprint, last_action), ("ledger.run", Run, run_fingerprint, last_run)]
     specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label]) for spec in fingerprinted_models()]
-    for label, model, fingerprint, recorded in specs:
-        keyed_by_text = label not in ("ledger.action", "ledger.run")
-        for number, row in archive.rows(label):
-            pk = str(row["id"]) if keyed_by_text else row["id"]
-            last = recorded.get(pk)
-            if last is None:
-                continue
-            if last[0] != fingerprint(archive_chain.instance(model, row)):
-                raise _Broken("archive", f"archived {label.split('.')[-1]} {row['id']} in segment {number} differs "
-                                         f"from its state at event #{last[1]}: edited before or while archived")
-            recorded.pop(pk)
+    for number, rows in archive.rows():
+        # An archived run's steps and rows are keyed with its key, which left the hot table with it (into the segment
+        # that holds them).
+        subjects.remember({row["id"]: row.get("fingerprint_key") or "" for row in rows.get("ledger.run", [])})
+        for label, model, fingerprint, recorded in specs:
+            keyed_by_text = label not in ("ledger.action", "ledger.run")
+            for row in rows.get(label, []):
+                pk = str(row["id"]) if keyed_by_text else row["id"]
+                last = recorded.get(pk)
+                if last is None:
+                    continue
+                if last[0] != fingerprint(archive_chain.instance(model, row)):
+                    raise _Broken("archive", f"archived {label.split('.')[-1]} {row['id']} in segment {number} "
+                                             f"differs from its state at event #{last[1]}: edited before or while "
+                                             "archived")
+                recorded.pop(pk)
+        del rows  # not held while the next segment is read
 
 
 # The columns the seal, undo and hold checks read of each step.
