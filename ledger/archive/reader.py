@@ -1,7 +1,9 @@
-"""Reading an archived run back from its segment: for its console page, its trail link and the API (docs/archive.md).
+"""Reading an archived run back from its segment: for its console page, its trail link, the API and MCP
+(docs/archive.md): the run, its history and its steps, and the index of the archived runs a caller may read.
 
-Who may read it is decided as for a hot run, from the index (`ArchivedRun`: its tenant and agent), before any segment
-is fetched. A fetched segment must hash to its name: one that does not is refused, never shown.
+Who may read it is decided as for a hot run, from the index (`ArchivedRun`: its tenant and agent; a step's run by its
+`ArchivedKey`), before any segment is fetched. A fetched segment must hash to its name: one that does not is refused,
+never shown.
 """
 from __future__ import annotations
 
