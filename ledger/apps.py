@@ -24,6 +24,12 @@ class LedgerConfig(AppConfig):
         # Every migrate ends with the engine's PostgreSQL functions as their files define them (ledger/plpgsql).
         post_migrate.connect(plpgsql.install_after_migrate, sender=self, dispatch_uid="ledger.engine.plpgsql.install")
         tracing.setup()  # once per process, web and worker; nothing unless OTEL_* asks for traces
+        # An archived step stays findable by its id (GET /api/v1/actions/{id}, MCP unwind_status): a key per step,
+        # written with its run's index (ledger/archive/reader.py `archived_action`).
+        from ledger.archive.service import register_archived_lookup
+        from ledger.models import Action
+
+        register_archived_lookup(Action, "id")
 
 
 def checkpoint_on_sweep(*, now) -> None:

@@ -49,6 +49,11 @@ class RunNotActive(UnwindError):
     code, status, title = "run_not_active", 409, "The run accepts no new actions"
 
 
+class RunArchived(RunNotActive):
+    """A write to a run moved to the archive (docs/archive.md): settled for good, readable, never written again."""
+    code, status, title = "run_archived", 409, "The run is archived"
+
+
 class RunCancelled(UnwindError):
     code, status, title = "run_cancelled", 409, "The run was cancelled"
 

@@ -38,8 +38,10 @@ from ledger.engine import decision, runsteps
 from ledger.api import selectors
 from ledger.audit.chain import ledger_transaction
 from ledger.api import inline, links, waits
-from ledger.errors import NotFound, PermissionDenied, RunNotActive, StateConflict, StillInFlight, UnknownTool, \
-    UnwindError, ValidationFailed
+from ledger.api.serializers import archived_out, erased_out
+from ledger.archive import reader as archive_reader
+from ledger.errors import NotFound, PermissionDenied, RunArchived, RunNotActive, StateConflict, StillInFlight, \
+    UnknownTool, UnwindError, ValidationFailed
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionKind, ActionStatus as A, Agent, \
     ApprovalRule, Executor, Run, RunStatus as R, SagaRole, Tool
 from ledger.policy.law import approvals_needed
@@ -292,22 +294,38 @@ def approval_of(caller: Caller, action: Action) -> dict | None:
             "url": absolute(caller, found["page"])}
 
 
-def undone_steps(run: Run) -> list[dict]:
-    """The run's compensations in the order they ran (newest step first): what was taken back, and how it went."""
-    compensations = Action.objects.filter(run=run, kind=ActionKind.COMPENSATION).select_related("tool", "compensates")
-    return [{"step": c.compensates.seq if c.compensates else None, "undone_by": c.tool.name, "status": c.status}
-            for c in compensations.order_by("seq")]
+def undone_steps(run: Run, steps: list[Action] | None = None) -> list[dict]:
+    """The run's compensations in the order they ran (newest step first): what was taken back, and how it went.
+    `steps`: the run's steps already read (an archived run's, from its segment)."""
+    if steps is None:
+        steps = Action.objects.filter(run=run, kind=ActionKind.COMPENSATION).select_related("tool", "compensates")
+    compensations = sorted((c for c in steps if c.kind == ActionKind.COMPENSATION), key=lambda c: c.seq)
+    by_id = {step.pk: step for step in steps}
+    undone = [by_id.get(c.compensates_id) or c.compensates if c.compensates_id else None for c in compensations]
+    return [{"step": forward.seq if forward else None, "undone_by": c.tool.name, "status": c.status}
+            for c, forward in zip(compensations, undone)]
+
+
+def marked(run: Run, answer: dict) -> dict:
+    """`answer` with the markers REST carries where they apply: `erased` (the person's data was erased at their
+    request: ledger/api/serializers.py) and `archived` (read from the archive: docs/archive.md)."""
+    erased = erased_out(selectors.erased_on(run))
+    if erased is not None:
+        answer["erased"] = {**erased, "on": erased["on"].isoformat()}
+    if getattr(run, "archived", None) is not None:
+        answer["archived"] = run.archived
+    return answer
 
 
 def action_answer(caller: Caller, action: Action, *, replayed: bool = False, matched_by: str | None = None,
-                  fresh: bool = False) -> Answer:
+                  fresh: bool = False, steps: list[Action] | None = None) -> Answer:
     """The answer for a step as it stands (read again unless `fresh`: just recorded by this thread, with its run):
-    done, pending (with how to wait), or a tool error with its code."""
+    done, pending (with how to wait), or a tool error with its code. `steps`: its run's, already read (archived)."""
     if not fresh:
         action = selectors.action_reload(action)
     run = action.run
-    base = {"action_id": action.pk, "tool": action.tool.name, "status": action.status, "run_id": run.pk,
-            "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None}
+    base = marked(run, {"action_id": action.pk, "tool": action.tool.name, "status": action.status, "run_id": run.pk,
+                        "run_status": run.status, "replayed": replayed, "matched_by": matched_by or None})
     if action.status == A.SUCCEEDED:
         return Answer({**base, "result": action.result})
     if action.status == A.FAILED and action.error_class == REFUSED and (action.policy_decision or {}).get("denied"):
@@ -329,7 +347,7 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
         return Answer({"code": "step_failed", "message": f"{action.tool.name} failed ({action.error_message or action.status}); "
                                                          f"{what}. This run takes no more steps: call unwind_begin to "
                                                          "start a new one.",
-                       "error_class": action.error_class, "undone": undone_steps(run), **base}, is_error=True)
+                       "error_class": action.error_class, "undone": undone_steps(run, steps), **base}, is_error=True)
     if action.status in (A.REJECTED, A.EXPIRED):
         code = "rejected" if action.status == A.REJECTED else "approval_expired"
         return Answer({"code": code, "message": f"{action.tool.name} was not approved ({action.decision_reason or action.status}) "
@@ -360,12 +378,31 @@ def action_answer(caller: Caller, action: Action, *, replayed: bool = False, mat
                                                   "done as asked.", **base}, is_error=True)
 
 
-def run_answer(run: Run, *, message: str = "") -> dict:
-    steps = Action.objects.filter(run=run).select_related("tool").order_by("seq")
-    return {"run_id": run.pk, "run_status": run.status, "goal": run.goal, "on_behalf_of": run.on_behalf_of,
-            "idle_timeout": run.idle_timeout_seconds, "message": message,
-            "steps": [{"action_id": s.pk, "seq": s.seq, "kind": s.kind, "tool": s.tool.name, "status": s.status}
-                      for s in steps]}
+def run_answer(run: Run, *, message: str = "", steps: list[Action] | None = None) -> dict:
+    """The run and its steps (`steps`: already read, an archived run's from its segment)."""
+    if steps is None:
+        steps = Action.objects.filter(run=run).select_related("tool").order_by("seq")
+    return marked(run, {
+        "run_id": run.pk, "run_status": run.status, "goal": run.goal, "on_behalf_of": run.on_behalf_of,
+        "idle_timeout": run.idle_timeout_seconds, "message": message,
+        "steps": [{"action_id": s.pk, "seq": s.seq, "kind": s.kind, "tool": s.tool.name, "status": s.status}
+                  for s in steps]})
+
+
+def archived_view(view: archive_reader.ArchivedRunView) -> archive_reader.ArchivedRunView:
+    """An archived run read back, its run marked `archived` for `marked`."""
+    view.run.archived = archived_out(view)
+    return view
+
+
+def refuse_if_archived(agent: Agent, run_id: int) -> None:
+    """A run of this agent that was archived takes no more calls: run_archived, saying so (the index alone is read;
+    another agent's archived run stays a run that never was)."""
+    entry = archive_reader.archived_entry(tenant_ids=[agent.tenant_id], agent_id=agent.pk, run_id=run_id)
+    if entry is not None:
+        raise RunArchived(f"run {run_id} was archived on {entry.archived_at:%Y-%m-%d}: it is settled and takes no "
+                          "more calls; unwind_status reads it, unwind_begin starts a new run", run_id=run_id,
+                          archived=archived_out(entry))
 
 
 # --- the session's run ---------------------------------------------------------------------------------------
@@ -417,6 +454,7 @@ def run_of_handle(agent: Agent, handle) -> Run:
                                field="run_id")
     run, _ = runsteps.run_with_steps(handle)  # with its steps, which the proposal decides from
     if run is None or run.tenant_id != agent.tenant_id or run.agent_id != agent.pk:
+        refuse_if_archived(agent, handle)
         raise NotFound(f"there is no run {handle}")
     return run
 
@@ -475,6 +513,7 @@ def resume(session: McpSession, agent: Agent, run_id) -> Answer:
         raise ValidationFailed("run_id must be the id of an open run of this agent", field="run_id")
     run = Run.objects.filter(pk=run_id, tenant_id=agent.tenant_id, agent=agent).first()
     if run is None:
+        refuse_if_archived(agent, run_id)
         raise NotFound(f"there is no run {run_id}")  # another agent's run is not told apart from a missing one
     if run.status != R.RUNNING:
         raise RunNotActive(f"run {run.pk} is {run.status.replace('_', ' ')}; only a running run can be taken up",
@@ -541,13 +580,24 @@ def status(caller: Caller, args: dict) -> Answer:
     if action_id is not None:
         if isinstance(action_id, bool) or not isinstance(action_id, int):
             raise ValidationFailed("action_id must be an integer", field="action_id")
-        action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=action_id)
+        try:
+            action = selectors.action_get(tenant_ids=[agent.tenant_id], agent_id=agent.pk, action_id=action_id)
+        except NotFound:
+            view, action = archive_reader.archived_action(tenant_ids=[agent.tenant_id], agent_id=agent.pk,
+                                                          action_id=action_id)
+            return action_answer(caller, action, fresh=True, steps=archived_view(view).actions)
         return action_answer(caller, action)
     if caller.stateless:
         handle = args.get("run_id", caller.run_handle)
         if handle is None:
             return Answer({"run_id": None, "message": "pass run_id: the run_id unwind_begin answered"})
-        return Answer(run_answer(run_of_handle(agent, handle)))
+        try:
+            return Answer(run_answer(run_of_handle(agent, handle)))
+        except RunArchived:
+            view = archived_view(archive_reader.archived_run(tenant_ids=[agent.tenant_id], agent_id=agent.pk,
+                                                             run_id=handle))
+            return Answer(run_answer(view.run, message=f"run {handle} is archived: read from its archive segment",
+                                     steps=view.actions))
     session = session_of(caller, agent)
     if session.run_id is None:
         return Answer({"run_id": None, "message": "no run is open; the next tool call (or unwind_begin) opens one"})

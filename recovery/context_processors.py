@@ -19,6 +19,10 @@ class Navigation:
         return bool(selectors.outbox_tenant_ids(self.access))
 
     @property
+    def erasure(self) -> bool:
+        return bool(selectors.erasure_tenant_ids(self.access))
+
+    @property
     def has_role(self) -> bool:
         return bool(self.access.roles)
 

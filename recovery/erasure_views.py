@@ -8,7 +8,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from ledger.errors import UnwindError
-from ledger.models import Erasure, Role
+from ledger.models import Erasure
 from recovery import selectors
 from recovery.erasure import subject_erase_by
 from recovery.views import forbidden
@@ -21,8 +21,8 @@ def erasure(request):
     """GET: the form and the tenant's recent erasures; POST: erase. Tenant admins only; another tenant is not there
     (404), a member without the admin role is told so (403)."""
     access = selectors.access_for(request.user)
-    admin_of = {tenant.slug: tenant for tenant_id, tenant in access.tenants.items()
-                if access.roles.get(tenant_id) == Role.ADMIN}
+    admin_of = {access.tenants[tenant_id].slug: access.tenants[tenant_id]
+                for tenant_id in selectors.erasure_tenant_ids(access)}  # the navigation's link asks the same
     source = request.POST if request.method == "POST" else request.GET
     slug = source.get("tenant") or (next(iter(admin_of)) if admin_of else "")
     member_of = {tenant.slug: tenant for tenant in access.tenants.values()}
@@ -30,6 +30,9 @@ def erasure(request):
         if not access.roles:
             return forbidden(request, "Erasing a person's data needs the admin role in a tenant; you have no role "
                                       "in any tenant.")
+        if not slug:  # no tenant named, and none administered: the page itself is not theirs (not a missing one)
+            return forbidden(request, "Erasing a person's data needs the admin role in a tenant; you are "
+                                      f"{', '.join(sorted(set(access.roles.values())))}.")
         raise Http404("No such tenant")
     if slug not in admin_of:
         return forbidden(request, f"Erasing a person's data needs the admin role in {slug}; you are "

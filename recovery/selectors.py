@@ -310,6 +310,11 @@ def run_timeline(run: Run) -> dict:
 
 # --- outbox -----------------------------------------------------------------------------------------
 
+def erasure_tenant_ids(access: Access) -> list[int]:
+    """The tenants in which a person may erase someone's data at their request: those they administer."""
+    return [tenant_id for tenant_id, role in access.roles.items() if role == Role.ADMIN]
+
+
 def outbox_tenant_ids(access: Access) -> list[int]:
     """The tenants whose outgoing email a person may read: those they operate (operator or admin).
 

@@ -51,3 +51,64 @@ def signed_post(url: str, payload: dict, *, tenant: str = "acme", headers: dict 
     signed = signing.sign(tenant=tenant, method="POST", url=url, body=body)
     return requests.post(url, data=body, timeout=5,
                          headers={"Content-Type": "application/json", **signed, **(headers or {})})
+
+
+# --- the archive (docs/archive.md) -----------------------------------------------------------------------------------
+
+def archive_store_at(settings, tmp_path):
+    """A signing key and an archive directory under `tmp_path`, named in the settings; the directory."""
+    import io
+
+    from django.core.management import call_command
+
+    key_file = tmp_path / "keys" / "audit-signing.pem"
+    call_command("audit_keygen", str(key_file), stdout=io.StringIO(), stderr=io.StringIO())
+    settings.UNWIND_AUDIT_SIGNING_KEY_FILE = str(key_file)
+    settings.UNWIND_ARCHIVE_URL = f"file://{tmp_path / 'archive'}"
+    return tmp_path / "archive"
+
+
+def archive_past_retention(world, runs, days=100):
+    """Move settled runs `days` back and archive acme's runs past a 90-day retention: they must be exactly these."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.archive.service import archive_tenant
+    from ledger.models import Tenant
+    from ledger.policy.versions import tenant_defaults_set
+
+    past = timezone.now() - timedelta(days=days)
+    Run.objects.filter(pk__in=[r.pk for r in runs]).update(created_at=past, finished_at=past)
+    tenant_defaults_set(tenant=world.acme, values={"retention_seconds": 90 * 86400}, actor="test")
+    assert archive_tenant(tenant=Tenant.objects.get(pk=world.acme.pk), actor="test").runs == len(runs)
+
+
+# --- a live server (pytest-django's live_server; `world.url` is its address) ---------------------------------------
+
+def live_api(world, path, key, method="get", **kwargs):
+    """A request to the live server with an agent's key."""
+    import requests
+
+    return getattr(requests, method)(f"{world.url}{path}", headers={"Authorization": f"Bearer {key}"}, timeout=10,
+                                     **kwargs)
+
+
+def live_session(world, user):
+    """A browser logged in as `user` on the live server."""
+    import requests
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    browser = requests.Session()
+    browser.cookies.set("sessionid", client.cookies["sessionid"].value)
+    return browser
+
+
+def as_if(answer, real_id: int, other_id: int) -> str:
+    """An answer's body with every mention of `real_id` (as a whole number) read as `other_id`: a refusal about a
+    real object must be this body of one that never was, byte for byte."""
+    import re
+
+    return re.sub(rf"(?<![0-9]){real_id}(?![0-9])", str(other_id), answer.text)

@@ -1,62 +1,15 @@
 """Archived runs over HTTP against a live server (docs/archive.md): the API, the console page and the trail link
 still answer, to exactly those who could read the run when it was hot; an agent key can neither archive, nor set a
 legal hold, nor read another agent's or tenant's archived run."""
-import io
-from datetime import timedelta
-
-import pytest
 import requests
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
-from django.test import Client
-from django.utils import timezone
 
-from ledger.archive.service import archive_tenant
 from ledger.audit.verify import verify_chain
-from ledger.engine.runs import run_complete
 from ledger.models import ArchivedRun, AuditEvent, Run, Tenant
-from ledger.policy.versions import tenant_defaults_set
 from ledger.tenancy import agent_create
-from recovery.trail import trail_link_create
-from tests.helpers import act, open_run
+from tests.helpers import live_api as api, live_session as session, open_run
 
-DAY = 86400
-
-
-@pytest.fixture
-def archived(tools, settings, tmp_path, live_server):
-    key_file = tmp_path / "keys" / "audit-signing.pem"
-    call_command("audit_keygen", str(key_file), stdout=io.StringIO(), stderr=io.StringIO())
-    settings.UNWIND_AUDIT_SIGNING_KEY_FILE = str(key_file)
-    settings.UNWIND_ARCHIVE_URL = f"file://{tmp_path / 'archive'}"
-    runs = []
-    for name in ("alpha-secret", "beta-secret"):
-        run = open_run(tools, goal=f"onboard {name}")
-        act(run, "hr.create_user", {"email": f"{name}@x.io", "name": name})
-        runs.append(run_complete(run=run, actor="agent:booker"))
-    tools.link_alpha = trail_link_create(run=runs[0], user=tools.oscar)[1]
-    tools.link_beta = trail_link_create(run=runs[1], user=tools.oscar)[1]
-    past = timezone.now() - timedelta(days=100)
-    Run.objects.filter(pk__in=[r.pk for r in runs]).update(created_at=past, finished_at=past)
-    tenant_defaults_set(tenant=tools.acme, values={"retention_seconds": 90 * DAY}, actor="test")
-    # The links were made at "now" and last UNWIND_TRAIL_LINK_MAX_AGE: they still open the archived trails.
-    assert archive_tenant(tenant=Tenant.objects.get(pk=tools.acme.pk), actor="test").runs == 2
-    tools.alpha, tools.beta = runs
-    tools.url = live_server.url
-    return tools
-
-
-def api(world, path, key, method="get", **kwargs):
-    return getattr(requests, method)(f"{world.url}{path}", headers={"Authorization": f"Bearer {key}"}, timeout=10,
-                                     **kwargs)
-
-
-def session(world, user) -> requests.Session:
-    client = Client()
-    client.force_login(user)
-    browser = requests.Session()
-    browser.cookies.set("sessionid", client.cookies["sessionid"].value)
-    return browser
+pytest_plugins = ["tests.archive_fixtures"]  # the archived fixture: a live server, two archived runs
 
 
 def test_the_agent_reads_its_archived_run_by_id(archived):
@@ -64,7 +17,7 @@ def test_the_agent_reads_its_archived_run_by_id(archived):
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["id"] == archived.alpha.pk and body["status"] == "completed" and body["goal"] == "onboard alpha-secret"
-    assert [a["tool"] for a in body["actions"]] == ["hr.create_user"]
+    assert [a["tool"] for a in body["actions"]] == ["hr.create_user", "licenses.provision"]
     assert body["archived"]["segment"] == ArchivedRun.objects.get(pk=archived.alpha.pk).segment.sha256
 
 

@@ -334,3 +334,20 @@ def test_an_agent_key_and_another_tenants_admin_cannot_erase_over_http(http_tool
     # A subject of globex is not reachable from acme's admin either: the form only erases in a tenant they administer.
     ada = browser_for(world.live_server, world.ada)
     assert post_form(ada, url + "?tenant=acme", {**form, "tenant": "globex"}).status_code == 404
+
+
+def test_tenant_admins_find_the_erasure_page_in_the_navigation_and_no_one_else_does(http_tools):
+    world, base = http_tools, http_tools.live_server.url
+    nav = re.compile(r'<nav class="main-nav".*?</nav>', re.S)
+    for person, tenant in (("ada", "acme"), ("mallory", "globex")):  # each administers one tenant
+        session = browser_for(world.live_server, world.users[person])
+        menu = nav.search(session.get(f"{base}/console/runs/", timeout=10).text).group(0)
+        [link] = re.findall(r'<a href="([^"]+)"[^>]*>Erasure</a>', menu)
+        page = session.get(base + link, timeout=10)
+        assert page.status_code == 200 and f'value="{tenant}"' in page.text, (person, page.status_code)
+        assert re.search(r'<a href="/console/erasure/" aria-current="page">Erasure</a>', nav.search(page.text).group(0))
+    for person in ("oscar", "alice", "victor"):  # operator, approver, viewer of acme
+        session = browser_for(world.live_server, world.users[person])
+        menu = nav.search(session.get(f"{base}/console/runs/", timeout=10).text).group(0)
+        assert "/console/erasure/" not in menu and ">Runs<" in menu, person
+        assert session.get(f"{base}/console/erasure/", timeout=10).status_code == 403  # the page agrees

@@ -321,7 +321,7 @@ class AgentRun:
                        message=f"not done: {self.over} Do not call more tools for this task; tell the user.")
 
     def _refusal(self, tool: UnwindTool, refused: Refused) -> ToolAnswer:
-        if refused.code in ("run_not_active", "run_cancelled"):
+        if refused.code in ("run_not_active", "run_cancelled", "run_archived"):
             return self._run_ended(refused.message)
         if refused.code == "tool_refused":
             reason = refused.problem.get("reason") or refused.message

@@ -14,8 +14,11 @@ from ledger.api import selectors
 from ledger.api import inline, waits
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
 from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute, path_to
-from ledger.api.problems import problem, problems
-from ledger.api.serializers import ActionOut, action_context
+from ledger.api.problems import ARCHIVE_UNAVAILABLE, problem, problems
+from ledger.api.runs import refuse_if_archived
+from ledger.api.serializers import ActionOut, action_context, archived_out
+from ledger.archive import reader as archive_reader
+from ledger.errors import NotFound, RunArchived
 from ledger.models import ACTIVE_ACTION_STATUSES, Action, ActionStatus, RunStatus
 from ledger.engine.proposal import action_propose
 from ledger.engine.actions import action_report
@@ -34,6 +37,33 @@ def fresh(request, action_id: int) -> Action:
     """The action, if the caller may see it: an agent only in its own runs, a person in their tenants."""
     caller = caller_of(request)
     return selectors.action_get(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, action_id=action_id)
+
+
+def archived_action_response(request, action_id: int) -> Response:
+    """A step of an archived run, read from its segment for whoever may read that run, marked `archived`; or the
+    404 of a step that never was."""
+    caller = caller_of(request)
+    view, action = archive_reader.archived_action(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id,
+                                                  action_id=action_id)
+    response = action_response(request, action)
+    response.data["archived"] = archived_out(view)
+    return response
+
+
+def fresh_to_write(request, action_id: int) -> Action:
+    """The action a write names (a report), or 409 run_archived when its run was archived, or 404."""
+    try:
+        return fresh(request, action_id)
+    except NotFound:
+        caller = caller_of(request)
+        entry = archive_reader.archived_action_entry(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id,
+                                                     action_id=action_id)
+        if entry is not None:
+            raise RunArchived(f"action {action_id} is a step of run {entry.run_id}, archived on "
+                              f"{entry.archived_at:%Y-%m-%d} (docs/archive.md): it is settled and takes no more "
+                              f"writes; read it with GET /api/v1/actions/{action_id}", run_id=entry.run_id,
+                              action_id=action_id, archived=archived_out(entry)) from None
+        raise
 
 
 # --- propose -------------------------------------------------------------------------------------------------
@@ -141,7 +171,7 @@ class ActionProposeView(ApiView):
                 404: "not_found (the run), unknown_tool",
                 409: "in_flight (action_id; matched_by: content when an earlier step with the same content is in "
                      "flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), "
-                     "run_cancelled, run_not_active, state_conflict",
+                     "run_cancelled, run_not_active, run_archived (run_id, archived), state_conflict",
                 403: "policy_denied (action_id, reason, decision): a rule or limit of the tool's policy refused the "
                      "call; the refused step is recorded, nothing was done, and the run stays open",
                 422: "idempotency_mismatch (action_id), target_mismatch (sent, derived, target_from: a target the "
@@ -160,7 +190,11 @@ class ActionProposeView(ApiView):
     )
     def post(self, request, run_id: int):
         caller = caller_of(request)
-        run = selectors.run_for_write(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
+        try:
+            run = selectors.run_for_write(tenant_ids=caller.tenant_ids, agent_id=caller.agent_id, run_id=run_id)
+        except NotFound:
+            refuse_if_archived(caller, run_id)
+            raise
         body = ProposeIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
@@ -203,9 +237,16 @@ class ActionDetailView(ApiView):
     permission_classes = [IsAgentOrMember]
 
     @extend_schema(tags=TAG, operation_id="actions_get", summary="Get an action",
-                   responses={200: ActionOut, **problems(404)})
+                   description="A step of an archived run (docs/archive.md) is read from its segment, to the same "
+                               "callers, and carries `archived` (when, and the segment's SHA-256); 503 "
+                               "archive_unavailable when the segment cannot be read or no longer hashes to its name.",
+                   responses={200: ActionOut, **problems(404, 503, codes=ARCHIVE_UNAVAILABLE)})
     def get(self, request, action_id: int):
-        return action_response(request, fresh(request, action_id))
+        try:
+            action = fresh(request, action_id)
+        except NotFound:
+            return archived_action_response(request, action_id)
+        return action_response(request, action)
 
 
 class WaitIn(serializers.Serializer):
@@ -225,15 +266,19 @@ class ActionWaitView(ApiView):
                     "compensated…) or the agent must report a client-executed tool; otherwise after `timeout` "
                     "seconds with 202 and the action as it stands. Each agent key (or person) may have "
                     "UNWIND_MAX_WAITS_PER_AGENT waits open at once; one more answers 429 too_many_waits with "
-                    "Retry-After, without waiting.",
+                    "Retry-After, without waiting. A step of an archived run answers at once (200) from its segment, "
+                    "marked `archived`.",
         responses={200: OpenApiResponse(ActionOut, description="Settled."),
                    202: OpenApiResponse(ActionOut, description="Not settled within the timeout: ask again."),
-                   **problems(400, 404, 429, codes={
+                   **problems(400, 404, 429, 503, codes={
                        429: "too_many_waits (limit, retry_after): this caller already has that many waits open; "
-                            "nothing was done, throttled"})},
+                            "nothing was done, throttled", **ARCHIVE_UNAVAILABLE})},
     )
     def get(self, request, action_id: int):
-        action = fresh(request, action_id)
+        try:
+            action = fresh(request, action_id)
+        except NotFound:
+            return archived_action_response(request, action_id)  # archived: settled, nothing to wait for
         query = WaitIn(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         timeout = query.validated_data["timeout"]
@@ -294,11 +339,12 @@ class ActionReportView(ApiView):
                     "open, the action failed with error_class refused).",
         request=ReportIn,
         responses={200: ActionOut, **problems(404, 409, body=True, codes={
-            409: "state_conflict (not a client-executed tool, or not waiting for a report)"})},
+            409: "state_conflict (not a client-executed tool, or not waiting for a report), run_archived (run_id, "
+                 "action_id, archived)"})},
     )
     def post(self, request, action_id: int):
         caller = caller_of(request)
-        action = fresh(request, action_id)
+        action = fresh_to_write(request, action_id)
         body = ReportIn(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from copy import deepcopy
 from functools import lru_cache
+from operator import attrgetter
 
 from django.urls import get_script_prefix, register_converter, reverse
 from drf_spectacular.types import OpenApiTypes
@@ -140,6 +141,40 @@ class OldestFirst(NewestFirst):
     """Cursor paging in the order things happened: a run's history reads from its start."""
 
     ordering = "id"
+
+
+class InMemory:
+    """Rows already read (an archived run's, from its segment) as much of a queryset as cursor paging uses: an
+    ordering, a filter past the cursor's position on the ordering's field, and a slice. Pages and cursors are then
+    those of the same rows read from the database."""
+
+    def __init__(self, rows):
+        self.rows = list(rows)
+
+    def order_by(self, *fields):
+        rows = self.rows
+        for name in reversed(fields):
+            rows = sorted(rows, key=attrgetter(name.lstrip("-")), reverse=name.startswith("-"))
+        return InMemory(rows)
+
+    def filter(self, **lookups):
+        rows = self.rows
+        for lookup, position in lookups.items():
+            name, operator = lookup.rsplit("__", 1)
+            bound = int(position)  # a cursor's position is an id (NewestFirst.decode_cursor checks it)
+            if operator == "gt":
+                rows = [row for row in rows if getattr(row, name) > bound]
+            elif operator == "lt":
+                rows = [row for row in rows if getattr(row, name) < bound]
+            else:
+                raise ValueError(f"{lookup!r} is not a cursor's filter")
+        return InMemory(rows)
+
+    def __getitem__(self, index):
+        return self.rows[index]
+
+    def __len__(self):
+        return len(self.rows)
 
 
 PAGE_PARAMETERS = [

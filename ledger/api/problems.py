@@ -195,6 +195,11 @@ STATUS_CODES = {
 }
 
 
+# Where an archived run is read from its segment (docs/archive.md).
+ARCHIVE_UNAVAILABLE = {503: "archive_unavailable: the archived run's segment is missing or no longer hashes to its "
+                            "name (run `manage.py verify_audit`); nothing of it is shown"}
+
+
 def problems(*statuses: int, codes: dict[int, str] | None = None, body: bool = False) -> dict:
     """Schema responses for the problems an endpoint can answer, keyed (status, problem+json).
 

@@ -215,6 +215,44 @@ class RunOut(OutSerializer):
                                     ("complete", "complete"))}
 
 
+class ArchivedOut(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="When the run was archived.")
+    segment = serializers.CharField(help_text="The SHA-256 of the segment holding it (its name in the archive).")
+
+
+def archived_out(entry) -> dict:
+    """The `archived` marker of a run read from the archive: an index entry (ArchivedRun) or a run read back."""
+    at = entry.archived_at
+    segment = entry.segment if isinstance(entry.segment, str) else entry.segment.sha256
+    return {"at": at.isoformat(), "segment": segment}
+
+
+class ArchivedRunLinksOut(serializers.Serializer):
+    self = serializers.URLField(help_text="The run, read from its segment.")
+
+
+class ArchivedRunOut(serializers.Serializer):
+    """An archived run as the archive's index knows it (no segment is read to list it); its page, `links.self`,
+    reads the rest from its segment."""
+
+    id = serializers.IntegerField(source="run_id")
+    agent = serializers.SerializerMethodField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    archived = serializers.SerializerMethodField()
+    links = serializers.SerializerMethodField()
+
+    def get_agent(self, entry) -> str | None:
+        return self.context.get("agents", {}).get(entry.agent_id)
+
+    @extend_schema_field(ArchivedOut)
+    def get_archived(self, entry):
+        return archived_out(entry)
+
+    @extend_schema_field(ArchivedRunLinksOut)
+    def get_links(self, entry):
+        return {"self": absolute(self.context.get("request"), path_to("api:run-detail", entry.run_id))}
+
+
 class CheckpointOut(serializers.Serializer):
     id = serializers.IntegerField()
     label = serializers.CharField()

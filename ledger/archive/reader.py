@@ -1,7 +1,9 @@
-"""Reading an archived run back from its segment: for its console page, its trail link and the API (docs/archive.md).
+"""Reading an archived run back from its segment: for its console page, its trail link, the API and MCP
+(docs/archive.md): the run, its history and its steps, and the index of the archived runs a caller may read.
 
-Who may read it is decided as for a hot run, from the index (`ArchivedRun`: its tenant and agent), before any segment
-is fetched. A fetched segment must hash to its name: one that does not is refused, never shown.
+Who may read it is decided as for a hot run, from the index (`ArchivedRun`: its tenant and agent; a step's run by its
+`ArchivedKey`), before any segment is fetched. A fetched segment must hash to its name: one that does not is refused,
+never shown.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from ledger.archive import segments
 from ledger.archive.chain import ArchivedEvent, archived_event, instance
 from ledger.archive.store import archive_store, segment_key
 from ledger.errors import ArchiveUnavailable, NotFound
-from ledger.models import Action, ArchivedKey, ArchivedRun, ArchiveSegment, Attempt, Checkpoint, Run
+from ledger.models import Action, ArchivedKey, ArchivedRun, ArchiveSegment, Attempt, Checkpoint, ErasedRun, Run
+
+# The look-up key every archived step is indexed by (ledger/apps.py registers it): its id, with its run.
+ACTION_KEY = Action._meta.label_lower
 
 _CACHED = 4  # segments kept decoded in a process: a page and its trail read the same one again
 _cache: OrderedDict[str, segments.Segment] = OrderedDict()
@@ -52,15 +57,48 @@ def segment(index: ArchiveSegment, *, store=None) -> segments.Segment:
     return read
 
 
+def archived_runs(*, tenant_ids: list[int], agent_id: int | None):
+    """The index of the archived runs the caller may read (an agent: only its own), fetching no segment."""
+    found = ArchivedRun.objects.filter(tenant_id__in=tenant_ids).select_related("segment")
+    return found.filter(agent_id=agent_id) if agent_id is not None else found
+
+
+def archived_entry(*, tenant_ids: list[int], agent_id: int | None, run_id: int) -> ArchivedRun | None:
+    """The index entry of an archived run the caller may read, or None: who may read is decided here, from the
+    index alone, before any segment is fetched."""
+    return archived_runs(tenant_ids=tenant_ids, agent_id=agent_id).filter(pk=run_id).first()
+
+
 def archived_run(*, tenant_ids: list[int], agent_id: int | None, run_id: int, store=None) -> ArchivedRunView:
     """An archived run the caller may read (an agent: only its own), or NotFound as for a run that never was."""
-    found = ArchivedRun.objects.filter(tenant_id__in=tenant_ids, pk=run_id)
-    if agent_id is not None:
-        found = found.filter(agent_id=agent_id)
-    entry = found.select_related("segment").first()
+    entry = archived_entry(tenant_ids=tenant_ids, agent_id=agent_id, run_id=run_id)
     if entry is None:
         raise NotFound(f"there is no run {run_id}")
     return _view(entry, store=store)
+
+
+def archived_action_entry(*, tenant_ids: list[int], agent_id: int | None, action_id: int) -> ArchivedRun | None:
+    """The index entry of the archived run holding step `action_id`, if the caller may read that run."""
+    key = ArchivedKey.objects.filter(label=ACTION_KEY, value=str(int(action_id))).select_related("run__segment").first()
+    if key is None or key.run.tenant_id not in tenant_ids or (agent_id is not None and key.run.agent_id != agent_id):
+        return None
+    return key.run
+
+
+def archived_action(*, tenant_ids: list[int], agent_id: int | None, action_id: int,
+                    store=None) -> tuple[ArchivedRunView, Action]:
+    """An archived step the caller may read (an agent: only in its own runs) with its run, or NotFound as for a
+    step that never was. Steps are found by their index key (`ACTION_KEY`), which runs archived before it was
+    registered do not have: theirs answer as missing."""
+    entry = archived_action_entry(tenant_ids=tenant_ids, agent_id=agent_id, action_id=action_id)
+    if entry is None:
+        raise NotFound(f"there is no action {action_id}")
+    view = _view(entry, store=store)
+    for action in view.actions:
+        if action.pk == action_id:
+            return view, action
+    raise ArchiveUnavailable(f"archive segment {entry.segment.number} does not hold action {action_id} of run "
+                             f"{entry.run_id}")
 
 
 def archived_row(label: str, value: str) -> tuple[ArchivedRunView, dict] | None:
@@ -93,8 +131,14 @@ def _view(entry: ArchivedRun, *, store=None) -> ArchivedRunView:
     for action in actions:
         action.run = run
     checkpoints = sorted((instance(Checkpoint, row) for row in rows.get("ledger.checkpoint", [])), key=lambda c: c.pk)
+    steps = {action.pk: action for action in actions}
     attempts = sorted((instance(Attempt, row) for row in rows.get("ledger.attempt", [])),
                       key=lambda a: (a.action_id, a.number))
+    for attempt in attempts:
+        attempt.action = steps[attempt.action_id]
+    # The erasure's row went with the run: read from it, as a hot run's is (ledger/api/selectors.py `erased_on`).
+    erased = [instance(ErasedRun, row).erased_at for row in rows.get("ledger.erasedrun", [])]
+    run.erased_on = erased[0] if erased else None
     return ArchivedRunView(run=run, actions=actions, checkpoints=checkpoints, attempts=attempts,
                            events=_events(entry, store=store), rows=rows, archived_at=entry.archived_at,
                            segment=entry.segment.sha256)

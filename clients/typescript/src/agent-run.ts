@@ -163,7 +163,9 @@ export class AgentRun {
   }
 
   private async refusal(refused: Refused): Promise<ToolAnswer> {
-    if (refused.code === "run_not_active" || refused.code === "run_cancelled") return this.runEnded(refused.detail);
+    if (refused.code === "run_not_active" || refused.code === "run_cancelled" || refused.code === "run_archived") {
+      return this.runEnded(refused.detail);
+    }
     if (refused.code === "tool_refused" || refused.code === "policy_denied") {
       const reason = (refused.problem.reason as string) || refused.detail;
       return answer("refused", false, { code: refused.code, reason, message: `refused: ${reason}; ${refused.next}` });

@@ -60,7 +60,7 @@ export class IdempotencyMismatch extends Refused {
   override next = "Nothing was done: this Idempotency-Key (or repeat_of) belongs to another call; use a new key.";
 }
 
-/** 409 run_not_active / run_cancelled / state_conflict: the run takes no new step. */
+/** 409 run_not_active / run_cancelled / run_archived / state_conflict: the run takes no new step. */
 export class RunNotActive extends Refused {
   override next = "The run takes no more steps: stop calling tools for this task and tell the user what happened.";
 }
@@ -170,7 +170,7 @@ const BY_CODE: Record<string, new (code: string, detail: string, status: number,
   policy_denied: PolicyDenied,
   tool_refused: ToolRefused,
   idempotency_mismatch: IdempotencyMismatch, repeat_of_mismatch: IdempotencyMismatch,
-  run_not_active: RunNotActive, run_cancelled: RunNotActive, state_conflict: RunNotActive,
+  run_not_active: RunNotActive, run_cancelled: RunNotActive, run_archived: RunNotActive, state_conflict: RunNotActive,
   not_found: NotFound,
   too_many_open_approvals: Throttled, throttled: Throttled,
 };

@@ -15,7 +15,7 @@ export interface paths {
         };
         /**
          * Get an action
-         * @description An APIView whose refusals are served as application/problem+json (except in the browsable API).
+         * @description A step of an archived run (docs/archive.md) is read from its segment, to the same callers, and carries `archived` (when, and the segment's SHA-256); 503 archive_unavailable when the segment cannot be read or no longer hashes to its name.
          */
         get: operations["actions_get"];
         put?: never;
@@ -55,7 +55,7 @@ export interface paths {
         };
         /**
          * Wait for an action's outcome (long-poll)
-         * @description Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, compensated…) or the agent must report a client-executed tool; otherwise after `timeout` seconds with 202 and the action as it stands. Each agent key (or person) may have UNWIND_MAX_WAITS_PER_AGENT waits open at once; one more answers 429 too_many_waits with Retry-After, without waiting.
+         * @description Answers as soon as the outcome is known (succeeded, failed, rejected, expired, skipped, compensated…) or the agent must report a client-executed tool; otherwise after `timeout` seconds with 202 and the action as it stands. Each agent key (or person) may have UNWIND_MAX_WAITS_PER_AGENT waits open at once; one more answers 429 too_many_waits with Retry-After, without waiting. A step of an archived run answers at once (200) from its segment, marked `archived`.
          */
         get: operations["actions_wait"];
         put?: never;
@@ -295,7 +295,7 @@ export interface paths {
         };
         /**
          * List runs, newest first
-         * @description An APIView whose refusals are served as application/problem+json (except in the browsable API).
+         * @description The runs in the ledger (RunOut); with archived=true the archived ones (ArchivedRunOut), read from the archive's index only. An agent lists its own runs; people (viewer and up) their tenants'.
          */
         get: operations["runs_list"];
         put?: never;
@@ -359,7 +359,7 @@ export interface paths {
         };
         /**
          * Every attempt of a run's steps, oldest first
-         * @description Each try of each step (forward steps and compensations): how it ended, the error class and message, and its latency. An agent reads its own runs' attempts; people (viewer and up) their tenants'.
+         * @description Each try of each step (forward steps and compensations): how it ended, the error class and message, and its latency. An agent reads its own runs' attempts; people (viewer and up) their tenants'. An archived run's (docs/archive.md) is read from its segment, to the same callers, and the page carries `archived` (when, and the segment's SHA-256); 503 archive_unavailable when the segment cannot be read or no longer hashes to its name.
          */
         get: operations["runs_attempts"];
         put?: never;
@@ -419,7 +419,7 @@ export interface paths {
         };
         /**
          * A run's audit events, in chain order
-         * @description The events the tenant's audit chain ties to the run: its transitions and its actions'. The chain's hashes and row fingerprints are not shown (verify_audit checks them). An agent reads its own runs' events; people (viewer and up) their tenants'.
+         * @description The events the tenant's audit chain ties to the run: its transitions and its actions'. The chain's hashes and row fingerprints are not shown (verify_audit checks them). An agent reads its own runs' events; people (viewer and up) their tenants'. An archived run's (docs/archive.md) is read from its segment, to the same callers, and the page carries `archived` (when, and the segment's SHA-256); 503 archive_unavailable when the segment cannot be read or no longer hashes to its name.
          */
         get: operations["runs_events"];
         put?: never;
@@ -749,6 +749,34 @@ export interface components {
          * @enum {string}
          */
         ApprovalOutStatusEnum: "pending" | "approved" | "rejected" | "expired" | "withdrawn" | "voided";
+        ArchivedOut: {
+            /**
+             * Format: date-time
+             * @description When the run was archived.
+             */
+            at: string;
+            /** @description The SHA-256 of the segment holding it (its name in the archive). */
+            segment: string;
+        };
+        ArchivedRunLinksOut: {
+            /**
+             * Format: uri
+             * @description The run, read from its segment.
+             */
+            self: string;
+        };
+        /**
+         * @description An archived run as the archive's index knows it (no segment is read to list it); its page, `links.self`,
+         *     reads the rest from its segment.
+         */
+        ArchivedRunOut: {
+            id: number;
+            readonly agent: string | null;
+            /** Format: date-time */
+            finished_at: string | null;
+            readonly archived: components["schemas"]["ArchivedOut"];
+            readonly links: components["schemas"]["ArchivedRunLinksOut"];
+        };
         /** @description One try of a step, for diagnosis: which step, how it ended, why, and how long it took. */
         AttemptOut: {
             id: number;
@@ -1016,7 +1044,7 @@ export interface components {
             previous?: string | null;
             results: components["schemas"]["RecoveryItemOut"][];
         };
-        PaginatedRunOutList: {
+        PaginatedRunListItemList: {
             /**
              * Format: uri
              * @example http://api.example.org/accounts/?cursor=cD00ODY%3D"
@@ -1027,7 +1055,7 @@ export interface components {
              * @example http://api.example.org/accounts/?cursor=cj0xJnA9NDg3
              */
             previous?: string | null;
-            results: components["schemas"]["RunOut"][];
+            results: components["schemas"]["RunListItem"][];
         };
         /** @description An output shape answered on the hot path (an action, a run). */
         PendingCompensationOut: {
@@ -1381,6 +1409,7 @@ export interface components {
             /** Format: uri */
             complete: string;
         };
+        RunListItem: components["schemas"]["RunOut"] | components["schemas"]["ArchivedRunOut"];
         /** @description An input serializer that refuses unknown fields instead of silently ignoring a typo. */
         RunOpenIn: {
             /** @description What the run is for, in the end user's words. */
@@ -1671,6 +1700,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Problem; code: archive_unavailable: the archived run's segment is missing or no longer hashes to its name (run `manage.py verify_audit`); nothing of it is shown */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     actions_report: {
@@ -1732,7 +1770,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Problem; code: state_conflict (not a client-executed tool, or not waiting for a report) */
+            /** @description Problem; code: state_conflict (not a client-executed tool, or not waiting for a report), run_archived (run_id, action_id, archived) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -1840,6 +1878,15 @@ export interface operations {
             };
             /** @description Problem; code: too_many_waits (limit, retry_after): this caller already has that many waits open; nothing was done, throttled */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem; code: archive_unavailable: the archived run's segment is missing or no longer hashes to its name (run `manage.py verify_audit`); nothing of it is shown */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2776,6 +2823,8 @@ export interface operations {
             query?: {
                 /** @description The agent's name (people; an agent lists its own runs only). */
                 agent?: string;
+                /** @description true: the archived runs instead (docs/archive.md), newest first, as the archive's index knows them (id, agent, finished_at, archived); `status` and `since` do not apply to them. Default: the runs still in the ledger's hot tables. */
+                archived?: boolean;
                 /** @description The page to fetch: copy it from `next` or `previous`. */
                 cursor?: string;
                 /** @description Items per page (default 50, at most 200). */
@@ -2804,7 +2853,7 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "application/json": components["schemas"]["PaginatedRunOutList"];
+                    "application/json": components["schemas"]["PaginatedRunListItemList"];
                 };
             };
             /** @description Problem; code: validation_error, parse_error */
@@ -3007,6 +3056,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Problem; code: archive_unavailable: the archived run's segment is missing or no longer hashes to its name (run `manage.py verify_audit`); nothing of it is shown */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     actions_propose: {
@@ -3090,7 +3148,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Problem; code: in_flight (action_id; matched_by: content when an earlier step with the same content is in flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), run_cancelled, run_not_active, state_conflict */
+            /** @description Problem; code: in_flight (action_id; matched_by: content when an earlier step with the same content is in flight), repeat_of_mismatch (repeat_of), ordering_violation (rule, conflicts_with), run_cancelled, run_not_active, run_archived (run_id, archived), state_conflict */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3215,6 +3273,15 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
+            /** @description Problem; code: archive_unavailable: the archived run's segment is missing or no longer hashes to its name (run `manage.py verify_audit`); nothing of it is shown */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     runs_cancel: {
@@ -3276,7 +3343,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Problem; code: state_conflict (already finished) */
+            /** @description Problem; code: state_conflict (already finished), run_archived (run_id, archived) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3360,7 +3427,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description Problem; code: state_conflict (a step is still pending, or the run is not running) */
+            /** @description Problem; code: state_conflict (a step is still pending, or the run is not running), run_archived (run_id, archived) */
             409: {
                 headers: {
                     [name: string]: unknown;
@@ -3442,6 +3509,15 @@ export interface operations {
             };
             /** @description Problem; code: throttled, locked_out (HTTP Basic after too many failed logins) */
             429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Problem; code: archive_unavailable: the archived run's segment is missing or no longer hashes to its name (run `manage.py verify_audit`); nothing of it is shown */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
