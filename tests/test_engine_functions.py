@@ -197,9 +197,9 @@ def test_a_triggers_changed_function_is_replaced_and_its_triggers_stay(db, tmp_p
     changed = edited(tmp_path, "unwind_limit_totals_keep", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
     assert changed["unwind_limit_totals_keep"].trigger and not changed["unwind_succeed"].trigger
     triggers = "SELECT count(*) FROM pg_trigger WHERE tgfoid = 'public.unwind_limit_totals_keep'::regproc"
-    assert sql.fetch_one(triggers, []) == (2,)
+    assert sql.fetch_one(triggers, []) == (3,)  # insert, update (0022) and delete (0029)
     assert plpgsql.install(connection, changed) == ["unwind_limit_totals_keep"]
-    assert sql.fetch_one(triggers, []) == (2,)
+    assert sql.fetch_one(triggers, []) == (3,)  # insert, update (0022) and delete (0029)
     assert "-- edited in its file" in sql.fetch_one(
         "SELECT prosrc FROM pg_proc WHERE proname = 'unwind_limit_totals_keep'", [])[0]
     assert installed_fingerprint() == plpgsql.fingerprint(changed)

@@ -210,7 +210,7 @@ def test_the_totals_say_what_reading_the_steps_says(tools, ops, last, start):
                 step = ledger.steps[values[0] % len(ledger.steps)]
                 Action.objects.filter(pk=step).update(status=values[1])
             elif ledger.steps and kind == "delete":
-                Action.objects.filter(pk=ledger.steps.pop(values[0] % len(ledger.steps))).delete()
+                Action.objects.filter(pk=ledger.steps[values[0] % len(ledger.steps)]).delete()  # gone, seq kept
             elif kind == "agent":
                 run = ledger.runs[values[0]]
                 Run.objects.filter(pk=run.pk).update(agent=ledger.agents[values[1]])

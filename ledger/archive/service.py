@@ -13,7 +13,6 @@ and its runs' events are deleted from the hot tables.
 from __future__ import annotations
 
 import base64
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -93,14 +92,19 @@ EVENT_LINE = ("json_build_object('t', 'event', 'seq', seq, 'kind', kind, 'actor'
               "action_ref, 'data', data, 'at', created_at, 'prev', prev_hash, 'hash', hash, 'key', key_id)::text")
 
 
-def _table_rows(table: _Table, ids: list[int]) -> list[tuple[int, dict | str]]:
-    """(primary key, fields) of the table's rows of these runs, oldest first."""
+def _table_rows(table: _Table, ids: list[int]) -> tuple[list[tuple[int, dict | str]], list[tuple[str, int]]]:
+    """(primary key, fields) of the table's rows of these runs, oldest first; and, for a model registered with
+    `register_archived_lookup`, each row's (look-up key, run id), read as columns, not from the fields' JSON."""
     found = table.model._base_manager.filter(_reaches(table, ids)).order_by("pk")
+    column = _lookup_keys.get(table.model._meta.label_lower)
     if connection.vendor == "postgresql":
         whole = RawSQL(f"row_to_json({connection.ops.quote_name(table.model._meta.db_table)})::text", ())
-        return list(found.annotate(archive_fields=whole).values_list("pk", "archive_fields"))
+        read = list(found.annotate(archive_fields=whole).values_list(
+            "pk", "archive_fields", *((column, "run_id") if column else ())))
+        return [(row[0], row[1]) for row in read], [(str(row[2]), row[3]) for row in read] if column else []
     attname = table.model._meta.pk.attname
-    return [(row[attname], row) for row in found.values()]
+    read = list(found.values())
+    return [(row[attname], row) for row in read], [(str(row[column]), row["run_id"]) for row in read] if column else []
 
 
 # --- a pass ---------------------------------------------------------------------------------------------------
@@ -189,14 +193,15 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
                             "run `manage.py verify_audit` (nothing was archived)")
     prev_hash = previous_hash(tenant.pk, first_seq, previous)
     last_hash = last["hash"] if last else prev_hash
-    rows, actions, taken = [], 0, {}
+    rows, actions, taken, keys = [], 0, {}, []
     for table in tables:
         label = table.model._meta.label_lower
-        found = _table_rows(table, ids) if table.lookups else []
+        found, keyed = _table_rows(table, ids) if table.lookups else ([], [])
         if label == "ledger.action":
             actions = len(found)
         rows.extend((label, fields) for _, fields in found)
         taken[label] = [pk for pk, _ in found]
+        keys.extend(ArchivedKey(label=label, value=value, run_id=run) for value, run in keyed)
     head = {"tenant": tenant.pk, "slug": tenant.slug, "seq": last_seq, "hash": last_hash,
             "key_id": last["key_id"] if last else "", "at": now.isoformat(),
             "signer": audit_export.public_key_id(key.public_key())}
@@ -207,7 +212,7 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
     data, sha256 = segments.encode(manifest, events, rows)
     store.put(segment_key(tenant.pk, sha256), data)
     try:
-        return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, rows=rows, taken=taken,
+        return _commit(tenant, batch, manifest, sha256, len(data), actions=actions, keys=keys, taken=taken,
                        tables=tables, actor=actor, now=now)
     except StateConflict as conflict:
         raise StateConflict(f"{conflict}; {_forget(store, tenant.pk, sha256)}") from None
@@ -248,7 +253,7 @@ def previous_hash(tenant_id: int, first_seq: int, previous: ArchiveSegment | Non
     return previous.last_hash if previous is not None else GENESIS
 
 
-def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tables, actor, now) -> ArchiveSegment:
+def _commit(tenant, batch, manifest, sha256, size, *, actions, keys, taken, tables, actor, now) -> ArchiveSegment:
     ids = [c.run_id for c in batch]
     with ledger_transaction(tenant.pk) as audit:
         fresh = Tenant.objects.filter(pk=tenant.pk).values_list("legal_hold", "retention_seconds").get()
@@ -266,10 +271,7 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, rows, taken, tabl
             ArchivedRun(run_id=c.run_id, tenant_id=tenant.pk, agent_id=c.agent_id, segment=segment,
                         first_seq=c.first_seq, last_seq=c.last_seq, finished_at=c.finished_at, archived_at=now)
             for c in batch])
-        keyed = [(label, json.loads(row) if isinstance(row, str) else row) for label, row in rows if label in _lookup_keys]
-        keys = [ArchivedKey(label=label, value=str(row[_lookup_keys[label]]), run_id=row["run_id"])
-                for label, row in keyed]
-        ArchivedKey.objects.bulk_create(keys)
+        ArchivedKey.objects.bulk_create(keys, batch_size=5000)
         for table in tables:
             for column, path in table.nulls:
                 table.model._base_manager.filter(**{f"{path}__in": ids}).update(**{column: None})
