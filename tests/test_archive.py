@@ -476,14 +476,19 @@ def test_a_hold_set_while_a_pass_writes_keeps_the_run_and_leaves_no_stray_segmen
     assert verify_chain(tools.acme.pk).ok
 
 
-def test_a_paced_pass_rests_after_each_segment_for_its_share(tools, signing, monkeypatch):
+@pytest.fixture
+def rests(tools, signing, monkeypatch):
+    """Three settled runs past retention, and the rests a pass asks for (recorded, not slept)."""
     from ledger.archive import service
 
-    runs = [completed_run(tools, f"paced-{n}") for n in range(3)]
-    age(*runs)
+    age(*[completed_run(tools, f"paced-{n}") for n in range(3)])
     retain(tools)
-    rests = []
-    monkeypatch.setattr(service.time, "sleep", rests.append)
+    asked = []
+    monkeypatch.setattr(service.time, "sleep", asked.append)
+    return asked
+
+
+def test_a_paced_pass_rests_after_each_segment_for_its_share(tools, rests):
     report = archive(tools, segment_runs=1, pace=0.25)
     assert report.runs == 3 and len(report.segments) == 3
     # After the first two segments, not the last: three times what each took (working a quarter of the time).
@@ -496,17 +501,10 @@ def test_a_paced_pass_rests_after_each_segment_for_its_share(tools, signing, mon
             call_command("archive", "--pace", bad, stdout=io.StringIO())
 
 
-def test_an_unpaced_pass_never_rests(tools, signing, monkeypatch):
-    from ledger.archive import service
-
-    runs = [completed_run(tools, f"unpaced-{n}") for n in range(2)]
-    age(*runs)
-    retain(tools)
-    rests = []
-    monkeypatch.setattr(service.time, "sleep", rests.append)
+def test_an_unpaced_pass_never_rests(tools, rests):
     out = io.StringIO()
     call_command("archive", stdout=out)
-    assert rests == [] and "archived 2 run(s)" in out.getvalue() and "resting" not in out.getvalue()
+    assert rests == [] and "archived 3 run(s)" in out.getvalue() and "resting" not in out.getvalue()
 
 
 def limit_tool(world, limits):
