@@ -125,6 +125,35 @@ def test_detach_drops_only_old_months_left_empty(tools):
     assert verify_chain(tools.acme.pk).ok
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_table_that_stays_busy_is_named_and_left_for_the_next_pass(tools, signing, capsys, settings):
+    """A writer that keeps a table locked past UNWIND_PARTITION_LOCK_TIMEOUT: that table's emptied months stay, named
+    as busy (not as holding rows), and the other tables' go; the next pass takes the busy one's."""
+    import psycopg
+
+    settings.UNWIND_PARTITION_LOCK_TIMEOUT = 0.2
+    _old_months()
+    db = connection.settings_dict
+    writer = psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    try:
+        writer.execute("LOCK TABLE ledger_checkpoint IN ROW EXCLUSIVE MODE")  # as a step writing its checkpoint
+        call_command("archive")
+    finally:
+        writer.rollback()
+        writer.close()
+    said = capsys.readouterr().out
+    assert "ledger_checkpoint stayed busy past UNWIND_PARTITION_LOCK_TIMEOUT" in said, said
+    assert "still hold rows" not in said and "ledger_auditevent_y2024m01" in said, said
+
+    def months_left():
+        with connection.cursor() as cursor:
+            return {p.name for table in partitions.PARTITIONED for p in partitions.partitions(cursor, table)}
+
+    assert "ledger_checkpoint_y2024m01" in months_left() and "ledger_auditevent_y2024m01" not in months_left()
+    call_command("archive")
+    assert "ledger_checkpoint_y2024m01" not in months_left()
+
+
 def test_the_archive_command_drops_the_months_it_left_empty(tools, signing, capsys):
     """`manage.py archive` ends by detaching and dropping the old months that hold no row any more (issue 42: old
     partitions are detached, never rewritten); one that still holds a row stays and is counted."""

@@ -71,7 +71,11 @@ class Command(BaseCommand):
         dropped = [d.name for d in done if d.dropped]
         if dropped:
             self.stdout.write(f"partitions: detached and dropped {len(dropped)} empty month(s): {', '.join(dropped)}")
-        kept = len(done) - len(dropped)
+        busy = [d.name for d in done if not d.dropped and d.why.startswith("busy")]
+        kept = len(done) - len(dropped) - len(busy)
         if kept:
             self.stdout.write(f"partitions: {kept} older month(s) still hold rows (runs kept hot, or events of "
                               "runs still open): `manage.py partitions` lists them")
+        if busy:
+            self.stdout.write(f"partitions: {', '.join(busy)} stayed busy past UNWIND_PARTITION_LOCK_TIMEOUT (steps "
+                              "kept writing): its emptied months go in the next pass")
