@@ -68,12 +68,12 @@ MIDDLEWARE = [
 ]
 
 # --- production safety: logins, HTTPS, Content-Security-Policy (issue 13) -----------------------------------
-# django-csp writes the Content-Security-Policy header; django-axes counts failed logins (the login form, the
-# admin and HTTP Basic on the API alike) and refuses a locked-out username+address until the cool-off ends or
-# an admin deletes the attempt (Admin → Axes → Access attempts). AxesMiddleware stays last: it turns the
-# lockout a backend flagged into the lockout page.
+# django-csp writes the Content-Security-Policy header (through ledger/csp.py, which builds it once per settings);
+# django-axes counts failed logins (the login form, the admin and HTTP Basic on the API alike) and refuses a
+# locked-out username+address until the cool-off ends or an admin deletes the attempt (Admin → Axes → Access
+# attempts). AxesMiddleware stays last: it turns the lockout a backend flagged into the lockout page.
 INSTALLED_APPS += ["axes", "csp"]
-MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware")
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "ledger.csp.CSPMiddleware")
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")
 # Innermost, so its process_exception sees a view's exception first: a database that stops answering mid-request
 # answers 503 with Retry-After (ledger/api/problems.py), never a 500.

@@ -180,3 +180,28 @@ def test_the_api_docs_inline_script_runs_only_by_this_responses_nonce(db):
 def test_pages_without_inline_script_get_no_nonce(db):
     """A nonce only where a template used it: the rest of the site allows no inline script at all."""
     assert not any(source.startswith("'nonce-") for source in directives(Client().get("/accounts/login/"))["script-src"])
+
+
+def test_an_api_answer_carries_django_csps_policy_built_once_per_settings(db, settings, monkeypatch):
+    """ledger/csp.py keeps the header of a response without a nonce or a decorator: the same string django-csp
+    builds from the settings, built again only when the settings change."""
+    import ledger.csp
+    from csp.utils import build_policy
+
+    agent_answer = Client().get("/api/v1/runs")
+    assert agent_answer["Content-Security-Policy"] == build_policy()
+    assert "Content-Security-Policy-Report-Only" not in agent_answer  # no report-only policy is configured
+    built = []
+    monkeypatch.setattr(ledger.csp, "build_policy", lambda **kw: built.append(kw) or build_policy(**kw))
+    for _ in range(3):
+        assert Client().get("/api/v1/runs")["Content-Security-Policy"] == build_policy()
+    assert built == []  # kept from the first answer
+
+    settings.CONTENT_SECURITY_POLICY = {"DIRECTIVES": {"default-src": ["'none'"]}}
+    settings.CONTENT_SECURITY_POLICY_REPORT_ONLY = {"DIRECTIVES": {"img-src": ["'self'"]},
+                                                     "EXCLUDE_URL_PREFIXES": ["/healthz"]}
+    changed = Client().get("/api/v1/runs")
+    assert directives(changed)["default-src"] == ["'none'"]
+    assert changed["Content-Security-Policy-Report-Only"] == build_policy(report_only=True)
+    assert len(built) == 2  # the policy and the report-only one, once each
+    assert "Content-Security-Policy-Report-Only" not in Client().get("/healthz")  # its excluded prefix

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from array import array
+from bisect import bisect_right, insort
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -333,12 +335,47 @@ class AgentKeyThrottle(throttling.SimpleRateThrottle):
         if cache_outage.skipping():
             return True
         try:
-            allowed = super().allow_request(request, view)
+            allowed = self._allow(request, view)
         except RedisError as exc:
             cache_outage.began(exc)
             return True
         cache_outage.ended()
         return allowed
+
+    def _allow(self, request, view) -> bool:
+        """DRF's sliding log (at most `num_requests` in any `duration` seconds), its history kept as packed doubles,
+        oldest first, instead of a pickled list of floats newest first. DRF's list is read and written whole on
+        every request: at the bench's 16 agents (1,500 requests a key a minute) that cost 40 µs a request, at 6,000
+        (the default rate, reached) 155 µs, and the same bytes travel to Redis and back. Packed, it is a copy of
+        bytes each way. The decision is DRF's, request for request; a history in DRF's form (written before this
+        change) is read as it stands."""
+        if self.rate is None:
+            return True
+        self.key = self.get_cache_key(request, view)
+        if self.key is None:
+            return True
+        stored = self.cache.get(self.key)
+        self.now = self.timer()
+        history = array("d")
+        if isinstance(stored, bytes):
+            history.frombytes(stored)
+        elif isinstance(stored, list):
+            history.extend(reversed(stored))
+        # Keep what is younger than the window, as DRF drops an entry `<= now - duration`.
+        history = history[bisect_right(history, self.now - self.duration):]
+        self.history = history
+        if len(history) >= self.num_requests:
+            return self.throttle_failure()
+        insort(history, self.now)  # in order even if another process's clock is a little behind
+        self.cache.set(self.key, history.tobytes(), self.duration)
+        return True
+
+    def wait(self) -> float | None:
+        """DRF's `wait`, reading the oldest request at the front of the packed history."""
+        history = getattr(self, "history", None)
+        remaining = self.duration - (self.now - history[0]) if history else self.duration
+        available = self.num_requests - len(history or ()) + 1
+        return None if available <= 0 else remaining / float(available)
 
     def get_rate(self) -> str:
         rate = settings.UNWIND_THROTTLE_RATE
