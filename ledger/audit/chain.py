@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ledger.audit import subjects
 from ledger.db import received, sql
-from ledger.canonical import digest, dumps
+from ledger.canonical import digest, dumps, dumps_plain
 from ledger.models import (
     Action, AuditEvent, AuditHead, ErasedRun, Erasure, Membership, Run, TenantPolicyVersion, Tool,
 )
@@ -224,12 +224,17 @@ FINGERPRINT_KEYS = ("action_state", "run_state", "rows", "sends", "undo")
 
 # --- the chain -----------------------------------------------------------------------------------
 
-def _body(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
-    """The text an event's HMAC signs (after the previous hash)."""
-    return dumps({
+def _body_value(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> dict:
+    return {
         "tenant": tenant_id, "seq": seq, "kind": kind, "actor": actor, "run": run_ref,
         "action": action_ref, "data": data, "at": created_at.isoformat(), "key": key_id,
-    })
+    }
+
+
+def _body(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
+    """The text an event's HMAC signs (after the previous hash)."""
+    return dumps(_body_value(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
+                             action_ref=action_ref, data=data, created_at=created_at))
 
 
 def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data,
@@ -237,6 +242,26 @@ def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind,
     body = _body(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
                  action_ref=action_ref, data=data, created_at=created_at)
     return hmac.new(key, (prev_hash + body).encode(), hashlib.sha256).hexdigest()
+
+
+def keyed_for_events(key: bytes) -> "hmac.HMAC":
+    """The audit key made ready once for `read_event_hash`, which copies it for each event."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def read_event_hash(keyed: "hmac.HMAC", prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref,
+                    action_ref, data, created_at, data_plain: bool) -> str:
+    """`event_hash` under the key `keyed` holds (`keyed_for_events`), for an event read back: `data_plain` says its
+    data was found plain as it was decoded (ledger/canonical.py `loads_noting_plain`), and with the event's other
+    columns of their stored types the body's text is then the encoder's (`dumps_plain`). The same bytes are signed."""
+    body = _body_value(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
+                       action_ref=action_ref, data=data, created_at=created_at)
+    plain = (data_plain and type(tenant_id) is int and type(seq) is int and type(kind) is str and type(actor) is str
+             and type(key_id) is str and (run_ref is None or type(run_ref) is int)
+             and (action_ref is None or type(action_ref) is int))
+    signed = keyed.copy()
+    signed.update((prev_hash + (dumps_plain(body) if plain else dumps(body))).encode())
+    return signed.hexdigest()
 
 
 def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data_text: str,

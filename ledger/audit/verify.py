@@ -7,11 +7,14 @@ imports it back.
 from __future__ import annotations
 
 import hmac
+import json
 from dataclasses import dataclass
 
 from django.conf import settings
 
 from django.db import connection
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from ledger.archive import chain as archive_chain
 from ledger.archive.service import ARCHIVED_EVENT
@@ -19,8 +22,9 @@ from ledger.db import sql
 from ledger.audit import erased, sealed, subjects
 from ledger.audit.chain import (
     ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, UNDO_SEALED_KINDS, action_fingerprint, fingerprinted_models,
-    row_fingerprint, event_hash, run_fingerprint,
+    keyed_for_events, read_event_hash, row_fingerprint, run_fingerprint,
 )
+from ledger.canonical import loads_noting_plain
 from ledger.models import Action, ActionStatus, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
 from ledger.policy.limits import COUNTED  # the statuses whose steps hold their share of a limit
 
@@ -86,22 +90,26 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     holds: dict[int, tuple[str, int]] = {}
     refused: list[tuple[int, str, str]] = []
     rewritten = erased.Rewritten(tenant_id)
-    hot = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq").iterator(chunk_size=2000)
-    for event in archive_chain.events(archive, hot):
+    keyed: dict[str, object] = {}  # each key made ready once (chain.keyed_for_events)
+    for event in archive_chain.events(archive, _hot_events(tenant_id)):
         state["events"] += 1
         expected_seq += 1
         if event.seq != expected_seq:
             raise _Broken("sequence", f"event #{expected_seq} is missing (next is #{event.seq}): deleted")
         if event.prev_hash != prev:
             raise _Broken("link", f"event #{event.seq} does not link to #{event.seq - 1}")
-        key = keys.get(event.key_id)
-        if key is None:
-            named = event.key_id or "(none)"
-            raise _Broken("key", f"event #{event.seq} was made with audit key id {named!r}, which is "
-                                 "not configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
-        recomputed = event_hash(key, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq, kind=event.kind,
-                                actor=event.actor, run_ref=event.run_ref, action_ref=event.action_ref,
-                                data=event.data, created_at=event.created_at)
+        signer = keyed.get(event.key_id)
+        if signer is None:
+            key = keys.get(event.key_id)
+            if key is None:
+                named = event.key_id or "(none)"
+                raise _Broken("key", f"event #{event.seq} was made with audit key id {named!r}, which is not "
+                                     "configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
+            signer = keyed[event.key_id] = keyed_for_events(key)
+        recomputed = read_event_hash(signer, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq,
+                                     kind=event.kind, actor=event.actor, run_ref=event.run_ref,
+                                     action_ref=event.action_ref, data=event.data, created_at=event.created_at,
+                                     data_plain=getattr(event, "plain", False))
         if not hmac.compare_digest(recomputed, event.hash) and not rewritten.pending(event):
             raise _Broken("hmac", f"event #{event.seq} ({event.kind}) was edited: its HMAC under key "
                                   f"{event.key_id} does not match (rewritten without the audit key)")
@@ -174,6 +182,40 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         seq, check, problem = refused[0]
         more = f" (and {len(refused) - 1} more such refusals)" if len(refused) > 1 else ""
         raise _Broken(check, f"event #{seq} recorded a step refused by the engine: {problem}{more}")
+
+
+class _HotEvent:
+    """A hot event's columns, with the attributes of an AuditEvent row that the walk, the archive's join
+    (archive_chain.events) and the erasure's vouching read: no model instance is built per event."""
+
+    __slots__ = ("seq", "kind", "actor", "run_ref", "action_ref", "data", "created_at", "prev_hash", "hash", "key_id",
+                 "tenant_id", "plain")
+
+    def __init__(self, tenant_id, seq, kind, actor, run_ref, action_ref, data_text, created_at, prev_hash, hash_,
+                 key_id):
+        self.tenant_id, self.seq, self.kind, self.actor = tenant_id, seq, kind, actor
+        self.run_ref, self.action_ref, self.created_at = run_ref, action_ref, created_at
+        self.prev_hash, self.hash, self.key_id = prev_hash, hash_, key_id
+        # As the model's JSONField reads the column (text that is not JSON stays text), noting whether it is plain
+        # (ledger/canonical.py), which lets its hash skip the canonical copy.
+        self.data, self.plain = None, False
+        if data_text is not None:
+            try:
+                self.data, self.plain = loads_noting_plain(data_text)
+            except json.JSONDecodeError:
+                self.data = data_text
+
+
+_EVENT_COLUMNS = ("seq", "kind", "actor", "run_ref", "action_ref", "data_text", "created_at", "prev_hash", "hash",
+                  "key_id")
+
+
+def _hot_events(tenant_id: int):
+    """The tenant's hot events in order, read in chunks on a server-side cursor (PostgreSQL), the data as its text."""
+    rows = (AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
+            .annotate(data_text=Cast("data", output_field=TextField())).values_list(*_EVENT_COLUMNS))
+    for row in rows.iterator(chunk_size=2000):
+        yield _HotEvent(tenant_id, *row)
 
 
 def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: dict) -> None:
