@@ -163,16 +163,28 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     # is named as the run's.
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
                 every_row_recorded=False)
-    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS,
-                action_fingerprint,
-                last_action, every_row_recorded=True)
+    # The steps are read once, for their fingerprints and for their seals, holds and undo plans (_check_seal); the
+    # first problem of the latter (or error) is reported where it always was, once every fingerprint is checked.
+    sealing: list[Exception] = []
+
+    def check_seal(action: Action) -> None:
+        if sealing:
+            return
+        try:
+            _check_seal(action, seals, approved, holds, undo_seals)
+        except Exception as problem:  # noqa: BLE001 - raised below, after the fingerprints, as before
+            sealing.append(problem)
+
+    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", (*ACTION_FIELDS, *SEAL_FIELDS),
+                action_fingerprint, last_action, every_row_recorded=True, also=check_seal)
     for spec in fingerprinted_models():
         recorded = {int(pk): value for pk, value in last_row[spec.label].items()}
         rows = spec.model._default_manager.filter(**{spec.tenant_lookup: tenant_id})
         _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
     # After the fingerprints, which name an edit made since a step's last event; these name one a later event
     # fingerprinted (laundered) as well.
-    _check_seals(tenant_id, seals, approved, holds, undo_seals)
+    if sealing:
+        raise sealing[0]
     _check_policy_in_force(tenant_id)
     _check_attempts(tenant_id)
     _check_totals(tenant_id)
@@ -249,35 +261,34 @@ SEAL_FIELDS = ("kind", "seq", "run", "status", "args", "args_text", "args_hash",
                "target_type", "risk", "intent", "approvals_required")
 
 
-def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
-    """Every step that succeeded is still what its undo is built from as its success recorded (check `undo`); every
-    step's row is the call the event that made it sealed, and one sealed as needing approval that went past it was
-    approved (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same
-    comparisons the engine makes before it acts, for every row, so an edit shows however many events were recorded
-    for the step since."""
-    for action in Action.objects.filter(tenant_id=tenant_id).only(*SEAL_FIELDS).order_by("pk").iterator(chunk_size=2000):
-        if action.status in AFTER_SUCCESS and action.pk in undo_seals:
-            recorded, seq = undo_seals[action.pk]
-            problem = sealed.undo_seal_problem(action, recorded, event=seq)
-            if problem:
-                raise _Broken("undo", problem)
-        if action.pk in seals:
-            recorded, seq = seals[action.pk]
-            # A step made before seals were kept (none recorded) is left to its fingerprint.
-            problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS) \
-                if recorded is not None else ""
-            if not problem and action.status in PAST_APPROVAL:
-                problem = sealed.approval_problem(action, recorded, action.pk in approved)
-            if problem:
-                raise _Broken("sends", problem)
-        if action.status == ActionStatus.HELD:
-            if action.pk not in holds:
-                raise _Broken("hold", f"held step {action.seq} (action {action.pk}) has no recorded hold: made held "
-                                      "behind the services' back")
-            executes_at, seq = holds[action.pk]
-            problem = sealed.hold_problem(action, executes_at, event=seq)
-            if problem:
-                raise _Broken("hold", problem)
+def _check_seal(action: Action, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
+    """A step that succeeded is still what its undo is built from as its success recorded (check `undo`); the step's
+    row is the call the event that made it sealed, and one sealed as needing approval that went past it was approved
+    (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same comparisons the
+    engine makes before it acts, for every row (in the order of their ids), so an edit shows however many events were
+    recorded for the step since."""
+    if action.status in AFTER_SUCCESS and action.pk in undo_seals:
+        recorded, seq = undo_seals[action.pk]
+        problem = sealed.undo_seal_problem(action, recorded, event=seq)
+        if problem:
+            raise _Broken("undo", problem)
+    if action.pk in seals:
+        recorded, seq = seals[action.pk]
+        # A step made before seals were kept (none recorded) is left to its fingerprint.
+        problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS) \
+            if recorded is not None else ""
+        if not problem and action.status in PAST_APPROVAL:
+            problem = sealed.approval_problem(action, recorded, action.pk in approved)
+        if problem:
+            raise _Broken("sends", problem)
+    if action.status == ActionStatus.HELD:
+        if action.pk not in holds:
+            raise _Broken("hold", f"held step {action.seq} (action {action.pk}) has no recorded hold: made held "
+                                  "behind the services' back")
+        executes_at, seq = holds[action.pk]
+        problem = sealed.hold_problem(action, executes_at, event=seq)
+        if problem:
+            raise _Broken("hold", problem)
 
 
 # What a step's recorded status (fingerprinted in the chain) can be once one of its attempts succeeded: a success is
@@ -333,7 +344,9 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                 "changed behind the services' back")
 
 
-def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool) -> None:
+def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool, also=None) -> None:
+    """Each row (in the order of their ids) is as the chain last recorded it; `also` is called with each row once its
+    own fingerprint is checked."""
     seen = set()
     for row in rows.only(*fields).order_by("pk").iterator(chunk_size=2000):
         seen.add(row.pk)
@@ -341,10 +354,11 @@ def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorde
         if last is None:
             if every_row_recorded:
                 raise _Broken("fingerprint", f"{label} {row.pk} has no audit event: written behind the services' back")
-            continue
-        if last[0] != fingerprint(row):
+        elif last[0] != fingerprint(row):
             raise _Broken("fingerprint", f"{label} {row.pk} differs from its state at event #{last[1]}: "
                                          "edited behind the services' back")
+        if also is not None:
+            also(row)
     missing = set(recorded) - seen
     if missing:
         raise _Broken("fingerprint", f"{label} {min(missing)} is in the audit chain but not in the ledger: deleted")
