@@ -105,6 +105,8 @@ _PLAIN_DECODER = json.JSONDecoder(parse_float=_not_plain, parse_constant=_not_pl
 def loads_noting_plain(text: str) -> tuple[Any, bool]:
     """`json.loads(text)` (raising as it does), and whether that value is plain: JSON has no other keys than text, so
     it is, unless a number has a fraction or an exponent (or is NaN or Infinity)."""
+    if type(text) is not str or text.startswith("\ufeff"):
+        return json.loads(text), False  # its own refusal (bytes are decoded first), word for word
     try:
         return _PLAIN_DECODER.decode(text), True
     except _NotPlain:
@@ -118,6 +120,11 @@ def dumps_plain(value: Any) -> str:
     if text.isascii() and "\\u0000" not in text:
         return text
     return dumps(value)
+
+
+def digest_plain(*parts: Any) -> str:
+    """`digest(*parts)` for plain parts (see `dumps_plain`)."""
+    return hashlib.sha256(dumps_plain(list(parts)).encode()).hexdigest()
 
 
 def storable(value: Any, *, field: str) -> Any:

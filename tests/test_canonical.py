@@ -106,13 +106,17 @@ def read_outcome(fn):
 
 
 def test_text_that_is_not_json_raises_as_json_loads_does():
+    """Word for word: a segment that cannot be read is named with json's own refusal (ledger/archive/segments.py)."""
     import pytest
 
     from ledger.canonical import loads_noting_plain
 
-    for text in ("", "{", "[1.5,", "\ufeff{}", "nope"):
-        with pytest.raises(json.JSONDecodeError):
+    for text in ("", "{", "[1.5,", "[1, 2.5] x", "\ufeff{}", "\ufeff[1.5]", "nope"):
+        with pytest.raises(json.JSONDecodeError) as expected:
+            json.loads(text)
+        with pytest.raises(json.JSONDecodeError) as raised:
             loads_noting_plain(text)
+        assert str(raised.value) == str(expected.value)
 
 
 @settings(max_examples=300, deadline=None)

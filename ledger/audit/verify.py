@@ -9,11 +9,12 @@ from __future__ import annotations
 import hmac
 import json
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 
 from django.db import connection
-from django.db.models import TextField
+from django.db.models import JSONField, TextField
 from django.db.models.functions import Cast
 
 from ledger.archive import chain as archive_chain
@@ -167,11 +168,11 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     # first problem of the latter (or error) is reported where it always was, once every fingerprint is checked.
     sealing: list[Exception] = []
 
-    def check_seal(action: Action) -> None:
+    def check_seal(action: Action, plain: bool) -> None:
         if sealing:
             return
         try:
-            _check_seal(action, seals, approved, holds, undo_seals)
+            _check_seal(action, plain, seals, approved, holds, undo_seals)
         except Exception as problem:  # noqa: BLE001 - raised below, after the fingerprints, as before
             sealing.append(problem)
 
@@ -234,20 +235,32 @@ def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: d
     """Rows that left the hot tables for a segment left legitimately: each must still be as the chain last recorded
     it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there.
     The segments are read again here, one at a time: what the chain last recorded is known only after the walk."""
-    specs = [("ledger.action", Action, action_fingerprint, last_action), ("ledger.run", Run, run_fingerprint, last_run)]
-    specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label]) for spec in fingerprinted_models()]
-    for number, rows in archive.rows():
+    specs = [("ledger.action", Action, action_fingerprint, last_action, ACTION_FIELDS),
+             ("ledger.run", Run, run_fingerprint, last_run, RUN_FIELDS)]
+    specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label], spec.fields)
+              for spec in fingerprinted_models()]
+    for number, rows, rows_plain in archive.rows_noting_plain():
         # An archived run's steps and rows are keyed with its key, which left the hot table with it (into the segment
         # that holds them).
         subjects.remember({row["id"]: row.get("fingerprint_key") or "" for row in rows.get("ledger.run", [])})
-        for label, model, fingerprint, recorded in specs:
+        for label, model, fingerprint, recorded, fields in specs:
             keyed_by_text = label not in ("ledger.action", "ledger.run")
-            for row in rows.get(label, []):
+            json_fields = {name for name in fields if isinstance(model._meta.get_field(name), JSONField)}
+            lines = rows.get(label, [])
+            plains = rows_plain.get(label, [])
+            if len(plains) != len(lines):
+                plains = [False] * len(lines)
+            for row, line_plain in zip(lines, plains):
                 pk = str(row["id"]) if keyed_by_text else row["id"]
                 last = recorded.get(pk)
                 if last is None:
                     continue
-                if last[0] != fingerprint(archive_chain.instance(model, row)):
+                obj = archive_chain.instance(model, row)
+                # Plain as a hot row is (_read_rows): its line was plain JSON, and its columns are of those types.
+                plain = line_plain and type(obj.pk) in _PLAIN_COLUMNS and all(
+                    type(value) in _PLAIN_COLUMNS or (name in json_fields and type(value) in (dict, list))
+                    for name, value in ((name, getattr(obj, name)) for name in fields))
+                if last[0] != fingerprint(obj, read_plain=plain):
                     raise _Broken("archive", f"archived {label.split('.')[-1]} {row['id']} in segment {number} "
                                              f"differs from its state at event #{last[1]}: edited before or while "
                                              "archived")
@@ -261,7 +274,7 @@ SEAL_FIELDS = ("kind", "seq", "run", "status", "args", "args_text", "args_hash",
                "target_type", "risk", "intent", "approvals_required")
 
 
-def _check_seal(action: Action, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
+def _check_seal(action: Action, plain: bool, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
     """A step that succeeded is still what its undo is built from as its success recorded (check `undo`); the step's
     row is the call the event that made it sealed, and one sealed as needing approval that went past it was approved
     (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same comparisons the
@@ -269,14 +282,14 @@ def _check_seal(action: Action, seals: dict, approved: set, holds: dict, undo_se
     recorded for the step since."""
     if action.status in AFTER_SUCCESS and action.pk in undo_seals:
         recorded, seq = undo_seals[action.pk]
-        problem = sealed.undo_seal_problem(action, recorded, event=seq)
+        problem = sealed.undo_seal_problem(action, recorded, event=seq, read_plain=plain)
         if problem:
             raise _Broken("undo", problem)
     if action.pk in seals:
         recorded, seq = seals[action.pk]
         # A step made before seals were kept (none recorded) is left to its fingerprint.
-        problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS) \
-            if recorded is not None else ""
+        problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS,
+                                      read_plain=plain) if recorded is not None else ""
         if not problem and action.status in PAST_APPROVAL:
             problem = sealed.approval_problem(action, recorded, action.pk in approved)
         if problem:
@@ -346,22 +359,56 @@ def _check_policy_in_force(tenant_id: int) -> None:
 
 def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool, also=None) -> None:
     """Each row (in the order of their ids) is as the chain last recorded it; `also` is called with each row once its
-    own fingerprint is checked."""
+    own fingerprint is checked (and whether it was read plain)."""
     seen = set()
-    for row in rows.only(*fields).order_by("pk").iterator(chunk_size=2000):
+    for row, plain in _read_rows(rows, fields):
         seen.add(row.pk)
         last = recorded.get(row.pk)
         if last is None:
             if every_row_recorded:
                 raise _Broken("fingerprint", f"{label} {row.pk} has no audit event: written behind the services' back")
-        elif last[0] != fingerprint(row):
+        elif last[0] != fingerprint(row, read_plain=plain):
             raise _Broken("fingerprint", f"{label} {row.pk} differs from its state at event #{last[1]}: "
                                          "edited behind the services' back")
         if also is not None:
-            also(row)
+            also(row, plain)
     missing = set(recorded) - seen
     if missing:
         raise _Broken("fingerprint", f"{label} {min(missing)} is in the audit chain but not in the ledger: deleted")
+
+
+_PLAIN_COLUMNS = (str, int, bool, type(None), datetime)
+
+
+def _read_rows(rows, fields):
+    """(row, plain) for each row of the queryset `rows` in the order of their ids, the row built as `.only(*fields)`
+    builds it, except that each JSON column is read as its text and decoded as the model's JSONField decodes it,
+    noting whether it is plain (ledger/canonical.py `loads_noting_plain`). `plain`: every JSON value read is, and
+    every other value is text, an integer, a boolean, a null or a time, so the row's digest skips the canonical copy."""
+    model = rows.model
+    wanted = {model._meta.pk.attname} | {model._meta.get_field(name).attname for name in fields}
+    columns = [f for f in model._meta.concrete_fields if f.attname in wanted]
+    as_text = {f.attname for f in columns
+               if isinstance(f, JSONField) and f.decoder is None and type(f).from_db_value is JSONField.from_db_value}
+    selected = [f"_text_{f.attname}" if f.attname in as_text else f.attname for f in columns]
+    texts = [position for position, f in enumerate(columns) if f.attname in as_text]
+    others = [position for position, f in enumerate(columns) if f.attname not in as_text]
+    attnames = frozenset(f.attname for f in columns)  # from_db asks each concrete field whether it is in there
+    read = rows.annotate(**{f"_text_{name}": Cast(name, output_field=TextField()) for name in as_text}) \
+        .order_by("pk").values_list(*selected)
+    for values in read.iterator(chunk_size=2000):
+        values = list(values)
+        plain = all(type(values[position]) in _PLAIN_COLUMNS for position in others)
+        for position in texts:
+            text = values[position]
+            if text is None:
+                continue
+            try:
+                values[position], decoded_plain = loads_noting_plain(text)
+            except json.JSONDecodeError:
+                decoded_plain = False  # the model's JSONField keeps such text as it is
+            plain = plain and decoded_plain
+        yield model.from_db(read.db, attnames, values), plain
 
 
 # What each running total of a tenant's limits (ledger/policy/limits.py, migration 0022) should hold, read from the
