@@ -83,6 +83,50 @@ def digest(*parts: Any) -> str:
     return hashlib.sha256(dumps(list(parts)).encode()).hexdigest()
 
 
+# --- reading back what was stored --------------------------------------------------------------------------------
+# `verify_chain` recomputes the canonical text of every event it reads (millions, for a ledger that lives for years),
+# and most of them are plain: dicts with text keys, lists, text, integers, booleans and nulls, as JSON decodes them,
+# with no number that has a fraction or an exponent. Such a value whose encoder text is ASCII without a NUL is left
+# as it is by `canonical` (every branch it takes returns its input's equal, of the same type), so that text is
+# `dumps` of it already: the copy is skipped, never the rules (anything else takes `dumps`).
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _not_plain(_text: str):
+    raise _NotPlain
+
+
+_PLAIN_DECODER = json.JSONDecoder(parse_float=_not_plain, parse_constant=_not_plain)
+
+
+def loads_noting_plain(text: str) -> tuple[Any, bool]:
+    """`json.loads(text)` (raising as it does), and whether that value is plain: JSON has no other keys than text, so
+    it is, unless a number has a fraction or an exponent (or is NaN or Infinity)."""
+    if type(text) is not str or text.startswith("\ufeff"):
+        return json.loads(text), False  # its own refusal (bytes are decoded first), word for word
+    try:
+        return _PLAIN_DECODER.decode(text), True
+    except _NotPlain:
+        return json.loads(text), False
+
+
+def dumps_plain(value: Any) -> str:
+    """`dumps(value)` for a plain value (see `loads_noting_plain`; built of exactly those types): the encoder's text
+    when it is ASCII and holds no NUL (escaped as \\u0000), else `dumps`, which normalises or refuses the text."""
+    text = _ENCODER.encode(value)
+    if text.isascii() and "\\u0000" not in text:
+        return text
+    return dumps(value)
+
+
+def digest_plain(*parts: Any) -> str:
+    """`digest(*parts)` for plain parts (see `dumps_plain`)."""
+    return hashlib.sha256(dumps_plain(list(parts)).encode()).hexdigest()
+
+
 def storable(value: Any, *, field: str) -> Any:
     """The canonical form of a JSON value, or a validation error naming the field it cannot be stored in."""
     from ledger.errors import ValidationFailed

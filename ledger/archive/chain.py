@@ -45,6 +45,7 @@ class ArchivedEvent:
     key_id: str
     tenant_id: int = 0
     segment: int = 0
+    plain: bool = False  # its line was plain JSON (ledger/canonical.py): its hash skips the canonical copy
 
 
 class Archive:
@@ -122,10 +123,17 @@ class Archive:
     def rows(self):
         """(segment number, its rows by model label), one segment at a time (a caller drops each before asking for the
         next): each is fetched again and must still hash to its name, as it may have been changed in between."""
+        for number, rows, _ in self.rows_noting_plain():
+            yield number, rows
+
+    def rows_noting_plain(self):
+        """As `rows()`, with whether each row's line was plain JSON (ledger/canonical.py), by model label."""
         if not self.names:
             return
         for index in self._indexed():
-            yield index.number, self._decode(index, self._fetch(index), events=False, rows=True).rows
+            segment = self._decode(index, self._fetch(index), events=False, rows=True)
+            yield index.number, segment.rows, segment.rows_plain
+            del segment
 
 
 def _name(index: ArchiveSegment) -> str:
@@ -161,11 +169,11 @@ def _check_head(index: ArchiveSegment, manifest: dict, verifying) -> None:
                                        "(forged or altered)") from None
 
 
-def archived_event(line: dict, index: ArchiveSegment) -> ArchivedEvent:
+def archived_event(line: dict, index: ArchiveSegment, plain: bool = False) -> ArchivedEvent:
     return ArchivedEvent(seq=line["seq"], kind=line["kind"], actor=line["actor"], run_ref=line["run"],
                          action_ref=line["action"], data=line["data"], created_at=datetime.fromisoformat(line["at"]),
                          prev_hash=line["prev"], hash=line["hash"], key_id=line["key"], tenant_id=index.tenant_id,
-                         segment=index.number)
+                         segment=index.number, plain=plain)
 
 
 def events(archive: Archive, hot):
@@ -177,8 +185,10 @@ def events(archive: Archive, hot):
         if segment.manifest["first_seq"] <= segment.manifest["last_seq"] and segment.events[0]["prev"] != \
                 segment.manifest["prev_hash"]:
             raise ArchiveBroken("archive", f"{_name(index)} does not start where its manifest says")
-        for line in segment.events:
-            event = archived_event(line, index)
+        plains = segment.events_plain if len(segment.events_plain) == len(segment.events) else \
+            [False] * len(segment.events)  # a segment built without them: each hashed the long way
+        for line, plain in zip(segment.events, plains):
+            event = archived_event(line, index, plain)
             if pending is not None and pending.seq < event.seq:
                 raise ArchiveBroken("archive", f"event #{pending.seq} is in the hot table but in no segment")
             if pending is not None and pending.seq == event.seq:

@@ -19,6 +19,8 @@ from decimal import Decimal
 
 import zstandard
 
+from ledger.canonical import loads_noting_plain
+
 FORMAT = 1
 LEVEL = 3  # zstd's default: most of the size for little of the time (bench figures in docs/archive.md)
 
@@ -61,44 +63,49 @@ def encode(manifest: dict, events: list, rows: list[tuple[str, dict | str]]) -> 
 class Segment:
     manifest: dict
     events: list[dict] = field(default_factory=list)
+    # Whether each event's line was plain JSON (ledger/canonical.py `loads_noting_plain`): its hash skips a copy.
+    events_plain: list[bool] = field(default_factory=list)
     rows: dict[str, list[dict]] = field(default_factory=dict)  # model label -> rows' fields
+    rows_plain: dict[str, list[bool]] = field(default_factory=dict)  # model label -> whether each line was plain
 
 
 def decode(data: bytes, *, events: bool = True, rows: bool = True) -> Segment:
     """The segment, keeping only the events or only the rows when that is all a caller reads (verification reads
     each segment twice, once for each: ledger/archive/chain.py)."""
     lines = _lines(data)
-    manifest = next(lines, None)
+    manifest, _ = next(lines, (None, False))
     if manifest is None or manifest.get("t") != "segment" or manifest.get("format") != FORMAT:
         raise SegmentUnreadable("its first line is not a segment manifest of format 1")
     segment = Segment(manifest=manifest)
-    for line in lines:
+    for line, plain in lines:
         if line.get("t") == "event":
             if events:
                 segment.events.append(line)
+                segment.events_plain.append(plain)
         elif line.get("t") == "row":
             if rows:
                 segment.rows.setdefault(line["model"], []).append(line["fields"])
+                segment.rows_plain.setdefault(line["model"], []).append(plain)
         else:
             raise SegmentUnreadable(f"a line of an unknown type {line.get('t')!r}")
     return segment
 
 
 def _lines(data: bytes):
-    """The segment's lines as JSON objects, one at a time through zstd's stream reader: neither the whole text nor a
-    list of its lines is held. Lines end at "\\n" only: the JSON text may hold U+2028 and other characters that
-    str.splitlines() would also split at. The stream reader stops quietly where bytes end; a frame cut short shows
-    as fewer bytes than its header says it holds."""
+    """The segment's lines as JSON objects (each with whether it was plain JSON: ledger/canonical.py), one at a time
+    through zstd's stream reader: neither the whole text nor a list of its lines is held. Lines end at "\\n" only: the
+    JSON text may hold U+2028 and other characters that str.splitlines() would also split at. The stream reader stops
+    quietly where bytes end; a frame cut short shows as fewer bytes than its header says it holds."""
     try:
         size = zstandard.frame_content_size(data)
         reader = zstandard.ZstdDecompressor().stream_reader(data)
         for text in io.TextIOWrapper(reader, encoding="utf-8", newline="\n"):
             if text == "\n":
                 continue
-            line = json.loads(text)
+            line, plain = loads_noting_plain(text)
             if not isinstance(line, dict):
                 raise SegmentUnreadable("a line that is not a JSON object")
-            yield line
+            yield line, plain
         if size < 0 or reader.tell() != size:
             raise SegmentUnreadable("not a zstd JSON Lines segment (its frame is cut short or does not say its size)")
     except (zstandard.ZstdError, UnicodeDecodeError, ValueError) as exc:

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from ledger.audit import subjects
 from ledger.db import received, sql
-from ledger.canonical import digest, dumps
+from ledger.canonical import digest, digest_plain, dumps, dumps_plain
 from ledger.models import (
     Action, AuditEvent, AuditHead, ErasedRun, Erasure, Membership, Run, TenantPolicyVersion, Tool,
 )
@@ -87,22 +87,25 @@ def _later(name: str, value):
     return hashlib.sha256(value.encode()).hexdigest() if name in BY_BYTES else _plain(value)
 
 
-def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...]) -> str:
+def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], read_plain: bool = False) -> str:
     """The row's digest; for a row of a run acted for someone, an HMAC of it under the run's key
-    (ledger/audit/subjects.py). A run opened before keys existed has none: its rows' digests are bare, as recorded."""
+    (ledger/audit/subjects.py). A run opened before keys existed has none: its rows' digests are bare, as recorded.
+    `read_plain`: the row was read back with every value plain (text, numbers without a fraction, booleans, nulls,
+    times, JSON decoded as such: ledger/canonical.py `loads_noting_plain`), so its digest skips the canonical copy."""
     values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
     later = {name: _later(name, getattr(obj, name)) for name in fields
              if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
-    plain = digest(label, obj.pk, *values, later) if later else digest(label, obj.pk, *values)
+    hashed = digest_plain if read_plain else digest
+    plain = hashed(label, obj.pk, *values, later) if later else hashed(label, obj.pk, *values)
     return subjects.keyed(subjects.key_of(obj), plain)
 
 
-def action_fingerprint(action: Action) -> str:
-    return _fingerprint("action", action, ACTION_FIELDS)
+def action_fingerprint(action: Action, *, read_plain: bool = False) -> str:
+    return _fingerprint("action", action, ACTION_FIELDS, read_plain)
 
 
-def run_fingerprint(run: Run) -> str:
-    return _fingerprint("run", run, RUN_FIELDS)
+def run_fingerprint(run: Run, *, read_plain: bool = False) -> str:
+    return _fingerprint("run", run, RUN_FIELDS, read_plain)
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,11 @@ def fingerprinted_models() -> list[Fingerprinted]:
     return list(_fingerprinted.values())
 
 
-def row_fingerprint(obj: models.Model) -> str:
+def row_fingerprint(obj: models.Model, *, read_plain: bool = False) -> str:
     spec = _fingerprinted.get(obj._meta.label_lower)
     if spec is None:
         raise TypeError(f"{obj._meta.label_lower} is not registered with register_fingerprinted")
-    return _fingerprint(spec.label, obj, spec.fields)
+    return _fingerprint(spec.label, obj, spec.fields, read_plain)
 
 
 def tool_fingerprint(tool: Tool) -> str:
@@ -174,7 +177,7 @@ def sent_text(action: Action) -> str:
     return received.dumps(received.loads(action.args_text) if action.args_text else action.args)
 
 
-def seal(action: Action, text: str | None = None) -> dict:
+def seal(action: Action, text: str | None = None, *, read_plain: bool = False) -> dict:
     """What a step's call is, as the event that makes it records it: the SHA-256 of the body its tool receives, a
     digest of whom it calls (the tool version, the tenant and the idempotency key it is sent with), one of its target
     (a step whose target its result names gets it only once it succeeded), and how many people must approve it first.
@@ -182,10 +185,11 @@ def seal(action: Action, text: str | None = None) -> dict:
     the row shows whatever was recorded about it since: no later event's fingerprint launders it."""
     body = sent_text(action) if text is None else text
     key = subjects.key_of(action)
+    hashed = digest_plain if read_plain else digest  # `read_plain`: as for `_fingerprint`
     return {"body": subjects.keyed(key, hashlib.sha256(body.encode()).hexdigest()),
-            "call": subjects.keyed(key, digest(action.tool_id, action.tenant_id, action.key_agent,
+            "call": subjects.keyed(key, hashed(action.tool_id, action.tenant_id, action.key_agent,
                                                 action.idempotency_key)),
-            "target": subjects.keyed(key, digest(action.target_id)), "approvals": action.approvals_required}
+            "target": subjects.keyed(key, hashed(action.target_id)), "approvals": action.approvals_required}
 
 
 def sealed_fields(action: Action) -> tuple:
@@ -200,7 +204,7 @@ def sealed_fields(action: Action) -> tuple:
 UNDO_SEALED_KINDS = ("forward.succeeded", "compensation.plan_completed")
 
 
-def undo_seal(action: Action) -> str:
+def undo_seal(action: Action, *, read_plain: bool = False) -> str:
     """A digest of everything a succeeded step's undo is built from (`unwinding.new_compensation`, `undo_args`,
     `undo_approvals`, `compensation_tool`, the drift check): its compensation plan (the undo tool's version, the
     arguments' mapping, or those a person completed, its risk and approval), what `$args`, `$result`, `$before`,
@@ -210,7 +214,8 @@ def undo_seal(action: Action) -> str:
     laundered by them, and the undo tool sent bytes nobody recorded. `force` is left out: the operator's choice to
     overwrite a drifted target (`runs.run_compensate`), set on the plan after the step succeeded."""
     plan = {name: value for name, value in (action.compensation_plan or {}).items() if name != "force"}
-    plain = digest("undo", action.tenant_id, action.tool_id, plan,
+    hashed = digest_plain if read_plain else digest  # `read_plain`: as for `_fingerprint`
+    plain = hashed("undo", action.tenant_id, action.tool_id, plan,
                    hashlib.sha256(action.args_text.encode()).hexdigest(), action.args, action.result, action.before,
                    action.after, action.target_type, action.target_id, action.idempotency_key, action.key_agent,
                    action.risk, action.intent)
@@ -224,12 +229,17 @@ FINGERPRINT_KEYS = ("action_state", "run_state", "rows", "sends", "undo")
 
 # --- the chain -----------------------------------------------------------------------------------
 
-def _body(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
-    """The text an event's HMAC signs (after the previous hash)."""
-    return dumps({
+def _body_value(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> dict:
+    return {
         "tenant": tenant_id, "seq": seq, "kind": kind, "actor": actor, "run": run_ref,
         "action": action_ref, "data": data, "at": created_at.isoformat(), "key": key_id,
-    })
+    }
+
+
+def _body(*, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at) -> str:
+    """The text an event's HMAC signs (after the previous hash)."""
+    return dumps(_body_value(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
+                             action_ref=action_ref, data=data, created_at=created_at))
 
 
 def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref, action_ref, data,
@@ -237,6 +247,26 @@ def event_hash(key: bytes, prev_hash: str, *, key_id: str, tenant_id, seq, kind,
     body = _body(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
                  action_ref=action_ref, data=data, created_at=created_at)
     return hmac.new(key, (prev_hash + body).encode(), hashlib.sha256).hexdigest()
+
+
+def keyed_for_events(key: bytes) -> "hmac.HMAC":
+    """The audit key made ready once for `read_event_hash`, which copies it for each event."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def read_event_hash(keyed: "hmac.HMAC", prev_hash: str, *, key_id: str, tenant_id, seq, kind, actor, run_ref,
+                    action_ref, data, created_at, data_plain: bool) -> str:
+    """`event_hash` under the key `keyed` holds (`keyed_for_events`), for an event read back: `data_plain` says its
+    data was found plain as it was decoded (ledger/canonical.py `loads_noting_plain`), and with the event's other
+    columns of their stored types the body's text is then the encoder's (`dumps_plain`). The same bytes are signed."""
+    body = _body_value(key_id=key_id, tenant_id=tenant_id, seq=seq, kind=kind, actor=actor, run_ref=run_ref,
+                       action_ref=action_ref, data=data, created_at=created_at)
+    plain = (data_plain and type(tenant_id) is int and type(seq) is int and type(kind) is str and type(actor) is str
+             and type(key_id) is str and (run_ref is None or type(run_ref) is int)
+             and (action_ref is None or type(action_ref) is int))
+    signed = keyed.copy()
+    signed.update((prev_hash + (dumps_plain(body) if plain else dumps(body))).encode())
+    return signed.hexdigest()
 
 
 def body_around_seq(*, key_id: str, tenant_id: int, kind, actor, run_ref, action_ref, data_text: str,

@@ -37,7 +37,7 @@ from django.utils.dateparse import parse_datetime
 from ledger.audit.chain import (
     SEALED_KINDS, UNDO_SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text, undo_seal,
 )
-from ledger.canonical import canonical, digest
+from ledger.canonical import canonical, digest, digest_plain
 from ledger.db import mapping, received
 from ledger.db.partitions import recent
 from ledger.models import Action, AuditEvent
@@ -78,15 +78,15 @@ def checked_args(action: Action):
 
 
 def seal_problem(action: Action, recorded: dict | None, text: str | None = None, *, event: int | None = None,
-                 target: bool = True) -> str:
+                 target: bool = True, read_plain: bool = False) -> str:
     """Why `action`'s row is not the call its seal `recorded` (None: made before seals were kept), or "" when it is.
     Shared by the engine's check and `verify_chain` (which leaves out the `target` of a step that succeeded: its
-    result may have named it then)."""
+    result may have named it then, and passes `read_plain` for a row it read plain: ledger/audit/chain.py)."""
     text = sent_text(action) if text is None else text
     where = f" (event #{event})" if event is not None else ""
     what = f"{action.kind} step {action.seq} (action {action.pk})"
     if recorded is not None:
-        now = seal(action, text)
+        now = seal(action, text, read_plain=read_plain)
         if not hmac.compare_digest(str(recorded.get("body", "")), now["body"]):
             return (f"{what} would send arguments other than those recorded when it was proposed{where}: its args_text "
                     "was edited behind the services' back")
@@ -97,7 +97,8 @@ def seal_problem(action: Action, recorded: dict | None, text: str | None = None,
             return (f"{what} would act on another target ({action.target_id!r}) than recorded when it was "
                     f"proposed{where}: edited behind the services' back")
     try:
-        agrees = digest(canonical(received.loads(text))) == action.args_hash == digest(action.args)
+        agrees = digest(canonical(received.loads(text))) == action.args_hash == \
+            (digest_plain if read_plain else digest)(action.args)
     except (TypeError, ValueError):
         agrees = False
     if not agrees:
@@ -203,9 +204,9 @@ def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     return str(event.data["undo"]), event.seq
 
 
-def undo_seal_problem(forward: Action, recorded: str, *, event: int) -> str:
+def undo_seal_problem(forward: Action, recorded: str, *, event: int, read_plain: bool = False) -> str:
     """Why `forward` is not what the event `event` recorded its undo would be built from (`recorded`), or ""."""
-    if hmac.compare_digest(recorded, undo_seal(forward)):
+    if hmac.compare_digest(recorded, undo_seal(forward, read_plain=read_plain)):
         return ""
     return (f"the undo of step {forward.seq} (action {forward.pk}) would be built from a result, compensation plan, "
             f"arguments or snapshot other than those recorded when the step succeeded (event #{event}): edited behind "

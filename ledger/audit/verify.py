@@ -7,11 +7,15 @@ imports it back.
 from __future__ import annotations
 
 import hmac
+import json
 from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 
 from django.db import connection
+from django.db.models import JSONField, TextField
+from django.db.models.functions import Cast
 
 from ledger.archive import chain as archive_chain
 from ledger.archive.service import ARCHIVED_EVENT
@@ -19,8 +23,9 @@ from ledger.db import sql
 from ledger.audit import erased, sealed, subjects
 from ledger.audit.chain import (
     ACTION_FIELDS, GENESIS, RUN_FIELDS, SEALED_KINDS, UNDO_SEALED_KINDS, action_fingerprint, fingerprinted_models,
-    row_fingerprint, event_hash, run_fingerprint,
+    keyed_for_events, read_event_hash, row_fingerprint, run_fingerprint,
 )
+from ledger.canonical import loads_noting_plain
 from ledger.models import Action, ActionStatus, AuditEvent, AuditHead, Run, Tenant, TenantPolicyVersion, Tool
 from ledger.policy.limits import COUNTED  # the statuses whose steps hold their share of a limit
 
@@ -86,22 +91,26 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     holds: dict[int, tuple[str, int]] = {}
     refused: list[tuple[int, str, str]] = []
     rewritten = erased.Rewritten(tenant_id)
-    hot = AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq").iterator(chunk_size=2000)
-    for event in archive_chain.events(archive, hot):
+    keyed: dict[str, object] = {}  # each key made ready once (chain.keyed_for_events)
+    for event in archive_chain.events(archive, _hot_events(tenant_id)):
         state["events"] += 1
         expected_seq += 1
         if event.seq != expected_seq:
             raise _Broken("sequence", f"event #{expected_seq} is missing (next is #{event.seq}): deleted")
         if event.prev_hash != prev:
             raise _Broken("link", f"event #{event.seq} does not link to #{event.seq - 1}")
-        key = keys.get(event.key_id)
-        if key is None:
-            named = event.key_id or "(none)"
-            raise _Broken("key", f"event #{event.seq} was made with audit key id {named!r}, which is "
-                                 "not configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
-        recomputed = event_hash(key, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq, kind=event.kind,
-                                actor=event.actor, run_ref=event.run_ref, action_ref=event.action_ref,
-                                data=event.data, created_at=event.created_at)
+        signer = keyed.get(event.key_id)
+        if signer is None:
+            key = keys.get(event.key_id)
+            if key is None:
+                named = event.key_id or "(none)"
+                raise _Broken("key", f"event #{event.seq} was made with audit key id {named!r}, which is not "
+                                     "configured: add that key to UNWIND_AUDIT_OLD_KEYS or UNWIND_AUDIT_OLD_KEY_FILES")
+            signer = keyed[event.key_id] = keyed_for_events(key)
+        recomputed = read_event_hash(signer, prev, key_id=event.key_id, tenant_id=tenant_id, seq=event.seq,
+                                     kind=event.kind, actor=event.actor, run_ref=event.run_ref,
+                                     action_ref=event.action_ref, data=event.data, created_at=event.created_at,
+                                     data_plain=getattr(event, "plain", False))
         if not hmac.compare_digest(recomputed, event.hash) and not rewritten.pending(event):
             raise _Broken("hmac", f"event #{event.seq} ({event.kind}) was edited: its HMAC under key "
                                   f"{event.key_id} does not match (rewritten without the audit key)")
@@ -155,16 +164,28 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
     # is named as the run's.
     _check_rows(Run.objects.filter(tenant_id=tenant_id), "run", RUN_FIELDS, run_fingerprint, last_run,
                 every_row_recorded=False)
-    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", ACTION_FIELDS,
-                action_fingerprint,
-                last_action, every_row_recorded=True)
+    # The steps are read once, for their fingerprints and for their seals, holds and undo plans (_check_seal); the
+    # first problem of the latter (or error) is reported where it always was, once every fingerprint is checked.
+    sealing: list[Exception] = []
+
+    def check_seal(action: Action, plain: bool) -> None:
+        if sealing:
+            return
+        try:
+            _check_seal(action, plain, seals, approved, holds, undo_seals)
+        except Exception as problem:  # noqa: BLE001 - raised below, after the fingerprints, as before
+            sealing.append(problem)
+
+    _check_rows(Action.objects.filter(tenant_id=tenant_id), "action", (*ACTION_FIELDS, *SEAL_FIELDS),
+                action_fingerprint, last_action, every_row_recorded=True, also=check_seal)
     for spec in fingerprinted_models():
         recorded = {int(pk): value for pk, value in last_row[spec.label].items()}
         rows = spec.model._default_manager.filter(**{spec.tenant_lookup: tenant_id})
         _check_rows(rows, spec.label, spec.fields, row_fingerprint, recorded, every_row_recorded=True)
     # After the fingerprints, which name an edit made since a step's last event; these name one a later event
     # fingerprinted (laundered) as well.
-    _check_seals(tenant_id, seals, approved, holds, undo_seals)
+    if sealing:
+        raise sealing[0]
     _check_policy_in_force(tenant_id)
     _check_attempts(tenant_id)
     _check_totals(tenant_id)
@@ -176,24 +197,70 @@ def _verify(tenant_id: int, keys: dict[str, bytes], state: dict) -> None:
         raise _Broken(check, f"event #{seq} recorded a step refused by the engine: {problem}{more}")
 
 
+class _HotEvent:
+    """A hot event's columns, with the attributes of an AuditEvent row that the walk, the archive's join
+    (archive_chain.events) and the erasure's vouching read: no model instance is built per event."""
+
+    __slots__ = ("seq", "kind", "actor", "run_ref", "action_ref", "data", "created_at", "prev_hash", "hash", "key_id",
+                 "tenant_id", "plain")
+
+    def __init__(self, tenant_id, seq, kind, actor, run_ref, action_ref, data_text, created_at, prev_hash, hash_,
+                 key_id):
+        self.tenant_id, self.seq, self.kind, self.actor = tenant_id, seq, kind, actor
+        self.run_ref, self.action_ref, self.created_at = run_ref, action_ref, created_at
+        self.prev_hash, self.hash, self.key_id = prev_hash, hash_, key_id
+        # As the model's JSONField reads the column (text that is not JSON stays text), noting whether it is plain
+        # (ledger/canonical.py), which lets its hash skip the canonical copy.
+        self.data, self.plain = None, False
+        if data_text is not None:
+            try:
+                self.data, self.plain = loads_noting_plain(data_text)
+            except json.JSONDecodeError:
+                self.data = data_text
+
+
+_EVENT_COLUMNS = ("seq", "kind", "actor", "run_ref", "action_ref", "data_text", "created_at", "prev_hash", "hash",
+                  "key_id")
+
+
+def _hot_events(tenant_id: int):
+    """The tenant's hot events in order, read in chunks on a server-side cursor (PostgreSQL), the data as its text."""
+    rows = (AuditEvent.objects.filter(tenant_id=tenant_id).order_by("seq")
+            .annotate(data_text=Cast("data", output_field=TextField())).values_list(*_EVENT_COLUMNS))
+    for row in rows.iterator(chunk_size=2000):
+        yield _HotEvent(tenant_id, *row)
+
+
 def _check_archived_rows(archive, last_action: dict, last_run: dict, last_row: dict) -> None:
     """Rows that left the hot tables for a segment left legitimately: each must still be as the chain last recorded
     it, and is then no longer expected in the hot tables. A row deleted without archiving is still reported there.
     The segments are read again here, one at a time: what the chain last recorded is known only after the walk."""
-    specs = [("ledger.action", Action, action_fingerprint, last_action), ("ledger.run", Run, run_fingerprint, last_run)]
-    specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label]) for spec in fingerprinted_models()]
-    for number, rows in archive.rows():
+    specs = [("ledger.action", Action, action_fingerprint, last_action, ACTION_FIELDS),
+             ("ledger.run", Run, run_fingerprint, last_run, RUN_FIELDS)]
+    specs += [(spec.label, spec.model, row_fingerprint, last_row[spec.label], spec.fields)
+              for spec in fingerprinted_models()]
+    for number, rows, rows_plain in archive.rows_noting_plain():
         # An archived run's steps and rows are keyed with its key, which left the hot table with it (into the segment
         # that holds them).
         subjects.remember({row["id"]: row.get("fingerprint_key") or "" for row in rows.get("ledger.run", [])})
-        for label, model, fingerprint, recorded in specs:
+        for label, model, fingerprint, recorded, fields in specs:
             keyed_by_text = label not in ("ledger.action", "ledger.run")
-            for row in rows.get(label, []):
+            json_fields = {name for name in fields if isinstance(model._meta.get_field(name), JSONField)}
+            lines = rows.get(label, [])
+            plains = rows_plain.get(label, [])
+            if len(plains) != len(lines):
+                plains = [False] * len(lines)
+            for row, line_plain in zip(lines, plains):
                 pk = str(row["id"]) if keyed_by_text else row["id"]
                 last = recorded.get(pk)
                 if last is None:
                     continue
-                if last[0] != fingerprint(archive_chain.instance(model, row)):
+                obj = archive_chain.instance(model, row)
+                # Plain as a hot row is (_read_rows): its line was plain JSON, and its columns are of those types.
+                plain = line_plain and type(obj.pk) in _PLAIN_COLUMNS and all(
+                    type(value) in _PLAIN_COLUMNS or (name in json_fields and type(value) in (dict, list))
+                    for name, value in ((name, getattr(obj, name)) for name in fields))
+                if last[0] != fingerprint(obj, read_plain=plain):
                     raise _Broken("archive", f"archived {label.split('.')[-1]} {row['id']} in segment {number} "
                                              f"differs from its state at event #{last[1]}: edited before or while "
                                              "archived")
@@ -207,35 +274,34 @@ SEAL_FIELDS = ("kind", "seq", "run", "status", "args", "args_text", "args_hash",
                "target_type", "risk", "intent", "approvals_required")
 
 
-def _check_seals(tenant_id: int, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
-    """Every step that succeeded is still what its undo is built from as its success recorded (check `undo`); every
-    step's row is the call the event that made it sealed, and one sealed as needing approval that went past it was
-    approved (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same
-    comparisons the engine makes before it acts, for every row, so an edit shows however many events were recorded
-    for the step since."""
-    for action in Action.objects.filter(tenant_id=tenant_id).only(*SEAL_FIELDS).order_by("pk").iterator(chunk_size=2000):
-        if action.status in AFTER_SUCCESS and action.pk in undo_seals:
-            recorded, seq = undo_seals[action.pk]
-            problem = sealed.undo_seal_problem(action, recorded, event=seq)
-            if problem:
-                raise _Broken("undo", problem)
-        if action.pk in seals:
-            recorded, seq = seals[action.pk]
-            # A step made before seals were kept (none recorded) is left to its fingerprint.
-            problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS) \
-                if recorded is not None else ""
-            if not problem and action.status in PAST_APPROVAL:
-                problem = sealed.approval_problem(action, recorded, action.pk in approved)
-            if problem:
-                raise _Broken("sends", problem)
-        if action.status == ActionStatus.HELD:
-            if action.pk not in holds:
-                raise _Broken("hold", f"held step {action.seq} (action {action.pk}) has no recorded hold: made held "
-                                      "behind the services' back")
-            executes_at, seq = holds[action.pk]
-            problem = sealed.hold_problem(action, executes_at, event=seq)
-            if problem:
-                raise _Broken("hold", problem)
+def _check_seal(action: Action, plain: bool, seals: dict, approved: set, holds: dict, undo_seals: dict) -> None:
+    """A step that succeeded is still what its undo is built from as its success recorded (check `undo`); the step's
+    row is the call the event that made it sealed, and one sealed as needing approval that went past it was approved
+    (check `sends`); a held step's window ends when its latest hold recorded (check `hold`): the same comparisons the
+    engine makes before it acts, for every row (in the order of their ids), so an edit shows however many events were
+    recorded for the step since."""
+    if action.status in AFTER_SUCCESS and action.pk in undo_seals:
+        recorded, seq = undo_seals[action.pk]
+        problem = sealed.undo_seal_problem(action, recorded, event=seq, read_plain=plain)
+        if problem:
+            raise _Broken("undo", problem)
+    if action.pk in seals:
+        recorded, seq = seals[action.pk]
+        # A step made before seals were kept (none recorded) is left to its fingerprint.
+        problem = sealed.seal_problem(action, recorded, event=seq, target=action.status not in AFTER_SUCCESS,
+                                      read_plain=plain) if recorded is not None else ""
+        if not problem and action.status in PAST_APPROVAL:
+            problem = sealed.approval_problem(action, recorded, action.pk in approved)
+        if problem:
+            raise _Broken("sends", problem)
+    if action.status == ActionStatus.HELD:
+        if action.pk not in holds:
+            raise _Broken("hold", f"held step {action.seq} (action {action.pk}) has no recorded hold: made held "
+                                  "behind the services' back")
+        executes_at, seq = holds[action.pk]
+        problem = sealed.hold_problem(action, executes_at, event=seq)
+        if problem:
+            raise _Broken("hold", problem)
 
 
 # What a step's recorded status (fingerprinted in the chain) can be once one of its attempts succeeded: a success is
@@ -291,21 +357,58 @@ def _check_policy_in_force(tenant_id: int) -> None:
                                 "changed behind the services' back")
 
 
-def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool) -> None:
+def _check_rows(rows, label, fields, fingerprint, recorded, *, every_row_recorded: bool, also=None) -> None:
+    """Each row (in the order of their ids) is as the chain last recorded it; `also` is called with each row once its
+    own fingerprint is checked (and whether it was read plain)."""
     seen = set()
-    for row in rows.only(*fields).order_by("pk").iterator(chunk_size=2000):
+    for row, plain in _read_rows(rows, fields):
         seen.add(row.pk)
         last = recorded.get(row.pk)
         if last is None:
             if every_row_recorded:
                 raise _Broken("fingerprint", f"{label} {row.pk} has no audit event: written behind the services' back")
-            continue
-        if last[0] != fingerprint(row):
+        elif last[0] != fingerprint(row, read_plain=plain):
             raise _Broken("fingerprint", f"{label} {row.pk} differs from its state at event #{last[1]}: "
                                          "edited behind the services' back")
+        if also is not None:
+            also(row, plain)
     missing = set(recorded) - seen
     if missing:
         raise _Broken("fingerprint", f"{label} {min(missing)} is in the audit chain but not in the ledger: deleted")
+
+
+_PLAIN_COLUMNS = (str, int, bool, type(None), datetime)
+
+
+def _read_rows(rows, fields):
+    """(row, plain) for each row of the queryset `rows` in the order of their ids, the row built as `.only(*fields)`
+    builds it, except that each JSON column is read as its text and decoded as the model's JSONField decodes it,
+    noting whether it is plain (ledger/canonical.py `loads_noting_plain`). `plain`: every JSON value read is, and
+    every other value is text, an integer, a boolean, a null or a time, so the row's digest skips the canonical copy."""
+    model = rows.model
+    wanted = {model._meta.pk.attname} | {model._meta.get_field(name).attname for name in fields}
+    columns = [f for f in model._meta.concrete_fields if f.attname in wanted]
+    as_text = {f.attname for f in columns
+               if isinstance(f, JSONField) and f.decoder is None and type(f).from_db_value is JSONField.from_db_value}
+    selected = [f"_text_{f.attname}" if f.attname in as_text else f.attname for f in columns]
+    texts = [position for position, f in enumerate(columns) if f.attname in as_text]
+    others = [position for position, f in enumerate(columns) if f.attname not in as_text]
+    attnames = frozenset(f.attname for f in columns)  # from_db asks each concrete field whether it is in there
+    read = rows.annotate(**{f"_text_{name}": Cast(name, output_field=TextField()) for name in as_text}) \
+        .order_by("pk").values_list(*selected)
+    for values in read.iterator(chunk_size=2000):
+        values = list(values)
+        plain = all(type(values[position]) in _PLAIN_COLUMNS for position in others)
+        for position in texts:
+            text = values[position]
+            if text is None:
+                continue
+            try:
+                values[position], decoded_plain = loads_noting_plain(text)
+            except json.JSONDecodeError:
+                decoded_plain = False  # the model's JSONField keeps such text as it is
+            plain = plain and decoded_plain
+        yield model.from_db(read.db, attnames, values), plain
 
 
 # What each running total of a tenant's limits (ledger/policy/limits.py, migration 0022) should hold, read from the
