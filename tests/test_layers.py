@@ -100,7 +100,7 @@ def test_the_ledger_imports_none_of_the_apps_built_on_it():
 LEDGER_FLOORS = (
     # the ground floor: no models, no services; db/ holds the raw SQL the hot paths need and the helpers that read
     # its rows back (sql, mapping, received)
-    ("ledger", "ledger.errors", "ledger.canonical", "ledger.agent_text", "ledger.log_redaction",
+    ("ledger", "ledger.errors", "ledger.canonical", "ledger.agent_text", "ledger.log_redaction", "ledger.csp",
      "ledger.tracing_provider", "ledger.db"),
     ("ledger.models", "ledger.events", "ledger.tracing"),
     # what a step is allowed to do, what calls its tool, what records it
