@@ -6,6 +6,7 @@ answers 409 run_archived, and nothing changes."""
 import hashlib
 
 import requests
+from drf_spectacular.generators import SchemaGenerator
 
 from ledger.archive import reader
 from ledger.models import Action, ArchivedKey, ArchivedRun, Attempt, AuditEvent, Run
@@ -187,3 +188,32 @@ def test_an_erased_then_archived_run_and_its_steps_carry_the_erased_marker(archi
     step = live_api(archived, f"/api/v1/actions/{body['actions'][0]['id']}", archived.key).json()
     assert step["erased"] == body["erased"] and step["archived"] == body["archived"]
     assert live_api(archived, f"/api/v1/runs/{archived.alpha.pk}", archived.key).json()["erased"] is None
+
+
+def declared(schema: dict, node: dict) -> dict:
+    """The properties an OpenAPI schema node declares (through $ref and allOf)."""
+    if "$ref" in node:
+        return declared(schema, schema["components"]["schemas"][node["$ref"].rsplit("/", 1)[1]])
+    found = dict(node.get("properties", {}))
+    for part in node.get("allOf", []):
+        found.update(declared(schema, part))
+    return found
+
+
+def test_every_key_an_archived_answer_carries_is_declared_in_the_openapi_schema(archived):
+    """The generated clients (clients/typescript) know `archived` only if the schema declares it: on a run, a step,
+    a history page and the 409 run_archived problem, each with its `at` and `segment`."""
+    schema = SchemaGenerator().get_schema(request=None, public=True)  # what `manage.py spectacular` publishes
+    template = {"/api/v1/runs/{run_id}": f"/api/v1/runs/{archived.alpha.pk}",
+                "/api/v1/runs/{run_id}/attempts": f"/api/v1/runs/{archived.alpha.pk}/attempts",
+                "/api/v1/runs/{run_id}/events": f"/api/v1/runs/{archived.alpha.pk}/events",
+                "/api/v1/actions/{action_id}": f"/api/v1/actions/{archived.alpha_steps[0]}"}
+    for route, path in template.items():
+        body = live_api(archived, path, archived.key).json()
+        answer = schema["paths"][route]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+        properties = declared(schema, answer)
+        assert set(body) <= set(properties), (route, set(body) - set(properties))
+        assert set(body["archived"]) == set(declared(schema, properties["archived"])) == {"at", "segment"}, route
+    refused = live_api(archived, f"/api/v1/runs/{archived.alpha.pk}/complete", archived.key, "post")
+    problem = declared(schema, schema["components"]["schemas"]["Problem"])
+    assert refused.status_code == 409 and set(refused.json()) <= set(problem), set(refused.json()) - set(problem)

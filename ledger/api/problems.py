@@ -178,7 +178,11 @@ class ProblemSerializer(serializers.Serializer):
     instance = serializers.CharField(required=False, help_text="The request path.")
     field = serializers.CharField(required=False, allow_null=True, help_text="The field a validation error is about.")
     errors = FieldErrorSerializer(many=True, required=False, help_text="Every validation error, per field.")
-    action_id = serializers.IntegerField(required=False, help_text="The action an idempotency conflict is about.")
+    action_id = serializers.IntegerField(required=False, help_text="The action an idempotency conflict (or a write to "
+                                                                   "an archived run's step) is about.")
+    run_id = serializers.IntegerField(required=False, help_text="run_archived: the archived run the write named.")
+    archived = serializers.DictField(child=serializers.CharField(), required=False, help_text=(
+        "run_archived: when the run was archived (`at`) and the SHA-256 of its segment (`segment`)."))
     rule = serializers.CharField(required=False, help_text="The ordering-law rule that was broken.")
     conflicts_with = serializers.DictField(required=False, help_text="The earlier step it conflicts with: seq, tool.")
     retry_after = serializers.IntegerField(required=False, help_text="Seconds to wait before retrying (429).")

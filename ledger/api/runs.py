@@ -224,7 +224,20 @@ class RunCompleteView(ApiView):
         return run_response(request, run_complete(run=run, actor=caller.actor))
 
 
-class EventsInChainOrder(OldestFirst):
+class HistoryPages(OldestFirst):
+    """A run's history, oldest first; a page of an archived run's also carries `archived` (`history_page`)."""
+
+    def get_paginated_response_schema(self, schema):
+        answer = super().get_paginated_response_schema(schema)
+        answer["properties"]["archived"] = {
+            "type": "object", "description": "Only when the run was read from the archive (docs/archive.md).",
+            "required": ["at", "segment"],
+            "properties": {"at": {"type": "string", "format": "date-time", "description": "When it was archived."},
+                           "segment": {"type": "string", "description": "The SHA-256 of the segment holding it."}}}
+        return answer
+
+
+class EventsInChainOrder(HistoryPages):
     ordering = "seq"
 
 
@@ -253,7 +266,7 @@ HISTORY_OF_ARCHIVED = ("An archived run's (docs/archive.md) is read from its seg
 
 class RunAttemptsView(ApiView):
     permission_classes = [IsAgentOrMember]
-    pagination_class = OldestFirst
+    pagination_class = HistoryPages
 
     @extend_schema(tags=TAG, operation_id="runs_attempts", summary="Every attempt of a run's steps, oldest first",
                    description="Each try of each step (forward steps and compensations): how it ended, the error "

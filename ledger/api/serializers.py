@@ -28,6 +28,26 @@ class ErasedOut(serializers.Serializer):
     sentence = serializers.CharField(help_text="What now stands where their text was.")
 
 
+class ArchivedOut(serializers.Serializer):
+    at = serializers.DateTimeField(help_text="When the run was archived.")
+    segment = serializers.CharField(help_text="The SHA-256 of the segment holding it (its name in the archive).")
+
+
+@extend_schema_field(ArchivedOut)
+class ArchivedMark(serializers.DictField):
+    """`archived` on a run or a step read back from its segment (docs/archive.md); a hot one has no such key. The view
+    that read the segment sets it (`archived_out`); declared here so the schema, and the clients generated from it,
+    know the key. A dict of text, not a nested serializer, so the answer keeps its plan (`OutSerializer`)."""
+
+    def __init__(self, **kwargs):
+        # Not read-only: the schema lists every read-only field as required.
+        super().__init__(child=serializers.CharField(), required=False, **kwargs)
+
+
+ARCHIVED_HELP = ("Only on a {} read from the archive (docs/archive.md): when it was archived and the SHA-256 of its "
+                 "segment. Absent on a hot one.")
+
+
 def erased_out(erased_at) -> dict | None:
     if erased_at is None:
         return None
@@ -105,6 +125,7 @@ class ActionOut(OutSerializer):
     erased = serializers.SerializerMethodField(help_text=(
         "Null, or when the data of the person its run acted for was erased at their request: every text of the "
         "step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`."))
+    archived = ArchivedMark(help_text=ARCHIVED_HELP.format("step of a run"))
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -192,6 +213,7 @@ class RunOut(OutSerializer):
     erased = serializers.SerializerMethodField(help_text=(
         "Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, "
         "intent and every text of its steps then read as `erased.sentence`."))
+    archived = ArchivedMark(help_text=ARCHIVED_HELP.format("run"))
     links = serializers.SerializerMethodField()
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
@@ -213,11 +235,6 @@ class RunOut(OutSerializer):
         return {name: absolute(request, path_to(f"api:run-{route}", run.pk))
                 for name, route in (("self", "detail"), ("actions", "actions"), ("cancel", "cancel"),
                                     ("complete", "complete"))}
-
-
-class ArchivedOut(serializers.Serializer):
-    at = serializers.DateTimeField(help_text="When the run was archived.")
-    segment = serializers.CharField(help_text="The SHA-256 of the segment holding it (its name in the archive).")
 
 
 def archived_out(entry) -> dict:

@@ -629,6 +629,8 @@ export interface components {
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
             /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
             readonly erased: components["schemas"]["ErasedOut"] | null;
+            /** @description Only on a step of a run read from the archive (docs/archive.md): when it was archived and the SHA-256 of its segment. Absent on a hot one. */
+            archived?: components["schemas"]["ArchivedOut"];
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1004,6 +1006,16 @@ export interface components {
              */
             previous?: string | null;
             results: components["schemas"]["AttemptOut"][];
+            /** @description Only when the run was read from the archive (docs/archive.md). */
+            archived?: {
+                /**
+                 * Format: date-time
+                 * @description When it was archived.
+                 */
+                at: string;
+                /** @description The SHA-256 of the segment holding it. */
+                segment: string;
+            };
         };
         PaginatedEventOutList: {
             /**
@@ -1017,6 +1029,16 @@ export interface components {
              */
             previous?: string | null;
             results: components["schemas"]["EventOut"][];
+            /** @description Only when the run was read from the archive (docs/archive.md). */
+            archived?: {
+                /**
+                 * Format: date-time
+                 * @description When it was archived.
+                 */
+                at: string;
+                /** @description The SHA-256 of the segment holding it. */
+                segment: string;
+            };
         };
         PaginatedPendingCompensationOutList: {
             /**
@@ -1112,6 +1134,8 @@ export interface components {
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
             /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
             readonly erased: components["schemas"]["ErasedOut"] | null;
+            /** @description Only on a step of a run read from the archive (docs/archive.md): when it was archived and the SHA-256 of its segment. Absent on a hot one. */
+            archived?: components["schemas"]["ArchivedOut"];
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1152,8 +1176,14 @@ export interface components {
             field?: string | null;
             /** @description Every validation error, per field. */
             errors?: components["schemas"]["FieldError"][];
-            /** @description The action an idempotency conflict is about. */
+            /** @description The action an idempotency conflict (or a write to an archived run's step) is about. */
             action_id?: number;
+            /** @description run_archived: the archived run the write named. */
+            run_id?: number;
+            /** @description run_archived: when the run was archived (`at`) and the SHA-256 of its segment (`segment`). */
+            archived?: {
+                [key: string]: string;
+            };
             /** @description The ordering-law rule that was broken. */
             rule?: string;
             /** @description The earlier step it conflicts with: seq, tool. */
@@ -1218,6 +1248,8 @@ export interface components {
             readonly approval: components["schemas"]["ApprovalLinkOut"] | null;
             /** @description Null, or when the data of the person its run acted for was erased at their request: every text of the step (arguments, result, snapshots, intent, target, error) then reads as `erased.sentence`. */
             readonly erased: components["schemas"]["ErasedOut"] | null;
+            /** @description Only on a step of a run read from the archive (docs/archive.md): when it was archived and the SHA-256 of its segment. Absent on a hot one. */
+            archived?: components["schemas"]["ArchivedOut"];
             readonly links: components["schemas"]["ActionLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1384,6 +1416,8 @@ export interface components {
             readonly attention: components["schemas"]["AttentionOut"] | null;
             /** @description Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, intent and every text of its steps then read as `erased.sentence`. */
             readonly erased: components["schemas"]["ErasedOut"] | null;
+            /** @description Only on a run read from the archive (docs/archive.md): when it was archived and the SHA-256 of its segment. Absent on a hot one. */
+            archived?: components["schemas"]["ArchivedOut"];
             readonly links: components["schemas"]["RunLinksOut"];
             /** Format: date-time */
             created_at: string;
@@ -1442,6 +1476,8 @@ export interface components {
             readonly attention: components["schemas"]["AttentionOut"] | null;
             /** @description Null, or when the data of the person it acted for was erased at their request: its goal, on_behalf_of, intent and every text of its steps then read as `erased.sentence`. */
             readonly erased: components["schemas"]["ErasedOut"] | null;
+            /** @description Only on a run read from the archive (docs/archive.md): when it was archived and the SHA-256 of its segment. Absent on a hot one. */
+            archived?: components["schemas"]["ArchivedOut"];
             readonly links: components["schemas"]["RunLinksOut"];
             /** Format: date-time */
             created_at: string;
