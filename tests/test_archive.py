@@ -13,7 +13,7 @@ from ledger.archive import segments
 from ledger.archive.service import archive_tenant, legal_hold_set
 from ledger.archive.store import DirectoryStore, segment_key
 from ledger.audit.verify import verify_chain
-from ledger.errors import ValidationFailed
+from ledger.errors import ArchiveUnavailable, ValidationFailed
 from ledger.models import (
     Action, ArchivedRun, ArchiveSegment, Attempt, AuditEvent, Checkpoint, Run, RunStatus, Tenant,
 )
@@ -383,7 +383,15 @@ def test_an_s3_bucket_holds_segments_that_verify_and_are_read_back(tools, bucket
     assert verify_chain(tools.acme.pk).ok
     view = archived_run(tenant_ids=[tools.acme.pk], agent_id=tools.agent.pk, run_id=old.pk)
     assert view.run.goal == "old" and [a.tool.name for a in view.actions] == ["hr.create_user", "licenses.provision"]
+    # Read back once, the segment is cached; a rewrite of the object (here one byte) is seen at the next read.
+    bucket.put_object(Bucket="unwind-archive", Key=key, Body=stored[:-1] + b"\0")
+    with pytest.raises(ArchiveUnavailable, match="no longer hashes to its name"):
+        archived_run(tenant_ids=[tools.acme.pk], agent_id=tools.agent.pk, run_id=old.pk)
+    bucket.put_object(Bucket="unwind-archive", Key=key, Body=stored)
+    assert archived_run(tenant_ids=[tools.acme.pk], agent_id=tools.agent.pk, run_id=old.pk).run.goal == "old"
     bucket.delete_object(Bucket="unwind-archive", Key=key)
+    with pytest.raises(ArchiveUnavailable, match="is missing"):
+        archived_run(tenant_ids=[tools.acme.pk], agent_id=tools.agent.pk, run_id=old.pk)
     report = verify_chain(tools.acme.pk)
     assert not report.ok and "segment 1 (" in report.problem and "missing from s3://unwind-archive/ledger" in report.problem
 

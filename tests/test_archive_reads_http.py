@@ -4,11 +4,11 @@ attempts, its events and its steps as they answered while hot, marked `archived`
 run that never was, byte for byte; a segment that fails its hash answers 503 archive_unavailable; every write
 answers 409 run_archived, and nothing changes."""
 import hashlib
+import os
 
 import requests
 from drf_spectacular.generators import SchemaGenerator
 
-from ledger.archive import reader
 from ledger.models import Action, ArchivedKey, ArchivedRun, Attempt, AuditEvent, Run
 from ledger.tenancy import agent_create
 from recovery.erasure import subject_erase
@@ -85,8 +85,10 @@ def test_another_agent_or_tenant_gets_the_404_of_a_run_that_never_was(archived):
 def test_a_segment_that_fails_its_hash_answers_503_and_the_index_still_lists(archived):
     files = [path for path in archived.archive_dir.rglob("*.jsonl.zst")]
     assert len(files) == 1
-    files[0].write_bytes(files[0].read_bytes()[:-1] + b"\0")
-    reader._cache.clear()  # the live server runs in this process: nothing read before the change is kept
+    assert all(live_api(archived, path, archived.key).status_code == 200 for path in reads(archived))  # now cached
+    kept = files[0].stat()
+    files[0].write_bytes(files[0].read_bytes()[:-1] + b"\0")  # same size, and its time set back:
+    os.utime(files[0], ns=(kept.st_atime_ns, kept.st_mtime_ns))  # a reader's cache must still see the change
     for path in reads(archived):
         answer = live_api(archived, path, archived.key)
         assert answer.status_code == 503 and answer.json()["code"] == "archive_unavailable", (path, answer.text)
@@ -95,6 +97,15 @@ def test_a_segment_that_fails_its_hash_answers_503_and_the_index_still_lists(arc
     assert live_api(archived, reads(archived)[1], second).status_code == 404  # the index decides first
     listed = live_api(archived, "/api/v1/runs?archived=true", archived.key)  # no segment is fetched to list
     assert listed.status_code == 200 and len(listed.json()["results"]) == 2
+
+
+def test_a_segment_removed_after_it_was_read_answers_503_not_from_memory(archived):
+    path = reads(archived)[0]
+    assert live_api(archived, path, archived.key).status_code == 200
+    [segment] = archived.archive_dir.rglob("*.jsonl.zst")
+    segment.unlink()
+    answer = live_api(archived, path, archived.key)
+    assert answer.status_code == 503 and "is missing" in answer.json()["detail"], answer.text
 
 
 def everything(world) -> tuple:

@@ -22,8 +22,11 @@ from ledger.models import Action, ArchivedKey, ArchivedRun, ArchiveSegment, Atte
 # The look-up key every archived step is indexed by (ledger/apps.py registers it): its id, with its run.
 ACTION_KEY = Action._meta.label_lower
 
-_CACHED = 4  # segments kept decoded in a process: a page and its trail read the same one again
-_cache: OrderedDict[str, segments.Segment] = OrderedDict()
+# Segments kept decoded in a process (a page and its trail read the same one again), each with its store's stamp of
+# the object when it was fetched and hashed: a hit is served only while the stamp is unchanged, so a segment changed
+# or removed after it was read is fetched and checked again (and refused), not served from memory.
+_CACHED = 4
+_cache: OrderedDict[tuple[str, str], tuple[str, segments.Segment]] = OrderedDict()
 _lock = threading.Lock()
 
 
@@ -40,18 +43,24 @@ class ArchivedRunView:
 
 
 def segment(index: ArchiveSegment, *, store=None) -> segments.Segment:
+    store = store or archive_store()
+    key = segment_key(index.tenant_id, index.sha256)
+    stamp = store.stamp(key)
     with _lock:
-        if index.sha256 in _cache:
-            _cache.move_to_end(index.sha256)
-            return _cache[index.sha256]
-    data = (store or archive_store()).get(segment_key(index.tenant_id, index.sha256))
+        cached = _cache.get((store.where, index.sha256))
+        if cached is not None and stamp is not None and cached[0] == stamp:
+            _cache.move_to_end((store.where, index.sha256))
+            return cached[1]
+    data = store.get(key) if stamp is not None else None
     if data is None or hashlib.sha256(data).hexdigest() != index.sha256:
+        with _lock:
+            _cache.pop((store.where, index.sha256), None)
         why = "is missing" if data is None else "no longer hashes to its name"
         raise ArchiveUnavailable(f"archive segment {index.number} of the run's tenant {why}: run `manage.py "
                                  "verify_audit`")
     read = segments.decode(data)
     with _lock:
-        _cache[index.sha256] = read
+        _cache[(store.where, index.sha256)] = (stamp, read)
         while len(_cache) > _CACHED:
             _cache.popitem(last=False)
     return read

@@ -44,6 +44,15 @@ class DirectoryStore:
         except FileNotFoundError:
             return None
 
+    def stamp(self, key: str) -> str | None:
+        """What changes whenever the file does (or None: it is gone): a reader's cache is good while it holds. The
+        inode change time is set by the kernel on every write, rename or metadata change and cannot be set back."""
+        try:
+            st = (self.root / key).stat()
+        except FileNotFoundError:
+            return None
+        return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
     def delete(self, key: str) -> None:
         (self.root / key).unlink(missing_ok=True)
 
@@ -76,6 +85,19 @@ class BucketStore:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey:
             return None
+
+    def stamp(self, key: str) -> str | None:
+        """The object's ETag and time (or None: it is gone), from a HEAD request: a reader's cache is good while it
+        holds. A rewrite of the object, even with the same bytes, gives it a new time."""
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return f"{head.get('ETag')}:{head.get('LastModified')}:{head.get('ContentLength')}"
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
