@@ -191,6 +191,23 @@ def test_a_file_that_changes_the_arguments_replaces_the_function(db, tmp_path):
 
 
 @needs_postgres
+def test_migrate_replaces_a_completion_that_took_status_lists(db):
+    """Issue 40 changed `unwind_complete`'s arguments: it is handed the plan Python decided and its guards, no longer
+    the status lists it sorted the run's steps by. A database holding the old one (as 0016 left it) ends, after
+    `migrate`, with the file's alone, and the guard trusts the functions again."""
+    args = "SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = 'unwind_complete'"
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP FUNCTION public.unwind_complete({sql.fetch_one(args, [])[0]})")
+        cursor.execute(AT_0016["unwind_complete"].text)
+    assert "p_busy text[]" in sql.fetch_one(args, [])[0]
+    assert installed_fingerprint() != plpgsql.expected_fingerprint()
+    call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step installs the file
+    (found,), = sql.fetch_all(args, [])  # one argument list: the file's
+    assert "p_steps jsonb" in found and "text[]" not in found
+    assert installed_fingerprint() == plpgsql.expected_fingerprint()
+
+
+@needs_postgres
 def test_a_triggers_changed_function_is_replaced_and_its_triggers_stay(db, tmp_path):
     """Dropping a trigger's function would fail (or, with CASCADE, drop the trigger that keeps the limits' totals):
     an edited `unwind_limit_totals_keep` is replaced in place, and its triggers call the new body."""

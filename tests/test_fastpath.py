@@ -13,13 +13,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.engine import attempts, fastpath, plpgsql, runstate, unwinding
+from ledger.engine import attempts, fastpath, plans, plpgsql, runstate, runsteps, unwinding
 from ledger.audit.verify import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
-from ledger.engine.runs import run_cancel, run_complete
+from ledger.engine.runs import completion, run_cancel, run_complete
 from ledger.policy.versions import tenant_defaults_set, tool_upsert
 from tests.conftest import needs_postgres
 from tests.helpers import act, open_run
@@ -191,31 +191,24 @@ def test_a_success_on_an_action_someone_else_moved_writes_nothing(tools):
     assert Action.objects.get(pk=proposal.action.pk).status == "lost"
 
 
-def _completing(run: Run):
-    """What `run_complete` hands the call: the caller's copy, completed in memory, and a checkpoint without state."""
-    from django.utils import timezone
-
-    completed = Run.objects.get(pk=run.pk)
-    completed.status, completed.updated_at, completed.finished_at = "completed", timezone.now(), timezone.now()
-    checkpoint = Checkpoint(pk=fastpath.checkpoint_id(), tenant_id=run.tenant_id, run_id=run.pk, label="completed")
-    return completed, checkpoint
-
-
-def _complete(completed: Run, checkpoint: Checkpoint):
-    return fastpath.complete(completed, run_status="running", checkpoint=checkpoint, pending=[],
-                             busy=(*attempts.PENDING, "running"), done=attempts.DONE, unfinished=attempts.UNFINISHED,
-                             awaiting=("awaiting_approval",))
+def _decided(run: Run, **copy_says) -> plans.Completion:
+    """What `run_complete` decides for `run` as the ledger has it now (or as a copy that says `copy_says` has it), with
+    its checkpoint's id drawn, as the call gets it."""
+    read, steps = runsteps.run_with_steps(run.pk)
+    for field, value in copy_says.items():
+        setattr(read, field, value)
+    return completion(read, steps, actor="agent:booker").numbered(fastpath.checkpoint_id())
 
 
-def test_a_run_with_a_step_in_flight_is_not_completed_by_the_call(tools):
+def test_a_run_with_a_step_in_flight_since_the_decision_is_not_completed_by_the_call(tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "s@b.io", "name": "S"})
-    completed, checkpoint = _completing(run)
+    plan = _decided(run)
     Action.objects.filter(run=run).update(status="running")  # a step back in flight since the caller looked
     before = head_of(tools)
-    assert _complete(completed, checkpoint) is None
+    assert fastpath.complete(plan) == plans.STALE
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "running"
-    assert not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    assert not Checkpoint.objects.filter(pk=plan.checkpoint.pk).exists()
     with pytest.raises(StateConflict, match="still running"):
         run_complete(run=run, actor="agent:booker")
 
@@ -225,16 +218,15 @@ def test_a_run_with_a_step_in_flight_is_not_completed_by_the_call(tools):
                                           ("pivot_committed", True), ("agent_id", None)])
 def test_a_copy_that_differs_from_the_run_in_a_fingerprinted_field_completes_nothing(tools, field, value):
     """The events are built from the caller's copy of the run; a copy that no longer says what the run holds (in a
-    field the completion's fingerprint covers) makes the call write nothing, and the Python path completes the run
-    from the run itself."""
+    field the completion's fingerprint covers) makes the call write nothing ('stale'), and the completion decided
+    again from a fresh read completes the run."""
     run = open_run(tools, goal="as opened", intent={"ticket": "T-1"})
     act(run, "hr.create_user", {"email": "f@b.io", "name": "F"})
-    completed, checkpoint = _completing(run)
-    setattr(completed, field, value)
+    plan = _decided(run, **{field: value})
     before = head_of(tools)
-    assert _complete(completed, checkpoint) is None
+    assert fastpath.complete(plan) == plans.STALE
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "running"
-    assert not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    assert not Checkpoint.objects.filter(pk=plan.checkpoint.pk).exists()
     assert run_complete(run=Run.objects.get(pk=run.pk), actor="agent:booker").status == "completed"
     assert verify_chain(tools.acme.pk).ok
 
@@ -244,19 +236,21 @@ def test_a_checkpoint_id_drawn_before_the_runs_newest_checkpoint_is_not_used(too
     checkpoint of the run was written would file the completion's before it."""
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "c@b.io", "name": "C"})
-    completed, checkpoint = _completing(run)
+    plan = _decided(run)
     newer = Checkpoint.objects.create(tenant_id=run.tenant_id, run_id=run.pk, label="resumed", state={})
-    assert newer.pk > checkpoint.pk
+    assert newer.pk > plan.checkpoint.pk
     before = head_of(tools)
-    assert _complete(completed, checkpoint) is None
-    assert head_of(tools) == before and not Checkpoint.objects.filter(pk=checkpoint.pk).exists()
+    assert fastpath.complete(plan) == plans.STALE
+    assert head_of(tools) == before and not Checkpoint.objects.filter(pk=plan.checkpoint.pk).exists()
     done = run_complete(run=run, actor="agent:booker")
     assert done.status == "completed" and done.checkpoints.order_by("-id").first().label == "completed"
 
 
 def test_the_completions_checkpoint_is_the_one_the_python_path_builds(tools):
-    """`unwind_complete` builds the checkpoint's state in SQL; it must say what `runstate.checkpoint_state` says,
-    for every kind of step a completed run may hold, and the run it answers must be the run as stored."""
+    """The completion's checkpoint is decided in Python from the steps the caller holds, and `unwind_complete` writes
+    it as given: for every kind of step a completed run may hold (here moved behind the caller's back, so its
+    decision from the steps it held is found stale and made again), it says what `runstate.checkpoint_state` says of
+    the steps as stored, and the run the call answers is the run as stored."""
     run = open_run(tools, goal="mixed")
     moved = ("failed", "lost", "compensated", "compensation_failed", "rejected", "expired", "skipped")
     steps = [act(run, "hr.create_user", {"email": f"m{i}@b.io", "name": f"M{i}"}) for i in range(len(moved) + 1)]

@@ -21,20 +21,21 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
-from ledger.engine import fastpath, plpgsql
+from ledger.audit.chain import ledger_transaction
+from ledger.engine import fastpath, plans, plpgsql, runsteps
 from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
-from ledger.models import Action, Attempt, AuditEvent, Checkpoint, Run
+from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
 from ledger.engine.attempts import mark_sent
-from ledger.engine.runs import run_cancel, run_complete, run_expire_idle
+from ledger.engine.runs import completion, run_cancel, run_complete, run_expire_idle
 from ledger.engine.sweep import sweep
 from ledger.policy.versions import tenant_defaults_set, tool_upsert
 from recovery.models import RecoveryItem
@@ -653,13 +654,13 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
     # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
     ("unwind_succeed", "error_class = '', error_message = ''", "error_class = 'x', error_message = ''", "ok",
      ".attempts[0].error_class: 'x' != ''"),
-    # The completion's checkpoint, its steps filled in by SQL: here it lists none of them as done.
-    ("unwind_complete", "FILTER (WHERE a.status = ANY (p_done))", "FILTER (WHERE false)", "ok",
-     ".checkpoints[0].state.completed_action_ids"),
+    # The completion's run, moved as the plan says: here the call forgets when it finished.
+    ("unwind_complete", "finished_at = n.finished_at", "finished_at = NULL", "ok",
+     ".runs[0].finished_at: None != 'TIME'"),
     # A limit's room, handed to the call: here it never refuses, and the third reservation goes over the budget.
     ("unwind_propose", "IF v_used[i] > (p_limits->(i - 1)->>'room')::numeric THEN", "IF false THEN", "budget",
      ".actions[2].policy_decision.denied: only in python"),
-], ids=["succeed-attempt-error", "complete-checkpoint-mode", "propose-limit-room"])
+], ids=["succeed-attempt-error", "complete-run-finished", "propose-limit-room"])
 def test_a_rule_changed_only_in_the_sql_is_caught(tools, settings, commit, monkeypatch, function, line, changed,
                                                   name, where):
     before = fastpath._altered
@@ -669,3 +670,104 @@ def test_a_rule_changed_only_in_the_sql_is_caught(tools, settings, commit, monke
     assert not fastpath._altered and not before
     found = differences(normalised(fast), normalised(slow))
     assert found and any(where in difference for difference in found), found
+
+
+# --- one plan, two writers: a decision written alike by PostgreSQL's function and by the Python writer ---------------
+
+class _Undone(Exception):
+    """Raised to roll back what a writer wrote, once read, so that the other writer starts from the same rows."""
+
+
+def written_by(write, plan) -> dict:
+    """What `write(plan)` answers and leaves, read inside a savepoint that is then rolled back: the answer, the run, its
+    checkpoints, the tenant's chain head and the events after it, every column as stored (their hashes too: the
+    function's HMAC must be the Python writer's)."""
+    tenant_id, run_id = plan.run.tenant_id, plan.run.pk
+    before = AuditHead.objects.get(pk=tenant_id).seq
+    seen = {}
+    try:
+        with transaction.atomic():
+            answer = write(plan)
+            seen = {"answer": answer if isinstance(answer, str) else rows(Run, [answer]),
+                    "run": rows(Run, Run.objects.filter(pk=run_id)),
+                    "checkpoints": rows(Checkpoint, Checkpoint.objects.filter(run_id=run_id).order_by("pk")),
+                    "head": list(AuditHead.objects.filter(pk=tenant_id).values_list("seq", "hash")),
+                    # (but the rows' own ids, drawn from a sequence that a rollback does not wind back)
+                    "events": [{**row, "id": None} for row in rows(AuditEvent, AuditEvent.objects.filter(
+                        tenant_id=tenant_id, seq__gt=before).order_by("seq"))]}
+            raise _Undone
+    except _Undone:
+        pass
+    return seen
+
+
+def by_the_function(plan):
+    return fastpath.complete(plan)
+
+
+def by_python(plan):
+    with ledger_transaction(plan.run.tenant_id) as audit:
+        return plans.write_completion(plan, log=audit)
+
+
+def _completion_plan(world):
+    """A run whose steps hold every status a completed run may hold (moved behind the engine's back: only what the
+    decision reads of them matters here), and its completion decided from the ledger, its checkpoint's id drawn."""
+    run = open_run(world, goal="two writers")
+    moved = ("failed", "lost", "compensated", "rejected", "skipped")
+    steps = [act(run, "hr.create_user", {"email": f"w{i}@company.com", "name": f"W{i}"}) for i in range(len(moved) + 1)]
+    for done, status in zip(steps[1:], moved):
+        Action.objects.filter(pk=done.pk).update(status=status)
+    read, seen = runsteps.run_with_steps(run.pk)
+    return completion(read, seen, actor="agent:booker").numbered(fastpath.checkpoint_id()), steps
+
+
+# What may change between the decision and its writing, applied inside each writer's savepoint alike.
+CHANGED_SINCE = {
+    "nothing": lambda plan, steps, newer: None,
+    "a step": lambda plan, steps, newer: Action.objects.filter(pk=steps[0].pk).update(status="running"),
+    "the goal": lambda plan, steps, newer: Run.objects.filter(pk=plan.run.pk).update(goal="another goal"),
+    "a checkpoint": lambda plan, steps, newer: Checkpoint.objects.create(
+        pk=newer, tenant_id=plan.run.tenant_id, run_id=plan.run.pk, label="resumed", state={}),
+}
+
+
+def both_writers(world, monkeypatch, changed: str) -> tuple[dict, dict]:
+    """One plan, and what each writer makes of it after `changed` (CHANGED_SINCE) happened since its decision."""
+    plan, steps = _completion_plan(world)
+    newer = fastpath.checkpoint_id()  # drawn after the plan's: a checkpoint of the run filed after the completion's
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)  # the writers' clocks (events, checkpoint) read alike
+
+    def after_the_change(write):
+        def written(plan_):
+            CHANGED_SINCE[changed](plan_, steps, newer)
+            return write(plan_)
+        return written
+
+    return written_by(after_the_change(by_the_function), plan), written_by(after_the_change(by_python), plan)
+
+
+@pytest.mark.parametrize("changed", list(CHANGED_SINCE))
+def test_both_writers_apply_a_plan_to_the_same_rows_alike(tools, monkeypatch, changed):
+    """One completion plan, written by `unwind_complete` and by `plans.write_completion` from the same rows: the same
+    answer, and every column of the run, its checkpoints and the chain's events and head the same, byte for byte
+    (their clocks frozen alike). When something the plan was decided from changed since, both answer 'stale' and
+    write nothing."""
+    function, python = both_writers(tools, monkeypatch, changed)
+    found = differences(function, python)
+    assert not found, "\n".join(found)
+    if changed == "nothing":
+        assert function["run"][0]["status"] == "completed" and len(function["events"]) == 2
+        assert function["checkpoints"][-1]["state"]["pending_action_ids"]  # failed and lost: unfinished
+    else:
+        assert function["answer"] == plans.STALE and function["events"] == []
+
+
+def test_a_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
+    """The comparison above can fail: a function that no longer compares the run's steps with the plan's writes a
+    completion decided before a step went back in flight, where the Python writer answers 'stale'."""
+    _install_changed("unwind_complete", "OR v_steps <> p_steps ", "", monkeypatch)
+    function, python = both_writers(tools, monkeypatch, "a step")
+    assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
+    assert ".answer: " in "\n".join(differences(function, python))

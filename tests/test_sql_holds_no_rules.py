@@ -7,6 +7,9 @@ decided").
 - No function reads what the ordering law (a step's saga role) or the same-content match (its content key) decide
   from: both are decided in ledger/engine/runsteps.py, and the one-call proposal only compares the run's actions
   with those the decision was made from.
+- No function builds a checkpoint's state (its step lists, its summary: `runstate.checkpoint_state` decides them)
+  or sorts a run's steps by a list of statuses it is handed: only the limits count steps by status (the statuses
+  that count are `policy.limits.COUNTED`, handed to them).
 - A stale decision is never written: a run copy whose steps are out of date is decided again, not recorded.
 """
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.db import connection
 
-from ledger.engine import fastpath, plpgsql, runsteps
+from ledger.engine import fastpath, plans, plpgsql, runstate, runsteps
 from ledger.engine.proposal import action_propose
+from ledger.engine.runs import run_complete
 from ledger.errors import OrderingViolation
-from ledger.models import Action, ActionStatus, RunStatus
+from ledger.models import Action, ActionStatus, Checkpoint, Run, RunStatus
 from tests.conftest import needs_postgres
-from tests.helpers import open_run
+from tests.helpers import act, open_run
 
 STATUSES = {status.value for status in ActionStatus} | {status.value for status in RunStatus}
 LITERAL = re.compile(r"'((?:[^']|'')*)'")
@@ -46,6 +51,37 @@ def test_no_sql_file_reads_what_the_ordering_law_or_the_content_match_decide_fro
     found = {name: [column for column in RULE_COLUMNS if re.search(rf"\b{column}\b", _code(function.text))]
              for name, function in plpgsql.functions().items()}
     assert not {name: columns for name, columns in found.items() if columns}, found
+
+
+# What a checkpoint records of a run besides the run's own columns: decided by `runstate.checkpoint_state` alone.
+CHECKPOINT_KEYS = set(runstate.checkpoint_state(Run(status=RunStatus.RUNNING), [])) - {
+    f.column for f in Run._meta.concrete_fields}
+# The functions that count a run's or a tenant's steps toward a limit, by the statuses handed to them (`p_counted`,
+# the triggers' arguments): the one rule that sorts steps by status in SQL, decided in `policy.limits.COUNTED`.
+LIMIT_COUNTERS = {"unwind_limits_used", "unwind_limit_measure", "unwind_limit_totals_keep"}
+STATUS_LIST = re.compile(r"\bstatus\s*=\s*ANY\s*\(", re.IGNORECASE)
+
+
+def checkpoint_keys_in(text: str) -> set[str]:
+    return {key for key in CHECKPOINT_KEYS if re.search(rf"\b{key}\b", _code(text))}
+
+
+def test_no_sql_file_builds_a_checkpoint_or_sorts_steps_by_a_status_list():
+    assert "summary" in CHECKPOINT_KEYS and "completed_action_ids" in CHECKPOINT_KEYS
+    built = {name: sorted(checkpoint_keys_in(function.text)) for name, function in plpgsql.functions().items()}
+    assert not {name: keys for name, keys in built.items() if keys}, built
+    sorting = {name for name, function in plpgsql.functions().items() if STATUS_LIST.search(_code(function.text))}
+    assert sorting <= LIMIT_COUNTERS, sorting - LIMIT_COUNTERS
+
+
+def test_the_check_sees_a_checkpoint_built_in_sql():
+    """The check above can fail: a completion that lists the run's done steps itself, from a status list, is found."""
+    text = plpgsql.functions()["unwind_complete"].text
+    planted = text.replace("RETURN jsonb_build_object('outcome', 'ok',", "v_run.id := (SELECT jsonb_build_object("
+                           "'completed_action_ids', jsonb_agg(a.id) FILTER (WHERE a.status = ANY (p_done)))"
+                           " FROM ledger_action a);\n    RETURN jsonb_build_object('outcome', 'ok',")
+    assert planted != text
+    assert checkpoint_keys_in(planted) == {"completed_action_ids"} and STATUS_LIST.search(_code(planted))
 
 
 def test_the_check_sees_a_status_literal_and_the_law_query(tmp_path):
@@ -92,3 +128,34 @@ def test_a_decision_from_stale_steps_is_decided_again_not_written(no_gate, monke
     assert refused.value.extra["rule"] == "one_pivot"
     assert answers[0] == "stale"  # the writer was asked, and refused to write a stale decision
     assert list(Action.objects.filter(run_id=run.pk).values_list("pk", flat=True)) == [first.pk]
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["function", "python-writer"])
+def test_a_completion_decided_from_stale_steps_is_decided_again_not_written(tools, monkeypatch, settings, one_call):
+    """A completion is decided from the steps the process holds for the run; its writer checks them under its locks.
+    Here the ledger has a step failed since, unknown to the copy: the writer (PostgreSQL's function, or the Python
+    writer) must answer 'stale', and the decision made again lists the step as unfinished in the checkpoint."""
+    if one_call and connection.vendor != "postgresql":
+        pytest.skip("the one-call writer is PostgreSQL's")
+    settings.UNWIND_FAST_PATH = one_call
+    run = open_run(tools)
+    first = act(run, "hr.create_user", {"email": "k@b.io", "name": "K"})
+    second = act(run, "hr.create_user", {"email": "l@b.io", "name": "L"})
+    runsteps.keep(run, runsteps.read(run.pk))  # what the process holds: both succeeded
+    Action.objects.filter(pk=second.pk).update(status=ActionStatus.FAILED)
+    answers = []
+    module, name = (fastpath, "complete") if one_call else (plans, "write_completion")
+    write = getattr(module, name)
+
+    def recorded(plan, **kwargs):
+        answers.append((plan.guards.steps, write(plan, **kwargs)))
+        return answers[-1][1]
+
+    monkeypatch.setattr(module, name, recorded)
+    done = run_complete(run=run, actor="agent:booker")
+    # The writer was asked, and refused to write the stale decision; the one made again was written.
+    assert answers[0] == ([[first.pk, "succeeded"], [second.pk, "succeeded"]], plans.STALE)
+    assert len(answers) == 2 and answers[1][0] == [[first.pk, "succeeded"], [second.pk, "failed"]]
+    assert done.status == "completed" and answers[1][1].status == "completed"
+    state = Checkpoint.objects.filter(run=run).order_by("-id").first().state
+    assert state["completed_action_ids"] == [first.pk] and state["pending_action_ids"] == [second.pk]

@@ -18,11 +18,12 @@ whole transaction in that call:
   of this thread's next proposal. It knows no rule: no status name, no ordering law, no content match.
 - `unwind_open_run`: locks the head, inserts the run (its id drawn beforehand, or by this thread's previous
   opening) and appends its event, and draws the id of this thread's next run.
-- `unwind_complete`: locks the head, then the run; checks the run is still running with the pivot and the
-  fingerprinted fields of the caller's copy (which the events were built from) and nothing in flight; builds the
-  checkpoint's state from the run's steps, completes the run, inserts the checkpoint (its id drawn beforehand, or by
-  this thread's previous completion, provided no checkpoint of the run came after it), appends the events, and
-  answers the run as completed.
+- `unwind_complete`: writes a completion Python decided (`runs.completion`, a `plans.Completion`): locks the head,
+  then the run; checks the guards it was decided under (the run's status, pivot and fingerprinted fields, which the
+  events were built from, and its actions' ids and statuses in order, which the checkpoint's state was built from;
+  else 'stale') and that no checkpoint of the run came after the checkpoint's id (drawn beforehand, or by this
+  thread's previous completion); then completes the run, inserts the checkpoint as given, appends the events, and
+  answers the run as completed. The Python writer (`plans.write_completion`) applies the same plan elsewhere.
 - `unwind_compensated`: locks the head, then the run; checks the unwinder still holds the run's lease and the
   run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
   compensation's success and its step compensated, then claims the next compensation (the step's move, the
@@ -51,6 +52,7 @@ definitions' fingerprint); each wrapper is short, and splitting them would put t
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -70,7 +72,7 @@ from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
 from ledger.db import sql
-from ledger.engine import plpgsql, runsteps, transitions
+from ledger.engine import plans, plpgsql, runsteps, transitions
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
@@ -271,27 +273,37 @@ def open_run(run: Run, *, actor: str, event: dict) -> bool:
 # --- completing a run --------------------------------------------------------------------------------------------
 
 def checkpoint_id() -> int:
-    """An id for the completion's checkpoint: the one this thread's last completion drew, or one drawn now.
-    `complete` checks that no checkpoint of the run came after it."""
+    """An id for a completion's checkpoint: the one this thread's last completion drew, or one drawn now. The call
+    checks that no checkpoint of the run came after it."""
     return _next_checkpoint.take()
 
 
-def complete(run: Run, *, run_status: str, checkpoint: models.Model, pending: list, busy: tuple, done: tuple,
-             unfinished: tuple, awaiting: tuple) -> Run | None:
-    """Complete `run` (the caller's copy, in memory already completed, which `pending`'s events were built from) and
-    insert `checkpoint` in one call, which checks under its locks that the run is still running with the pivot and
-    the fingerprinted fields of the copy and no action in `busy`, and its status still `run_status` (what the
-    caller decided under), and fills the checkpoint's state (in `checkpoint`, as `runstate.checkpoint_state` builds
-    it without steps) with the run's steps (`done`, `unfinished` and `awaiting` as it sorts them). Returns the run as
-    the call left it; None when nothing was written."""
+# The run's columns a completion sets, which `unwind_complete` writes (a plan setting others goes to the Python writer).
+COMPLETION_CHANGES = frozenset({"status", "updated_at", "finished_at"})
+
+
+def complete(plan: plans.Completion) -> Run | str | None:
+    """Write a completion Python decided (`runs.completion`) in one call, its checkpoint's id the one the plan names
+    or else `checkpoint_id`'s. The call compares the plan's guards with the run under its locks (`plans.RunGuards`:
+    the run's status and fingerprinted fields, its actions' ids and statuses in order) and checks that no checkpoint
+    of the run came after that id; then it moves the run, inserts the checkpoint and appends the events. Returns the
+    run as the call left it; plans.STALE when a guard failed (nothing written: decide again); None when the call was
+    not made or did not write (the Python writer applies the plan)."""
+    if set(plan.changes) != COMPLETION_CHANGES:
+        return None
+    if plan.checkpoint.pk is None:
+        plan = plan.numbered(checkpoint_id())
+    run, guards = plan.run, plan.guards
     now = timezone.now()
     outcome = _call(
         "unwind_complete", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
-        f" %s::jsonb, %s::text[], %s::text[], %s::text[], %s::text[], %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, run_status, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal,
-         Jsonb(run.intent), Jsonb(run.plan), list(busy), list(done), list(unfinished), list(awaiting),
-         _row(run, fields=("status", "updated_at", "finished_at")), _row(checkpoint, adding=True),
-         *_chain(run.tenant_id, pending, now)])
+        f" %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, guards.status, guards.pivot_committed, guards.agent_id, guards.on_behalf_of,
+         guards.goal, Jsonb(guards.intent), Jsonb(guards.plan), Jsonb(guards.steps),
+         _row(run, fields=COMPLETION_CHANGES), _row(copy.copy(plan.checkpoint), adding=True),
+         *_chain(run.tenant_id, plan.events, now)])
+    if outcome[0] == plans.STALE:
+        return plans.STALE
     if outcome[0] != "ok":
         return None
     _next_checkpoint.keep(outcome[3])

@@ -213,7 +213,6 @@ RESOLVED_WORDS = {"resume": "resumed", "compensate": "compensated", "close": "cl
 
 
 def _agent_moves(run: Run, actions: list[Action]) -> list[Move]:
-    state = run.status.replace("_", " ")
     moves = []
     if run.cancel_requested_at:
         cancel = Move(AGENT, "cancel", True, label="Cancel")  # a repeat (a client's retry): the run as it is now
@@ -228,19 +227,27 @@ def _agent_moves(run: Run, actions: list[Action]) -> list[Move]:
                 Consequence(STOP if a.status == A.HELD else CALL_OFF, a) for a in pending)
         cancel = Move(AGENT, "cancel", True, label="Cancel", consequences=consequences)
     moves.append(cancel)
-    busy = [a for a in actions if a.status in (*attempts.PENDING, A.RUNNING)]
-    if run.status == R.COMPLETED:
-        moves.append(Move(AGENT, "complete", True, label="Complete"))  # a repeat: answered with the run as it is
-    elif busy:
-        step = busy[0]
-        moves.append(Move(AGENT, "complete", False, refusal=(
-            f"step {step.seq} ({step.tool.name}) is still {step.status.replace('_', ' ')}; wait for it before "
-            "completing the run")))
-    elif run.status != R.RUNNING:
-        moves.append(Move(AGENT, "complete", False, refusal=f"run {run.pk} is {state} and cannot complete"))
-    else:
-        moves.append(Move(AGENT, "complete", True, label="Complete"))
+    moves.append(complete_move(run, next(((a.seq, a.tool.name, a.status) for a in actions
+                                          if a.status in COMPLETE_WAITS_FOR), None)))
     return moves
+
+
+COMPLETE_WAITS_FOR = (*attempts.PENDING, A.RUNNING)  # a step (forward or undo) in these keeps its run from completing
+
+
+def complete_move(run: Run, in_flight: tuple[int, str, str] | None) -> Move:
+    """The agent's complete on `run`, given its first step in flight (seq, tool name, status), if any: the one rule,
+    for the model and for the decision that writes a completion (`runs.completion`, from the steps it holds)."""
+    if run.status == R.COMPLETED:
+        return Move(AGENT, "complete", True, label="Complete")  # a repeat: answered with the run as it is
+    if in_flight is not None:
+        seq, tool_name, status = in_flight
+        return Move(AGENT, "complete", False, refusal=(
+            f"step {seq} ({tool_name}) is still {status.replace('_', ' ')}; wait for it before completing the run"))
+    if run.status != R.RUNNING:
+        return Move(AGENT, "complete", False,
+                    refusal=f"run {run.pk} is {run.status.replace('_', ' ')} and cannot complete")
+    return Move(AGENT, "complete", True, label="Complete")
 
 
 def require(run: Run, actor: str, name: str, *, action_id: int | None = None,

@@ -1,7 +1,6 @@
 """Runs: open, complete, cancel, and the three operator decisions (resume, compensate, close)."""
 from __future__ import annotations
 
-import copy
 from datetime import timedelta
 
 from django.db import IntegrityError
@@ -10,11 +9,11 @@ from django.utils import timezone
 
 from ledger import events
 from ledger.db import sql
-from ledger.engine import attempts, fastpath, runstate, runsteps
+from ledger.engine import attempts, fastpath, plans, runstate, runsteps
 from ledger.audit import subjects
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.canonical import storable
-from ledger.errors import IdempotencyMismatch, ValidationFailed
+from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
 from ledger.engine.leases import lease_at_write, queued_seconds
 from ledger.models import (
     RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
@@ -24,7 +23,7 @@ from ledger.policy.law import check_plan
 from ledger.engine import execution, moves, unknowns
 from ledger.engine.proposal import check_key
 from ledger.engine.dispatch import enqueue, new_owner
-from ledger.engine.transitions import action_transition, run_transition
+from ledger.engine.transitions import action_transition, run_moved, run_transition
 
 
 def run_open(*, tenant: Tenant, agent: Agent | None, goal: str = "", on_behalf_of: str = "", intent: dict | None = None,
@@ -96,41 +95,62 @@ def same_run(run: Run, *, agent: Agent | None, goal: str, on_behalf_of: str, pla
     return run
 
 
+COMPLETE_TRIES = 3  # decisions of one completion: a guard fails again only while the run keeps changing under it
+
+
 def run_complete(*, run: Run, actor: str) -> Run:
-    if fastpath.usable(run.tenant_id) and not events.subscribed("run_finished"):
-        completed = _complete_in_one_call(run, actor=actor)
-        if completed is not None:
-            return completed
-    with ledger_transaction(run.tenant_id) as audit:
-        run = sql.get_locked(Run, run.pk)
-        if run.status == R.COMPLETED:
-            return run
-        moves.require(run, moves.AGENT, "complete")
-        run_transition(run, R.COMPLETED, log=audit, actor=actor)
-        runstate.checkpoint_save(run, "completed", log=audit)
-        events.emit("run_finished", run=run)
-    return run
+    """Complete the run: decided once, in Python (`completion`), from the run in hand and its steps (kept on it by
+    the read that fetched it and the calls that wrote since, else read now), and written under the guards it was
+    decided under: by PostgreSQL's one call (`fastpath.complete`), or by the Python writer (`plans.write_completion`:
+    on SQLite, with UNWIND_FAST_PATH off, when a `run_finished` handler must run in the commit, or when the call
+    did not take the plan). A failed guard: read afresh and decide again. What is not to be written is answered
+    from a fresh read: a run completed already as it is, anything else refused with the moves model's sentence."""
+    one_call = fastpath.usable(run.tenant_id) and not events.subscribed("run_finished")
+    steps = runsteps.kept(run)
+    for _ in range(COMPLETE_TRIES):
+        fresh = steps is None
+        if fresh:
+            pk = run.pk
+            run, steps = runsteps.run_with_steps(pk)
+            if run is None:
+                raise Run.DoesNotExist(f"run {pk} does not exist")
+        decided = completion(run, steps, actor=actor)
+        if isinstance(decided, moves.Move):
+            if fresh:
+                if decided.allowed:
+                    return run  # completed already: a repeat
+                raise StateConflict(decided.refusal)
+            steps = None  # decided from a copy: the answer comes from a fresh read
+            continue
+        written = fastpath.complete(decided) if one_call else None
+        if written is None:
+            with ledger_transaction(run.tenant_id) as audit:
+                written = plans.write_completion(decided, log=audit)
+                if written != plans.STALE:
+                    events.emit("run_finished", run=written)
+        if written != plans.STALE:
+            return written
+        steps = None
+    raise StateConflict(f"run {run.pk} kept changing while it was being completed; try again")
 
 
-def _complete_in_one_call(run: Run, *, actor: str) -> Run | None:
-    """PostgreSQL, the plain case (running, nothing in flight): one call completes the run, having checked under its
-    locks that it still holds what the caller's copy of it says (the events are built from that copy) and reads its
-    steps itself for the checkpoint (ledger/engine/fastpath.py). None: nothing was written."""
-    if run.status != R.RUNNING:
-        return None  # the Python path answers it (already completed, not running)
-    now = timezone.now()
-    completed = copy.copy(run)
-    completed.status, completed.updated_at, completed.finished_at = R.COMPLETED, now, now
-    checkpoint_id = fastpath.checkpoint_id()
-    log = AuditLog(run.tenant_id, head=None)
-    log.record(f"run.{R.COMPLETED}", actor=actor, run=completed, status_from=R.RUNNING)
-    log.record("run.checkpoint", actor=attempts.SYSTEM, run=completed, label="completed", checkpoint=checkpoint_id)
-    # Its state as runstate.checkpoint_state builds it; the call fills in the steps it reads under its locks.
-    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run_id=run.pk, label="completed",
-                            state=runstate.checkpoint_state(completed, []))
-    return fastpath.complete(completed, run_status=R.RUNNING, checkpoint=checkpoint, pending=log.pending,
-                             busy=(*attempts.PENDING, A.RUNNING), done=attempts.DONE,
-                             unfinished=attempts.UNFINISHED, awaiting=runstate.AWAITING)
+def completion(run: Run, steps: list[runsteps.Seen], *, actor: str) -> plans.Completion | moves.Move:
+    """The completion of `run` decided from it and its `steps` (every action, in order): the run completed, its
+    checkpoint (`runstate.checkpoint_state` of its forward steps), the events, and the guards (`plans.RunGuards`).
+    When there is nothing to write, the moves model's answer instead (`moves.complete_move`): allowed for a run
+    completed already (a repeat), else refused with its sentence (a step in flight, or the run not running)."""
+    move = moves.complete_move(run, next(((s.seq, s.tool_name, s.status) for s in steps
+                                          if s.status in moves.COMPLETE_WAITS_FOR), None))
+    if not move.allowed or run.status == R.COMPLETED:
+        return move
+    completed, changes = run_moved(run, R.COMPLETED, now=timezone.now())
+    checkpoint = Checkpoint(tenant_id=run.tenant_id, run_id=run.pk, label="completed", state=runstate.checkpoint_state(
+        completed, [(s.pk, s.seq, s.status, s.tool_name) for s in steps if s.kind == ActionKind.FORWARD]))
+    log = AuditLog(run.tenant_id, head=None)  # its entries, not appended here: the writer appends them
+    log.record(f"run.{R.COMPLETED}", actor=actor, run=completed, status_from=run.status)
+    log.record(plans.Completion.CHECKPOINT_EVENT, actor=attempts.SYSTEM, run=completed, label="completed",
+               checkpoint=None)
+    return plans.Completion(completed, changes, checkpoint, log.pending, plans.RunGuards.of(run, steps))
 
 
 def run_cancel(*, run: Run, actor: str, reason: str = "") -> Run:

@@ -90,17 +90,35 @@ def action_transition(
     log.record(f"{action.kind}.{to}", actor=actor, action=action, status_from=current, **(note or {}))
 
 
+FINAL_RUN = (R.COMPLETED, R.COMPENSATED, R.CLOSED)
+
+
+def run_fields(run: Run, to: str, *, now, **fields) -> dict:
+    """The columns a run's move to `to` sets besides `fields`: the status, `updated_at`, and `finished_at` when it
+    ends; StateConflict when RUN_TRANSITIONS does not allow the move."""
+    if to not in RUN_TRANSITIONS[run.status]:
+        raise StateConflict(f"run {run.pk} cannot go from {run.status} to {to}")
+    fields = {**fields, "status": to, "updated_at": now}
+    if to in FINAL_RUN:
+        fields.setdefault("finished_at", now)
+    return fields
+
+
+def run_moved(run: Run, to: str, *, now, **fields) -> tuple[Run, dict]:
+    """A copy of `run` as `run_transition` would leave it, and the columns the move sets: for a decision that a
+    writer records (ledger/engine/plans.py)."""
+    changes = run_fields(run, to, now=now, **fields)
+    after = copy.copy(run)
+    for name, value in changes.items():
+        setattr(after, name, value)
+    return after, changes
+
+
 def run_transition(run: Run, to: str, *, log: AuditLog, actor: str, note: dict | None = None, **fields) -> None:
     current = run.status
-    if to not in RUN_TRANSITIONS[current]:
-        raise StateConflict(f"run {run.pk} cannot go from {current} to {to}")
-    now = timezone.now()
-    fields["updated_at"] = now
-    if to in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
-        fields.setdefault("finished_at", now)
-    if sql.update(Run, {"pk": run.pk, "status": current}, status=to, **fields) != 1:
+    fields = run_fields(run, to, now=timezone.now(), **fields)
+    if sql.update(Run, {"pk": run.pk, "status": current}, **fields) != 1:
         raise StateConflict(f"run {run.pk} is no longer {current}: someone else acted first")
-    run.status = to
     for name, value in fields.items():
         setattr(run, name, value)
     log.record(f"run.{to}", actor=actor, run=run, status_from=current, **(note or {}))
