@@ -25,6 +25,16 @@ def test_open_a_run_with_a_plan(api_db):
     assert Run.objects.get(pk=body["id"]).tenant == api_db.world.acme
 
 
+def test_the_opening_answer_is_the_run_as_read_back(api_db):
+    """The 201 answers from the run in hand (no read back): it must say what a GET of the run says."""
+    opened = api_db.agent.post("/api/v1/runs", {
+        "goal": "Onboard Ashu", "on_behalf_of": "carol@example.com", "idle_timeout": 600, "plan": ["hr.create_user"],
+        "intent": {"zeta": [1, 2.5, None], "a": {"nested": True, "b": "text"}, "model": "m"}}, format="json")
+    assert opened.status_code == 201, opened.content
+    read = api_db.agent.get(f"/api/v1/runs/{opened.json()['id']}")
+    assert read.status_code == 200 and opened.json() == read.json()
+
+
 def test_a_plan_that_breaks_the_ordering_law_is_refused_before_anything_runs(api_db):
     refused = api_db.agent.post("/api/v1/runs", {"plan": ["payments.charge", "hr.create_user"]}, format="json")
     body = assert_problem(refused, 409, "ordering_violation")

@@ -32,6 +32,14 @@ def run_response(request, run, *, status: int = 200) -> Response:
     return Response(RunDetailOut(run, context=context).data, status=status)
 
 
+def opened_response(request, run) -> Response:
+    """201 for a run this request opened, from the run in hand as its opening committed it (as a proposal answers
+    from the transaction that recorded it): no step or checkpoint yet, its agent the caller, and no erasure (that
+    takes settled runs only). Reading it back cost three ORM queries, three quarters of an opening's CPU."""
+    context = {"request": request, "actions": [], "checkpoints": []}
+    return Response(RunDetailOut(run, context=context).data, status=201)
+
+
 class RunOpenIn(StrictSerializer):
     goal = serializers.CharField(required=False, allow_blank=True, max_length=10000,
                                  help_text="What the run is for, in the end user's words.")
@@ -133,7 +141,7 @@ class RunListView(ApiView):
                        **body.validated_data)
         if run.replayed:
             return run_response(request, run, status=200)
-        response = run_response(request, run, status=201)
+        response = opened_response(request, run)
         response["Location"] = absolute(request, reverse("api:run-detail", args=[run.pk]))
         return response
 
