@@ -68,6 +68,31 @@ ENGINE_PATH_MODULES = {
 }
 
 
+# Modules whose tests that ask for no database reach none by another way either: no process they start is given this
+# run's DATABASE_URL (each is given a SQLite file of its own, or no database at all), and no skip of theirs depends on
+# the database. Such a test (no `db`, `transactional_db` or `live_server`, no django_db mark, no skip mark;
+# pytest-django refuses it the database in-process) gives the same answer on SQLite and PostgreSQL, and is marked
+# `database_free`: CI's PostgreSQL run leaves these out (`-m "not database_free"`, .ci/run), the SQLite run has them.
+# A module that starts a process on the inherited DATABASE_URL, or skips by the database inside a test, stays off.
+DATABASE_FREE_MODULES = {
+    "test_adapter_openai_agents", "test_api_auth", "test_api_health", "test_api_out_plan", "test_archive_memory",
+    "test_audit_keyed", "test_canonical", "test_client", "test_console_queue", "test_demo_command", "test_doc_links",
+    "test_engine_paths_marked", "test_fair_share", "test_layers", "test_mailbox_spelling", "test_mcp_proxy",
+    "test_money_rows", "test_newcomer_details", "test_pages", "test_production_settings", "test_readme_short",
+    "test_rules_policy", "test_sandbox_access", "test_self_approval_spelling", "test_settings_env", "test_signing",
+    "test_slack", "test_static", "test_trust_code_and_urls",
+}
+DATABASE_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
+                     "django_db_serialized_rollback"}
+
+
+def database_free(item) -> bool:
+    """A test of DATABASE_FREE_MODULES that asks for no database and has no skip mark."""
+    return (item.module.__name__.rsplit(".", 1)[-1] in DATABASE_FREE_MODULES
+            and not DATABASE_FIXTURES & set(item.fixturenames) and item.get_closest_marker("django_db") is None
+            and item.get_closest_marker("skip") is None and item.get_closest_marker("skipif") is None)
+
+
 # The two tables post_migrate fills (contenttypes' and auth's receivers), and what they held when it last had: a test
 # that left them so needs neither their DELETE nor those receivers, which cost 0.1 s of CPU and a few dozen queries
 # a transactional test (0.3 s of its teardown on a loaded machine). Keyed by database alias.
@@ -147,6 +172,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in ENGINE_PATH_MODULES:
             item.add_marker(pytest.mark.engine_paths)
+        if item.module is not None and database_free(item):
+            item.add_marker(pytest.mark.database_free)
 
 
 class World:
