@@ -6,6 +6,8 @@ administers (tools and policy); ben is a second approver for quorum tests; mallo
 """
 import copy
 import hashlib
+import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -222,11 +224,38 @@ def world(db, _engine_settings):
     return world
 
 
+_SCHEMAS_FOUND_VALID: set[str] = set()
+
+
+@contextmanager
+def schemas_checked_once():
+    """Inside: an argument schema the JSON Schema check (ledger.policy.schemas.check) found valid once in this process
+    is not checked again. The same schema gets the same answer; the check is 43 of the 47 ms of CPU a load of the
+    sandbox policy takes, twice a test for the `tools` fixture. Only the fixtures load inside; the tests of the check
+    call tools_load themselves."""
+    from ledger.policy import schemas
+
+    check = schemas.check
+
+    def check_once(schema, *, where):
+        key = json.dumps(schema, sort_keys=True)
+        if key not in _SCHEMAS_FOUND_VALID:
+            check(schema, where=where)
+            _SCHEMAS_FOUND_VALID.add(key)
+
+    schemas.check = check_once
+    try:
+        yield
+    finally:
+        schemas.check = check
+
+
 @pytest.fixture
 def tools(world):
     """The sandbox tools, executed in-process, loaded into acme and globex."""
-    for tenant in (world.acme, world.globex):
-        tools_load(tenant=tenant, document=in_process_policy(), actor="test")
+    with schemas_checked_once():
+        for tenant in (world.acme, world.globex):
+            tools_load(tenant=tenant, document=in_process_policy(), actor="test")
     world.acme.refresh_from_db()
     return world
 
@@ -237,7 +266,8 @@ def http_tools(transactional_db, live_server, settings, _engine_settings):
     settings.UNWIND_TOOL_BASE_URL = live_server.url
     world = World()
     seed_sandboxes(world)
-    tools_load(tenant=world.acme, document=POLICY, actor="test")
+    with schemas_checked_once():
+        tools_load(tenant=world.acme, document=POLICY, actor="test")
     world.live_server = live_server
     return world
 
