@@ -5,6 +5,9 @@ administers (tools and policy); ben is a second approver for quorum tests; mallo
 "globex" only and is used for every isolation check.
 """
 import copy
+import hashlib
+import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -68,34 +71,107 @@ ENGINE_PATH_MODULES = {
 }
 
 
-def _delete_what_a_test_wrote(self) -> None:
-    """A transactional test's teardown on PostgreSQL: DELETE every table's rows in one transaction, then post_migrate,
-    where Django's `flush` would TRUNCATE them. TRUNCATE makes new files for every table, partition and index (60
-    tables with the monthly partitions): 0.2 s a test on a quiet machine, most of a second on a loaded one. A test
-    writes a few rows, which DELETE removes in a few milliseconds. The transaction runs with the session's triggers
-    off (`session_replication_role = replica`, a superuser's, as CI's `postgres` is; anyone else gets Django's
-    flush): no foreign key is checked while every table empties, and the limit totals' trigger on a deleted step
-    (migration 0029) does not write totals back for a measure deleted in the same breath."""
+# Modules whose tests that ask for no database reach none by another way either: no process they start is given this
+# run's DATABASE_URL (each is given a SQLite file of its own, or no database at all), and no skip of theirs depends on
+# the database. Such a test (no `db`, `transactional_db` or `live_server`, no django_db mark, no skip mark;
+# pytest-django refuses it the database in-process) gives the same answer on SQLite and PostgreSQL, and is marked
+# `database_free`: CI's PostgreSQL run leaves these out (`-m "not database_free"`, .ci/run), the SQLite run has them.
+# A module that starts a process on the inherited DATABASE_URL, or skips by the database inside a test, stays off.
+DATABASE_FREE_MODULES = {
+    "test_adapter_openai_agents", "test_api_auth", "test_api_health", "test_api_out_plan", "test_archive_memory",
+    "test_audit_keyed", "test_canonical", "test_client", "test_console_queue", "test_demo_command", "test_doc_links",
+    "test_engine_paths_marked", "test_fair_share", "test_layers", "test_mailbox_spelling", "test_mcp_proxy",
+    "test_money_rows", "test_newcomer_details", "test_pages", "test_production_settings", "test_readme_short",
+    "test_rules_policy", "test_sandbox_access", "test_self_approval_spelling", "test_settings_env", "test_signing",
+    "test_slack", "test_static", "test_trust_code_and_urls",
+}
+DATABASE_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
+                     "django_db_serialized_rollback"}
+
+
+def database_free(item) -> bool:
+    """A test of DATABASE_FREE_MODULES that asks for no database and has no skip mark."""
+    return (item.module.__name__.rsplit(".", 1)[-1] in DATABASE_FREE_MODULES
+            and not DATABASE_FIXTURES & set(item.fixturenames) and item.get_closest_marker("django_db") is None
+            and item.get_closest_marker("skip") is None and item.get_closest_marker("skipif") is None)
+
+
+# The two tables post_migrate fills (contenttypes' and auth's receivers), and what they held when it last had: a test
+# that left them so needs neither their DELETE nor those receivers, which cost 0.1 s of CPU and a few dozen queries
+# a transactional test (0.3 s of its teardown on a loaded machine). Keyed by database alias.
+POST_MIGRATE_TABLES = ("django_content_type", "auth_permission")
+_post_migrate_left: dict[str, str] = {}
+
+
+def _post_migrate_tables_hash(cursor) -> str:
+    """The md5 of every row of POST_MIGRATE_TABLES: any row a test added, changed or deleted changes it."""
+    digest = hashlib.md5()
+    for table in POST_MIGRATE_TABLES:
+        cursor.execute(f"SELECT * FROM {table} ORDER BY id")
+        digest.update(repr(cursor.fetchall()).encode())
+    return digest.hexdigest()
+
+
+def _emit_post_migrate(db_name: str, *, without_tables_receivers: bool) -> None:
+    """post_migrate as `flush` sends it, or without the receivers that fill POST_MIGRATE_TABLES when those hold what
+    they last made (every other receiver, as the ledger's that reinstalls a function a test replaced, still runs)."""
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.contenttypes.management import create_contenttypes
     from django.core.management.sql import emit_post_migrate_signal
+    from django.db.models.signals import post_migrate
+
+    if not without_tables_receivers:
+        emit_post_migrate_signal(verbosity=0, interactive=False, db=db_name)
+        return
+    post_migrate.disconnect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
+    post_migrate.disconnect(create_contenttypes)
+    try:
+        emit_post_migrate_signal(verbosity=0, interactive=False, db=db_name)
+    finally:
+        post_migrate.connect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
+        post_migrate.connect(create_contenttypes)
+
+
+def _delete_what_a_test_wrote(self) -> None:
+    """A transactional test's teardown: DELETE every table's rows in one transaction, then post_migrate, as Django's
+    `flush` does, but on PostgreSQL where `flush` would TRUNCATE them. TRUNCATE makes new files for every table,
+    partition and index (60 tables with the monthly partitions): 0.2 s a test on a quiet machine, most of a second on
+    a loaded one. A test writes a few rows, which DELETE removes in a few milliseconds. There the transaction runs with
+    the session's triggers off (`session_replication_role = replica`, a superuser's, as CI's `postgres` is; anyone else
+    gets Django's flush): no foreign key is checked while every table empties, and the limit totals' trigger on a
+    deleted step (migration 0029) does not write totals back for a measure deleted in the same breath. On both, the
+    content types and permissions are kept when they hold, to the byte, what post_migrate last made of them
+    (POST_MIGRATE_TABLES): post_migrate would make them again the same, only under new ids."""
+    from django.core.management.color import no_style
     from django.db import connections, transaction
 
     for db_name in self._databases_names(include_mirrors=False):
         conn = connections[db_name]
-        if (conn.vendor != "postgresql" or self.available_apps is not None or self.serialized_rollback
+        if (conn.vendor not in ("postgresql", "sqlite") or self.available_apps is not None or self.serialized_rollback
                 or self.reset_sequences):
             _django_fixture_teardown(self)
             continue
-        with conn.cursor() as cursor:
-            cursor.execute("SHOW is_superuser")
-            superuser = cursor.fetchone()[0] == "on"
-        if not superuser:
-            _django_fixture_teardown(self)
-            continue
+        if conn.vendor == "postgresql":
+            with conn.cursor() as cursor:
+                cursor.execute("SHOW is_superuser")
+                superuser = cursor.fetchone()[0] == "on"
+            if not superuser:
+                _django_fixture_teardown(self)
+                continue
         tables = conn.introspection.django_table_names(only_existing=True, include_views=False)
         with transaction.atomic(using=db_name), conn.cursor() as cursor:
-            cursor.execute("SET LOCAL session_replication_role = replica")
-            cursor.execute("; ".join(f"DELETE FROM {conn.ops.quote_name(table)}" for table in tables))
-        emit_post_migrate_signal(verbosity=0, interactive=False, db=db_name)
+            as_left = _post_migrate_tables_hash(cursor) == _post_migrate_left.get(db_name)
+            if as_left:
+                tables = [table for table in tables if table not in POST_MIGRATE_TABLES]
+            if conn.vendor == "postgresql":
+                cursor.execute("SET LOCAL session_replication_role = replica")
+                cursor.execute("; ".join(f"DELETE FROM {conn.ops.quote_name(table)}" for table in tables))
+            else:  # `flush`'s own statements; SQLite checks the (deferred) foreign keys at the commit
+                conn.ops.execute_sql_flush(conn.ops.sql_flush(no_style(), tables))
+        _emit_post_migrate(db_name, without_tables_receivers=as_left)
+        if not as_left:
+            with conn.cursor() as cursor:
+                _post_migrate_left[db_name] = _post_migrate_tables_hash(cursor)
 
 
 _django_fixture_teardown = TransactionTestCase._fixture_teardown
@@ -106,6 +182,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in ENGINE_PATH_MODULES:
             item.add_marker(pytest.mark.engine_paths)
+        if item.module is not None and database_free(item):
+            item.add_marker(pytest.mark.database_free)
 
 
 class World:
@@ -146,11 +224,38 @@ def world(db, _engine_settings):
     return world
 
 
+_SCHEMAS_FOUND_VALID: set[str] = set()
+
+
+@contextmanager
+def schemas_checked_once():
+    """Inside: an argument schema the JSON Schema check (ledger.policy.schemas.check) found valid once in this process
+    is not checked again. The same schema gets the same answer; the check is 43 of the 47 ms of CPU a load of the
+    sandbox policy takes, twice a test for the `tools` fixture. Only the fixtures load inside; the tests of the check
+    call tools_load themselves."""
+    from ledger.policy import schemas
+
+    check = schemas.check
+
+    def check_once(schema, *, where):
+        key = json.dumps(schema, sort_keys=True)
+        if key not in _SCHEMAS_FOUND_VALID:
+            check(schema, where=where)
+            _SCHEMAS_FOUND_VALID.add(key)
+
+    schemas.check = check_once
+    try:
+        yield
+    finally:
+        schemas.check = check
+
+
 @pytest.fixture
 def tools(world):
     """The sandbox tools, executed in-process, loaded into acme and globex."""
-    for tenant in (world.acme, world.globex):
-        tools_load(tenant=tenant, document=in_process_policy(), actor="test")
+    with schemas_checked_once():
+        for tenant in (world.acme, world.globex):
+            tools_load(tenant=tenant, document=in_process_policy(), actor="test")
     world.acme.refresh_from_db()
     return world
 
@@ -161,7 +266,8 @@ def http_tools(transactional_db, live_server, settings, _engine_settings):
     settings.UNWIND_TOOL_BASE_URL = live_server.url
     world = World()
     seed_sandboxes(world)
-    tools_load(tenant=world.acme, document=POLICY, actor="test")
+    with schemas_checked_once():
+        tools_load(tenant=world.acme, document=POLICY, actor="test")
     world.live_server = live_server
     return world
 
