@@ -14,7 +14,7 @@ from django.utils import timezone
 from ledger.db import sql
 from ledger.audit.chain import AuditLog
 from ledger.errors import StateConflict
-from ledger.models import Action, ActionStatus as A, Run, RunStatus as R
+from ledger.models import RUN_FINAL, Action, ActionStatus as A, Run, RunStatus as R
 
 ACTION_TRANSITIONS: dict[str, set[str]] = {
     A.PLANNED: {A.AWAITING_APPROVAL, A.RUNNING, A.SKIPPED},
@@ -90,16 +90,13 @@ def action_transition(
     log.record(f"{action.kind}.{to}", actor=actor, action=action, status_from=current, **(note or {}))
 
 
-FINAL_RUN = (R.COMPLETED, R.COMPENSATED, R.CLOSED)
-
-
 def run_fields(run: Run, to: str, *, now, **fields) -> dict:
     """The columns a run's move to `to` sets besides `fields`: the status, `updated_at`, and `finished_at` when it
     ends; StateConflict when RUN_TRANSITIONS does not allow the move."""
     if to not in RUN_TRANSITIONS[run.status]:
         raise StateConflict(f"run {run.pk} cannot go from {run.status} to {to}")
     fields = {**fields, "status": to, "updated_at": now}
-    if to in FINAL_RUN:
+    if to in RUN_FINAL:
         fields.setdefault("finished_at", now)
     return fields
 
