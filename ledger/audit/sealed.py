@@ -186,7 +186,7 @@ def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
 
 # Read once per undo, before it leaves: as text, Django's query building cost more than the read (about 0.5 ms a
 # compensation on the failing saga's profile).
-_UNDO_SEALED_SQL = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
+UNDO_SEAL_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
                     " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
                     f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))}) ORDER BY e.seq DESC")
 
@@ -195,7 +195,7 @@ def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     """The undo seal the latest of `forward`'s success and undo completions recorded, and that event's number; (None,
     None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
     event does not verify under its audit key."""
-    events = [sql.instance(AuditEvent, row) for row in sql.fetch_all(_UNDO_SEALED_SQL, [
+    events = [sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
         forward.tenant_id, forward.pk, sql.value(AuditEvent, "created_at", recent(forward.created_at)),
         *UNDO_SEALED_KINDS])]
     what = f"step {forward.seq} (action {forward.pk})"
