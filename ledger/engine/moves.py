@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 
 from ledger.db.partitions import recent
 from ledger.engine import attempts
-from ledger.models import Action, ActionKind, ActionStatus as A, Run, RunStatus as R
+from ledger.models import RUN_FINAL, Action, ActionKind, ActionStatus as A, Run, RunStatus as R
 
 AGENT, APPROVER, OPERATOR, CUSTOMER = "agent", "approver", "operator", "customer"
 # Forward steps in these statuses mean the run has begun to be undone: the forward path is closed.
 UNDOING = (A.COMPENSATING, A.COMPENSATED, A.COMPENSATION_FAILED)
-FINAL = (R.COMPLETED, R.COMPENSATED, R.CLOSED)
 # What happens to a step as a consequence of a move.
 UNDO, CALL_OFF, RETRY, RESEND, STOP, DECLINE, LEFT_STANDING = (
     "undo", "call_off", "retry", "resend", "stop", "decline", "left_standing")
@@ -216,7 +215,7 @@ def _agent_moves(run: Run, actions: list[Action]) -> list[Move]:
     moves = []
     if run.cancel_requested_at:
         cancel = Move(AGENT, "cancel", True, label="Cancel")  # a repeat (a client's retry): the run as it is now
-    elif run.status in FINAL:
+    elif run.status in RUN_FINAL:
         cancel = Move(AGENT, "cancel", False, refusal=f"run {run.pk} is already {run.status}; there is nothing to cancel")
     else:
         pending = [a for a in forward_steps(actions) if a.status in attempts.PENDING]
