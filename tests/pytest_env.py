@@ -33,18 +33,3 @@ def pytest_configure(config):
         return [f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))};" for table in tables]
 
     DatabaseOperations.sql_flush = sql_flush
-    _live_server_sends_at_once()
-
-
-def _live_server_sends_at_once():
-    """The live server (Django's development server, in this process) answers a kept-alive request at once.
-
-    It writes an answer's status and headers, then its body, with no buffer between; on a connection kept alive (a
-    requests.Session, Chromium, the MCP and TypeScript clients) Nagle's algorithm held the body back until the
-    client acknowledged the headers, which Linux delays by 40 ms: 60 ms for /healthz instead of 15, about half of a
-    page crawl's time. TCP_NODELAY on each connection it accepts (socketserver's own switch) sends each write as it
-    is made; what is sent, and in which order, is the same.
-    """
-    from django.core.servers.basehttp import WSGIRequestHandler
-
-    WSGIRequestHandler.disable_nagle_algorithm = True
