@@ -4,10 +4,10 @@ anything is sent, and `verify_audit` names it, however many events were recorded
 Each test is the attack as the issue ran it: the agent talks to a live Unwind over HTTP, the insider edits rows with
 SQL, a person approves over HTTP where the step waits for one, and a real `manage.py worker` (django-q2 cluster and
 sweep clock) sends the step, as in production: the live server queues the work instead of running it. One worker is
-kept for the module's tests (`Workers`) and started again only for another engine path or after a test that needs none
-running. What must hold each time: the step is not sent (the sandbox's call log has no call of its tool), it fails closed to a person
-(a recovery item `tampered` naming what differs), and `manage.py verify_audit` fails naming the check (`sends`,
-`hold`, `undo` for what a succeeded step's undo is built from; `totals` for the budget reset).
+kept for the module's tests (`Workers`) and started again only for another engine path or after a test that needs
+none running. What must hold each time: the step is not sent (the sandbox's call log has no call of its tool), it
+fails closed to a person (a recovery item `tampered` naming what differs), and `manage.py verify_audit` fails naming
+the check (`sends`, `hold`, `undo` for what a succeeded step's undo is built from; `totals` for the budget reset).
 """
 from __future__ import annotations
 
