@@ -3,10 +3,11 @@ anything is sent, and `verify_audit` names it, however many events were recorded
 
 Each test is the attack as the issue ran it: the agent talks to a live Unwind over HTTP, the insider edits rows with
 SQL, a person approves over HTTP where the step waits for one, and a real `manage.py worker` (django-q2 cluster and
-sweep clock) sends the step, as in production: the live server queues the work instead of running it. What must
-hold each time: the step is not sent (the sandbox's call log has no call of its tool), it fails closed to a person
-(a recovery item `tampered` naming what differs), and `manage.py verify_audit` fails naming the check (`sends`,
-`hold`, `undo` for what a succeeded step's undo is built from; `totals` for the budget reset).
+sweep clock) sends the step, as in production: the live server queues the work instead of running it. One worker is
+kept for the module's tests (`Workers`) and started again only for another engine path or after a test that needs
+none running. What must hold each time: the step is not sent (the sandbox's call log has no call of its tool), it
+fails closed to a person (a recovery item `tampered` naming what differs), and `manage.py verify_audit` fails naming
+the check (`sends`, `hold`, `undo` for what a succeeded step's undo is built from; `totals` for the budget reset).
 """
 from __future__ import annotations
 
@@ -45,28 +46,69 @@ CHARGE = {"customer": "carol", "amount_cents": 4243}
 MAIL = {"to": "carol@example.com", "subject": "Your trip", "body": "Booked."}
 
 
+class Workers:
+    """The module's real `manage.py worker`, kept running from one test to the next: its start and its graceful stop
+    were 4-5 s of each test's 3-7 (two Django processes, a django-q2 cluster). A test asking for another environment
+    (the other engine path) gets a new one; `stop` is for the tests that need none running while they edit. A worker
+    that died is an error, never quietly replaced. It logs to a file: a pipe nobody reads would fill and block it."""
+
+    def __init__(self, live_server, log):
+        self.live_server, self.log = live_server, log
+        self.process: subprocess.Popen | None = None
+        self.env: dict = {}
+
+    def ensure(self, **env) -> None:
+        self.check()
+        if self.process is not None and env == self.env:
+            return
+        self.stop()
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT,
+                                            env=process_env(self.live_server, UNWIND_WORKERS="1", **env),
+                                            stdout=subprocess.DEVNULL, stderr=log)
+        self.env = env
+
+    def check(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            code, self.process = self.process.returncode, None
+            raise AssertionError(f"the worker exited with {code}: {self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        self.process = None
+
+
+@pytest.fixture(scope="module")
+def workers(live_server, tmp_path_factory):
+    pool = Workers(live_server, tmp_path_factory.mktemp("insider") / "worker.log")
+    yield pool
+    pool.stop()
+
+
 class Insider:
     """The world as the attack sees it: an agent's and a person's HTTP sessions, SQL, and a running worker."""
 
-    def __init__(self, world):
+    def __init__(self, world, workers: Workers):
         self.world = world
         self.base = world.live_server.url
         self.agent = requests.Session()
         self.agent.headers["Authorization"] = f"Bearer {world.key}"
-        self.worker: subprocess.Popen | None = None
+        self.workers = workers
 
     def start_worker(self, **env) -> None:
-        self.worker = subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT,
-                                       env=process_env(self.world.live_server, UNWIND_WORKERS="1", **env),
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        """A worker on this test's engine path (the one this process runs, unless `env` names one), running from now
+        on: the one left by an earlier test when it has the same environment."""
+        from django.conf import settings
 
-    def stop_worker(self) -> str:
-        if self.worker is None:
-            return ""
-        self.worker.send_signal(signal.SIGTERM)
-        _, stderr = self.worker.communicate(timeout=60)
-        self.worker = None
-        return stderr.decode()[-3000:]
+        env.setdefault("UNWIND_FAST_PATH", "1" if settings.UNWIND_FAST_PATH else "0")
+        self.workers.ensure(**env)
+
+    def without_worker(self) -> None:
+        """No worker runs until `start_worker`: for the tests whose edits must land before any worker could act."""
+        self.workers.stop()
 
     def open_run(self) -> int:
         answer = self.agent.post(f"{self.base}/api/v1/runs", json={"goal": "insider", "on_behalf_of": "carol@example.com"},
@@ -98,14 +140,13 @@ class Insider:
 
 
 @pytest.fixture
-def insider(http_tools, settings, monkeypatch):
+def insider(http_tools, workers, settings, monkeypatch):
     settings.UNWIND_THROTTLE_RATE = "100000/min"
     settings.UNWIND_LEASE_SECONDS = 20  # the claims of the queued work: covers the worker's start
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the worker, as in production
     cache.clear()
-    world = Insider(http_tools)
-    yield world
-    world.stop_worker()
+    yield Insider(http_tools, workers)
+    workers.check()  # it lived through the test
 
 
 def settled(run_id: int, status: str = "needs_attention", timeout: float = 60) -> Run:
@@ -157,6 +198,7 @@ def test_args_edited_while_a_charge_waits_for_approval_are_never_sent(insider):
 def test_an_edit_fingerprinted_by_the_next_event_is_still_named_by_verify_audit(insider):
     """Never laundered: the approval's events fingerprint the edited row (no worker runs here, so nothing is sent),
     and the fingerprint check passes again; the seal its proposal recorded does not."""
+    insider.without_worker()
     run_id = insider.open_run()
     proposed = insider.propose(run_id, "payments.charge", CHARGE)
     insider.sql("UPDATE ledger_action SET args_text = %s WHERE id = %s",
@@ -201,6 +243,7 @@ def test_a_charge_moved_past_its_approval_in_the_database_is_never_sent(insider)
 
 
 def test_a_held_steps_args_edited_during_its_window_are_never_sent(insider):
+    insider.without_worker()  # the edit lands inside the 2 s window, however slow this machine is
     tool_upsert(tenant=insider.world.acme, name="email.send", spec=dict(POLICY["tools"]["email.send"], hold="2s"),
                 actor="test")
     run_id = insider.open_run()
@@ -218,6 +261,7 @@ def test_a_held_steps_args_edited_during_its_window_are_never_sent(insider):
 def test_a_held_steps_window_cut_short_in_the_database_is_refused_at_release(insider):
     """`next_attempt_at` moved to now: the sweep finds the step due, and its release compares the time with the one
     its hold recorded in the chain. The step is never run; a person is asked."""
+    insider.without_worker()  # the edit is seen before the release
     tool_upsert(tenant=insider.world.acme, name="email.send", spec=dict(POLICY["tools"]["email.send"], hold="60s"),
                 actor="test")
     run_id = insider.open_run()
@@ -260,7 +304,7 @@ def test_an_undos_args_edited_while_it_waits_for_approval_are_never_sent(insider
     verify_audit_fails("sends")
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"], scope="module")
 def test_a_retry_of_a_step_edited_after_its_first_attempt_is_never_sent(insider, settings, fast):
     """The first attempt ran inline in the API request (on PostgreSQL recorded by `unwind_propose`), the tool answered
     503, and its retry waits for the worker. The insider rewrites what the retry will send, and makes it due now."""
@@ -328,7 +372,7 @@ def one_call_engine(fast: bool, settings) -> None:
     settings.UNWIND_FAST_PATH = fast
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"], scope="module")
 def test_a_succeeded_steps_result_edited_before_its_undo_is_never_sent(insider, settings, fast):
     """The step created a user; the insider rewrites its result to name another. Unwinding it would delete that one:
     the undo is built, and refused before it leaves."""
@@ -374,7 +418,7 @@ def test_a_succeeded_steps_compensation_plan_edited_before_its_undo_is_never_sen
     verify_audit_fails("undo")
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast_path", "python_path"], scope="module")
 def test_the_args_a_correction_is_built_from_edited_after_the_step_are_never_sent(insider, settings, fast):
     """An email's correction goes to `$args.to`: the insider rewrites the sent email's arguments (the text and the
     object, and their hash, all three) to an outside address, to have Unwind mail it."""

@@ -66,7 +66,7 @@ from sandbox import services as world
 from sandbox.faults import fault_add, faults_clear
 from sandbox.models import ToolCall
 from tests import lifecycle_world as check
-from tests.conftest import ROOT, in_process_policy
+from tests.conftest import ROOT, in_process_policy, schemas_checked_once
 
 pytestmark = pytest.mark.slow
 
@@ -166,7 +166,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.broken = False
         self.tenant = tenant_create(slug=f"model{next(_tenants)}", name="Acme Travel")
         world.sandbox_reset(tenant=self.tenant)
-        tools_load(tenant=self.tenant, document=lifecycle_policy(), actor="test")
+        with schemas_checked_once():  # the same schemas every example: checked once, not on each of ~30 examples
+            tools_load(tenant=self.tenant, document=lifecycle_policy(), actor="test")
         self.tenant.refresh_from_db()
         self.agent, _ = agent_create(tenant=self.tenant, name="model")
         for name, role in (("alice", "approver"), ("ben", "approver"), ("oscar", "operator")):

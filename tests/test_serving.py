@@ -111,3 +111,18 @@ def test_explicit_settings_are_kept_when_they_say_where_things_live(settings):
     environ = {}
     assert follow_serving_port("0.0.0.0", 8123, environ=environ) == "http://127.0.0.1:8123"
     assert settings.UNWIND_TOOL_BASE_URL == environ["UNWIND_TOOL_BASE_URL"] == "http://127.0.0.1:8123"
+
+
+def test_the_development_server_sends_each_write_at_once():
+    """runserver (and the tests' live server) turns Nagle's algorithm off on each connection it accepts (ledger/apps.py,
+    dev_server_sends_at_once): a kept-alive answer's body is not held 40 ms for the client's ACK of its headers."""
+    from django.core.servers.basehttp import WSGIRequestHandler
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        with client, accepted:
+            handler = WSGIRequestHandler.__new__(WSGIRequestHandler)
+            handler.request = accepted
+            handler.setup()  # socketserver's: the switch applied to the connection
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
