@@ -31,9 +31,13 @@ whole transaction in that call:
 - `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
   its caller read before; records the step failed and the run unwinding with its checkpoint, and appends the
   events. Its caller unwinds the run next (`unwinding.unwind_elsewhere` queues it when it cannot).
-- `unwind_succeed`: locks the head, then the run; checks the run still takes steps (running, not cancelled, a
-  pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
-  move one row), closes the attempt and appends the event.
+- `unwind_succeed`: writes a step's success Python decided (`outcomes.success`, a `plans.Outcome` that writes the
+  step alone): locks the head, then the run; checks the guards it was decided under (`plans.StepGuards`: the run's
+  status, pivot and fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the
+  decision read them; else 'stale'); moves the step from the status it was decided from (a conditional update: one
+  moved since is 'stale' too), ends its attempt as given and appends the events. The Python writer
+  (`plans.write_outcome`) applies the same plan elsewhere, and every plan that moves the run (a pivot's commit, a
+  run put before a person or running again).
 
 Anything else answers 'fallback' (or 'stale', 'taken', 'full') having written nothing, and the caller takes the Python
 path, which decides the case
@@ -72,7 +76,8 @@ from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
 from ledger.db import sql
-from ledger.engine import plans, plpgsql, runsteps, transitions
+from ledger.engine import plans, plpgsql
+from ledger.engine.dispatch import enqueue
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
@@ -583,34 +588,34 @@ SUCCESS_FIELDS = ("status", "result", "after", "verification", "target_id", "com
                   "lease_expires_at", "error_class", "error_message", "updated_at", "finished_at")
 
 
-# The run's status under which a step's success is recorded in one call (anything else: the Python path decides).
-SUCCESS_RUN_STATUS = R.RUNNING
-
-
-def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: str, pivot: bool) -> bool:
-    """Record a forward step's success (`changes`: what `action_transition` to succeeded sets) with its attempt's end
-    and its event in one call, provided the run is SUCCESS_RUN_STATUS and the step still in the status it moves
-    from; on True, `action` holds the changes. False: nothing was written."""
-    if A.SUCCEEDED not in transitions.ACTION_TRANSITIONS[action.status]:
-        return False
+def succeed(plan: plans.Outcome) -> Run | str | None:
+    """Write a forward step's success Python decided (`outcomes.success`) in one call, when the plan writes the step
+    alone (`plans.Outcome.step_only`: the run stays as it is). The call compares the plan's guards with the run under
+    its locks (`plans.StepGuards`: the run's status, fingerprinted fields, cancel mark and unwind lease, and its
+    actions' ids and statuses when the decision read them), then moves the step from the status it was decided from
+    (a conditional update), ends its attempt and appends the events. Returns the run as the plan leaves it (an
+    unwinder queued when the plan says so); plans.STALE when a guard failed (nothing written: decide again); None
+    when the call was not made or did not write (the Python writer applies the plan)."""
+    if not plan.step_only or not set(plan.changes) <= set(SUCCESS_FIELDS):
+        return None
+    run, guards, held = plan.run, plan.guards, plan.guards.run
     now = timezone.now()
-    after, changed = transitions.moved(action, A.SUCCEEDED, now=now, **changes)
-    log = audit.AuditLog(action.tenant_id, head=None)
-    log.record(f"{action.kind}.{A.SUCCEEDED}", actor=actor, action=after, status_from=action.status)
-    attempt = Attempt(action=action, number=action.attempts, finished_at=now, outcome="succeeded",
-                      latency_ms=latency_ms)
     outcome = _call(
-        "unwind_succeed",
-        f"%s::bigint, %s::bigint, %s::text, %s::bigint, %s::text, %s::jsonb, %s::boolean, %s::jsonb, {CHAIN_ARGS}",
-        [action.tenant_id, action.run_id, SUCCESS_RUN_STATUS, action.pk, action.status,
-         _row(after, fields=SUCCESS_FIELDS), pivot,
-         _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms")),
-         *_chain(action.tenant_id, log.pending, now)])
+        "unwind_succeed", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
+        " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text, %s::jsonb, %s::jsonb,"
+        f" {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
+         Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
+         guards.lease_expires_at, plan.action.pk, guards.step_from, _row(plan.action, fields=SUCCESS_FIELDS),
+         _row(plan.attempt, fields=ATTEMPT_FIELDS), *_chain(run.tenant_id, plan.events, now)])
+    if outcome[0] == plans.STALE:
+        return plans.STALE
     if outcome[0] != "ok":
-        return False
-    for name, value in changed.items():
-        setattr(action, name, value)
-    if Action.run.is_cached(action):  # what the call found under the run's lock
-        action.run.status, action.run.cancel_requested_at = SUCCESS_RUN_STATUS, None
-        runsteps.moved(action.run, action.pk, A.SUCCEEDED)  # the steps a next proposal decides from
-    return True
+        return None
+    if plan.unwind_after:
+        enqueue("ledger.tasks.unwind_run", run.pk)
+    return run
+
+
+# An attempt's row as the calls that end it take it: which attempt, and the columns its end sets.
+ATTEMPT_FIELDS = ("number", *plans.ATTEMPT_END)

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import copy
 import logging
 from datetime import timedelta
 from typing import Callable
@@ -14,9 +15,9 @@ from django.utils import timezone
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.db import mapping, sql
-from ledger.engine import attempts, failpoints, fastpath, readback, runstate, unwinding
+from ledger.engine import attempts, failpoints, fastpath, plans, readback, runstate, runsteps, unwinding
 from ledger.engine.leases import db_now, lease_at_write
-from ledger.engine.transitions import action_transition, moved, run_transition
+from ledger.engine.transitions import ACTION_TRANSITIONS, action_transition, moved, run_moved
 from ledger.errors import StateConflict
 from ledger.executors.call import ToolError, ToolOutcome
 from ledger.models import (
@@ -141,10 +142,9 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
     failpoints.hit("settle_record")
     changes = dict(result=result, after=after, verification=verification, target_id=target_id, compensation_plan=plan,
                    lease_owner="", lease_expires_at=None, error_class="", error_message="")
-    if action.kind == ActionKind.FORWARD and action.status == A.RUNNING and (verification is None or verification.get("ok")) \
-            and fastpath.usable(action.tenant_id) and fastpath.succeed(
-                action, changes=changes, latency_ms=latency_ms, actor=actor, pivot=action.saga_role == SagaRole.PIVOT):
-        return  # PostgreSQL, the plain case: recorded in one call (ledger/engine/fastpath.py)
+    if action.kind == ActionKind.FORWARD:
+        record_forward_success(action, changes, latency_ms=latency_ms, actor=actor)
+        return
     if action.kind == ActionKind.COMPENSATION and isinstance(on_compensated, unwinding.NextUndo) and action.status == A.RUNNING \
             and Action.compensates.is_cached(action) and fastpath.usable(action.tenant_id) \
             and unwinding.compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
@@ -153,35 +153,121 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
         run = action.run = sql.get_locked(Run, action.run_id)  # the answer shows the run as this leaves it
         action_transition(action, A.SUCCEEDED, log=audit, actor=actor, **changes)
         attempts.finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
-        if action.kind == ActionKind.COMPENSATION:
-            # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
-            forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
-            action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
-            if run.status == R.UNWINDING:
-                runstate.enqueue_unwind_after(run)
-            if on_compensated is not None:
-                on_compensated(audit, run)
+        # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
+        forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
+        action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
+        if run.status == R.UNWINDING:
+            runstate.enqueue_unwind_after(run)
+        if on_compensated is not None:
+            on_compensated(audit, run)
+
+
+OUTCOME_TRIES = 3  # decisions of one outcome: a guard fails again only while the run keeps changing under it
+
+
+def record_forward_success(action: Action, changes: dict, *, latency_ms: float | None, actor: str) -> None:
+    """A forward step's success: decided once, in Python (`success`), from the step and the run in hand (its steps
+    only when the decision needs them: kept on the run, else read), and written under the guards it was decided
+    under: by PostgreSQL's one call (`fastpath.succeed`: a plan that writes the step alone) or by the Python writer
+    (`plans.write_outcome`: SQLite, UNWIND_FAST_PATH off, a plan that moves the run, or one the call did not take).
+    A failed guard: read the run afresh and decide again; a step moved by someone else is theirs (StateConflict).
+    `action` then holds the changes, and `action.run` the run as written."""
+    one_call = fastpath.usable(action.tenant_id)
+    run = action.run if Action.run.is_cached(action) else None
+    for tries in range(OUTCOME_TRIES):
+        if run is None:
+            if tries and Action.objects.filter(pk=action.pk).values_list("status", flat=True).first() != action.status:
+                raise StateConflict(f"action {action.pk} is no longer {action.status}: someone else acted first")
+            run = sql.get(Run, pk=action.run_id)
+        steps = runsteps.kept(run)
+        plan = success(action, run, changes, latency_ms=latency_ms, actor=actor,
+                       steps_of=lambda: steps if steps is not None else runsteps.read(run.pk))
+        written = fastpath.succeed(plan) if one_call else None
+        if written is None:
+            with ledger_transaction(action.tenant_id) as audit:
+                written = plans.write_outcome(plan, log=audit)
+        if written != plans.STALE:
+            for name, value in plan.changes.items():
+                setattr(action, name, value)
+            held(run, written, action, steps)
             return
-        if action.saga_role == SagaRole.PIVOT and not run.pivot_committed:
-            Run.objects.filter(pk=run.pk).update(pivot_committed=True)
-            run.pivot_committed = True
-            audit.record("run.pivot_committed", actor=actor, run=run, action=action)
-            runstate.checkpoint_save(run, "pivot_committed", log=audit)
-        if run.status in (R.UNWINDING,) or run.cancel_requested_at:
-            # A late completion after a cancel or a failure elsewhere: it is compensated like the rest.
-            if run.status == R.UNWINDING:
-                runstate.enqueue_unwind_after(run)
-            return
-        if verification is not None and not verification.get("ok"):
-            if "read_back" in verification:
-                runstate.needs_attention(run, "read_back_incomplete", readback.read_back_detail(action, verification), action=action,
-                                log=audit)
-                return
-            runstate.needs_attention(run, "verification_failed", f"{tool.name} (step {action.seq}) did not verify: "
-                            f"{verification.get('detail') or verification.get('mismatched')}", action=action, log=audit)
-            return
-        if run.status == R.AWAITING_APPROVAL and not run.actions.filter(kind=ActionKind.FORWARD, status=A.AWAITING_APPROVAL).exists():
-            run_transition(run, R.RUNNING, log=audit, actor=actor)
+        runsteps.keep(run, None)  # a guard failed: the next decision reads afresh
+        run = None
+    raise StateConflict(f"run {action.run_id} kept changing while step {action.pk}'s outcome was being recorded; "
+                        "try again")
+
+
+def held(run: Run, written: Run, action: Action, steps: list | None) -> None:
+    """The run in hand brought to what was written (`written`: the writer's run), so that the caller, and the next
+    decision made from it, see it: its columns, and its kept steps with this one moved."""
+    if written is not run:
+        for field in Run._meta.concrete_fields:
+            setattr(run, field.attname, getattr(written, field.attname))
+    action.run = run
+    if steps is not None:
+        runsteps.keep(run, steps)
+        runsteps.moved(run, action.pk, action.status)
+
+
+def success(action: Action, run: Run, changes: dict, *, latency_ms: float | None, actor: str,
+            steps_of: Callable[[], list[runsteps.Seen]]) -> plans.Outcome:
+    """The success of forward step `action` decided from it and `run` (and its steps, `steps_of`, read only when
+    the decision needs them): the step succeeded with `changes`, its attempt ended, and what follows for the run.
+    A pivot commits (the run's mark, its event and checkpoint). A run that is unwinding or cancelled takes the step
+    as a late completion, undone like the rest (an unwinder queued when none holds the run). Otherwise a step that
+    did not verify puts the run before a person, and a run waiting for approvals runs again once none is awaited.
+    StateConflict when the step cannot move to succeeded."""
+    if A.SUCCEEDED not in ACTION_TRANSITIONS[action.status]:
+        raise StateConflict(f"action {action.pk} cannot go from {action.status} to {A.SUCCEEDED}")
+    now = timezone.now()
+    after, moved_columns = moved(action, A.SUCCEEDED, now=now, **changes)
+    log = AuditLog(run.tenant_id, head=None)  # its entries, not appended here: the writer appends them
+    log.record(f"{action.kind}.{A.SUCCEEDED}", actor=actor, action=after, status_from=action.status)
+    attempt = Attempt(action_id=action.pk, number=action.attempts, finished_at=now, outcome="succeeded",
+                      latency_ms=latency_ms, error_class="", error_message="")
+    late = run.status == R.UNWINDING or run.cancel_requested_at is not None
+    verification = changes.get("verification")
+    unverified = verification is not None and not verification.get("ok")
+    pivot = action.saga_role == SagaRole.PIVOT and not run.pivot_committed
+    steps = None
+    if pivot or (not late and (unverified or run.status == R.AWAITING_APPROVAL)):
+        steps = steps_of()
+    left = [(s.pk, s.seq, A.SUCCEEDED if s.pk == action.pk else s.status, s.tool_name)
+            for s in steps or () if s.kind == ActionKind.FORWARD]
+    settled, run_changes, checkpoints, attention = copy.copy(run), {}, [], None
+
+    def checkpoint(label: str) -> None:
+        checkpoints.append(Checkpoint(tenant_id=run.tenant_id, run_id=run.pk, label=label,
+                                      state=runstate.checkpoint_state(settled, left)))
+        log.record(plans.Completion.CHECKPOINT_EVENT, actor=attempts.SYSTEM, run=settled, label=label, checkpoint=None)
+
+    def run_to(status: str, mover: str, note: dict, **fields) -> None:
+        nonlocal settled
+        was = settled.status
+        settled, columns = run_moved(settled, status, now=now, **fields)
+        run_changes.update(columns)
+        log.record(f"run.{status}", actor=mover, run=settled, status_from=was, **note)
+
+    if pivot:
+        settled.pivot_committed = run_changes["pivot_committed"] = True
+        log.record("run.pivot_committed", actor=actor, run=settled, action=after)
+        checkpoint("pivot_committed")
+    if late:
+        pass
+    elif unverified:
+        reason, detail = ("read_back_incomplete", readback.read_back_detail(after, verification)) \
+            if "read_back" in verification else \
+            ("verification_failed", f"{action.tool.name} (step {action.seq}) did not verify: "
+                                    f"{verification.get('detail') or verification.get('mismatched')}")
+        run_to(R.NEEDS_ATTENTION, attempts.SYSTEM, {"reason": reason}, attention_reason=reason,
+               attention_detail=detail[:4000], lease_expires_at=None)
+        checkpoint(f"needs_attention:{reason}")
+        attention = (reason, detail)
+    elif run.status == R.AWAITING_APPROVAL and not any(status == A.AWAITING_APPROVAL for *_, status, _ in left):
+        run_to(R.RUNNING, actor, {})
+    unwind_after = run.status == R.UNWINDING and (run.lease_expires_at is None or run.lease_expires_at < now)
+    return plans.Outcome(after, moved_columns, attempt, settled, run_changes, tuple(checkpoints), log.pending,
+                         plans.StepGuards.of(run, steps, action.status), attention, unwind_after)
 
 
 def record_failure(action: Action, error: ToolError, *, latency_ms: float | None, retry_inline: bool, delay: float,
