@@ -32,7 +32,7 @@ SPEC = {
     "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4, "steps": 9},
     "unwind_succeed": {"ids": {1: "run", 12: "action"}, "steps": 9},
     "unwind_complete": {"ids": {1: "run"}, "steps": 9, "rows": {11: "checkpoint"}},
-    "unwind_failed": {"ids": {1: "run", 4: "action"}, "steps": 3, "rows": {9: "checkpoint"}},
+    "unwind_failed": {"ids": {1: "run", 12: "action"}, "steps": 9, "rows": {17: "checkpoint"}},
     "unwind_compensated": {"ids": {1: "run", 6: "action", 9: "action", 11: "action"}, "steps": 4, "lease": 5,
                            "rows": {13: "action", 17: "checkpoint"}},
     "read for the unwind": {"ids": {1: "run", 4: "run"}},  # fastpath.run_for_unwind

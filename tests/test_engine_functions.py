@@ -208,14 +208,16 @@ def test_migrate_replaces_a_completion_that_took_status_lists(db):
 
 
 @needs_postgres
-def test_migrate_replaces_a_success_that_decided_whether_the_run_takes_steps(db):
-    """Issue 40 changed `unwind_succeed`'s arguments: it is handed the guards Python decided under (the run's
-    fields, cancel mark, lease, steps), no longer whether the step is a pivot. The old one installed beside the file's
-    (CREATE OR REPLACE with other arguments adds a second function) is dropped by `migrate`: one argument list is
-    left, the file's, and the guard trusts the functions again."""
-    args = "SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = 'unwind_succeed'"
+@pytest.mark.parametrize("function", ["unwind_succeed", "unwind_failed"])
+def test_migrate_replaces_an_outcome_that_decided_the_run(db, function):
+    """Issue 40 changed the arguments of `unwind_succeed` and `unwind_failed`: each is handed the plan Python decided
+    and its guards (the run's fields, cancel mark, lease and steps), no longer deciding whether the run still takes
+    steps or is before its pivot. The old one installed beside the file's (CREATE OR REPLACE with other arguments
+    adds a second function) is dropped by `migrate`: one argument list is left, the file's, and the guard trusts the
+    functions again."""
+    args = f"SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = '{function}'"
     with connection.cursor() as cursor:
-        cursor.execute(AT_0016["unwind_succeed"].text)
+        cursor.execute(AT_0016[function].text)
     assert len(sql.fetch_all(args, [])) == 2
     assert installed_fingerprint() != plpgsql.expected_fingerprint()
     call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step installs the file

@@ -28,9 +28,10 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
 from ledger.audit.chain import ledger_transaction
-from ledger.engine import fastpath, outcomes, plans, plpgsql, runsteps
+from ledger.engine import fastpath, outcome_plans, plans, plpgsql, runsteps
 from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
+from ledger.executors.call import ToolError
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
@@ -802,8 +803,8 @@ def _success_plan(world, *, awaiting: bool):
     changes = dict(result={"id": "usr_1"}, after=None, verification=None, target_id="usr_1",
                    compensation_plan=step.compensation_plan, lease_owner="", lease_expires_at=None, error_class="",
                    error_message="")
-    plan = outcomes.success(step, read, changes, latency_ms=12.5, actor="agent:booker", steps_of=lambda: seen)
-    assert plan.step_only and (plan.guards.run.steps is not None) == awaiting
+    plan = outcome_plans.success(step, read, changes, latency_ms=12.5, actor="agent:booker", steps_of=lambda: seen)
+    assert not (plan.run_changes or plan.checkpoints or plan.emits) and (plan.guards.run.steps is not None) == awaiting
     return plan, [other, flight]
 
 
@@ -864,5 +865,84 @@ def test_a_success_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     'stale' (and the decision made again takes it as a late completion, undone with the rest)."""
     _install_changed("unwind_succeed", "AND (r.cancel_requested_at IS NOT NULL) = p_cancelled ", "", monkeypatch)
     function, python = success_by_both(tools, monkeypatch, "the cancel mark", awaiting=False)
+    assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
+    assert ".answer: " in "\n".join(differences(function, python))
+
+
+# --- a step's failure for good: one plan, two writers ----------------------------------------------------------------
+
+def failure_by_the_function(plan):
+    return fastpath.failed(plan)
+
+
+def _failure_plan(world, *, late: bool):
+    """A step in flight after one that succeeded, and its failure for good decided from the ledger (its checkpoint's
+    id drawn). Before the pivot in a running run, the unwind starts (the steps read and guarded, the run moved, a
+    checkpoint); `late`: the run is unwinding already, and the plan writes the step alone."""
+    run = open_run(world, goal="two writers")
+    done = act(run, "hr.create_user", {"email": "w0@company.com", "name": "W0"})
+    flight = action_propose(run=run, tool_name="hr.create_user", args=USER, actor="agent:booker").action
+    if late:
+        Run.objects.filter(pk=run.pk).update(status="unwinding")
+    read, seen = runsteps.run_with_steps(run.pk)
+    step = Action.objects.select_related("tool").get(pk=flight.pk)
+    error = ToolError("the directory said no", transient=False, status=422)
+    plan = outcome_plans.failure(step, read, error, latency_ms=7.5, actor="agent:booker", steps_of=lambda: seen,
+                                 pending_of=lambda pks: list(Action.objects.filter(pk__in=pks).order_by("seq")))
+    assert not (plan.others or plan.emits) and plan.unwind_after
+    assert bool(plan.run_changes) == bool(plan.checkpoints) == (plan.guards.run.steps is not None) == (not late)
+    return plan.numbered([fastpath.checkpoint_id() for _ in plan.checkpoints]), [done, flight]
+
+
+FAILURE_CHANGED = {**SUCCESS_CHANGED, "another step": lambda plan, steps: Action.objects.filter(
+    pk=steps[0].pk).update(status="compensating")}
+
+
+def failure_by_both(world, monkeypatch, changed: str, *, late: bool) -> tuple[dict, dict, list]:
+    plan, steps = _failure_plan(world, late=late)
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+
+    def after_the_change(write):
+        def written(plan_):
+            FAILURE_CHANGED[changed](plan_, steps)
+            return write(plan_)
+        return written
+
+    return (written_by(after_the_change(failure_by_the_function), plan),
+            written_by(after_the_change(success_by_python), plan), steps)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["starts-unwind", "late"])
+@pytest.mark.parametrize("changed", list(FAILURE_CHANGED))
+def test_both_writers_apply_a_failure_alike(tools, monkeypatch, changed, late):
+    """One failure plan, written by `unwind_failed` and by `plans.write_outcome` (the same writer as a success's)
+    from the same rows: the same answer, and every column of the run, its actions, attempts and checkpoints and the
+    chain's events and head the same. When a guard's field changed since the decision, both answer 'stale' and
+    write nothing."""
+    function, python, steps = failure_by_both(tools, monkeypatch, changed, late=late)
+    found = differences(function, python)
+    assert not found, "\n".join(found)
+    if changed == "nothing" or (changed == "another step" and late):
+        step = function["actions"][1]
+        assert step["status"] == "failed" and step["error_class"] == "http_422" and step["lease_owner"] == ""
+        assert function["attempts"][-1]["outcome"] == "failed_permanent"
+        assert function["attempts"][-1]["error_message"] == "the directory said no"
+        assert function["run"][0]["status"] == "unwinding"
+        kinds = [e["kind"] for e in function["events"]]
+        assert kinds == ["forward.failed"] if late else kinds == ["forward.failed", "run.unwinding", "run.checkpoint"]
+        if not late:
+            assert function["checkpoints"][-1]["label"] == "unwind_started"
+            assert function["checkpoints"][-1]["state"]["pending_action_ids"] == [steps[1].pk]
+    else:
+        assert function["answer"] == plans.STALE and function["events"] == []
+
+
+def test_a_failure_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
+    """The comparison above can fail: a function that no longer compares the run's steps starts an unwind whose
+    checkpoint was decided before an earlier step moved, where the Python writer answers 'stale'."""
+    _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <> (", "IF false AND p_steps <> (",
+                     monkeypatch)
+    function, python, _ = failure_by_both(tools, monkeypatch, "another step", late=False)
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
     assert ".answer: " in "\n".join(differences(function, python))

@@ -10,7 +10,7 @@ having written nothing, and the caller reads afresh and decides again. So each r
 are held equal by applying one plan to the same rows (tests/test_parity.py).
 
 Decided this way: completing a run (`runs.completion`, a `Completion`) and a forward step's success
-(`outcomes.success`, an `Outcome`: PostgreSQL's `unwind_succeed` writes one that moves the step alone; the Python
+(`outcome_plans.success`, an `Outcome`: PostgreSQL's `unwind_succeed` writes one that moves the step alone; the Python
 writer every one, a pivot's commit or a run put before a person too). The engine's other operations are to follow.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ledger.audit.chain import AuditLog
 from ledger.db import sql
 from ledger.engine import runsteps
 from ledger.engine.dispatch import enqueue
+from ledger.errors import StateConflict
 from ledger.models import Action, Attempt, Checkpoint, Run
 
 STALE = "stale"  # a writer's answer when a guard failed: nothing was written; read afresh and decide again
@@ -135,30 +136,38 @@ ATTEMPT_END = ("finished_at", "outcome", "latency_ms", "error_class", "error_mes
 
 
 @dataclass(frozen=True)
+class Emit:
+    """A domain event (ledger/events.py) a plan emits in its writer's commit, in its place among the plan's audit
+    events: its handlers may write rows and events of their own (a recovery item, an approval withdrawn)."""
+
+    event: str
+    payload: dict
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """A forward step's outcome as decided (`outcomes.success`, `outcomes.failure`): the step as moved, `changes`
-    the columns that sets (`transitions.moved`); its attempt's end (`number` and ATTEMPT_END); the run as the plan
-    leaves it, `run_changes` the columns that sets (none when it stays as it is); the checkpoints to insert, whole;
-    the events to append, as `AuditLog.record` builds them; the guards; and what follows the commit, which the
-    writers do not decide either: `attention`, (reason, detail) of a run put before a person (`run_needs_attention`
-    is emitted in the commit, so that its recovery item is written with it), and `unwind_after`, an unwinder to queue
-    once committed. Checkpoint ids are the writer's to draw, as in `Completion`."""
+    """A forward step's outcome as decided (`outcome_plans.success`, `outcome_plans.failure`): the step as moved,
+    `changes` the columns that sets (`transitions.moved`); its attempt's end (`number` and ATTEMPT_END); the run as the plan
+    leaves it, `run_changes` the columns that sets (none when it stays as it is); `others`, the run's other steps the
+    plan moves (pending steps skipped as an unwind starts), each as (the step moved, its columns, the status it
+    moves from); the checkpoints to insert, whole; the events to append, as `AuditLog.record` builds them, with the
+    domain events to emit among them (`Emit`); the guards; and `unwind_after`, an unwinder to queue once committed
+    (the writers do not decide that either). Checkpoint ids are the writer's to draw, as in `Completion`."""
 
     action: Action
     changes: dict
     attempt: Attempt
     run: Run
     run_changes: dict
+    others: tuple
     checkpoints: tuple
     events: list
     guards: StepGuards
-    attention: tuple | None = None
     unwind_after: bool = False
 
     @property
-    def step_only(self) -> bool:
-        """Whether the plan writes the step, its attempt and its events alone: what `unwind_succeed` writes."""
-        return not self.run_changes and not self.checkpoints and self.attention is None
+    def emits(self) -> bool:
+        return any(isinstance(event, Emit) for event in self.events)
 
     def numbered(self, checkpoint_ids: list[int]) -> Outcome:
         """This plan with its checkpoints' ids drawn, in order: each checkpoint and its event name one."""
@@ -168,19 +177,19 @@ class Outcome:
             checkpoint.pk = pk
             checkpoints.append(checkpoint)
         ids = iter(checkpoint_ids)
-        events = [(kind, actor, run_ref, action_ref,
-                   {**data, "checkpoint": next(ids)} if kind == Completion.CHECKPOINT_EVENT else data)
-                  for kind, actor, run_ref, action_ref, data in self.events]
+        events = [event if isinstance(event, Emit) or event[0] != Completion.CHECKPOINT_EVENT else
+                  (*event[:4], {**event[4], "checkpoint": next(ids)}) for event in self.events]
         return dataclasses.replace(self, checkpoints=tuple(checkpoints), events=events)
 
 
 def write_outcome(plan: Outcome, *, log: AuditLog) -> Run | str:
     """The Python writer of a step's outcome, in the caller's ledger transaction (`log`: the tenant's chain head is
     locked): it locks the run and compares the guards, then moves the step from the status it was decided from (a
-    conditional update: a step moved since is a failed guard too), ends its attempt, moves the run, inserts the
-    checkpoints, appends the events, emits `run_needs_attention` when the plan puts the run before a person, and
-    queues the unwinder after the commit when it says so. Returns the run as written; STALE, having written nothing,
-    when a guard failed."""
+    conditional update: a step moved since is a failed guard too), ends its attempt, moves the other steps (each
+    from the status the guards checked: one moved under the run's lock all the same raises StateConflict, which rolls
+    the transaction back), moves the run, inserts the checkpoints, appends the events and emits the domain events
+    in their places, and queues the unwinder after the commit when the plan says so. Returns the run as written;
+    STALE, having written nothing, when a guard failed."""
     run = sql.get_locked(Run, plan.run.pk)
     guards = plan.guards
     if not guards.hold(run, guards.run.steps_now(run.pk)) or sql.update(
@@ -189,16 +198,22 @@ def write_outcome(plan: Outcome, *, log: AuditLog) -> Run | str:
     log.write_at_commit(sql.update_statement(
         Attempt, {"action": plan.action.pk, "number": plan.attempt.number, "finished_at": None},
         **{name: getattr(plan.attempt, name) for name in ATTEMPT_END}))
+    for other, changes, status_from in plan.others:
+        if sql.update(Action, {"pk": other.pk, "run": run.pk, "status": status_from}, **changes) != 1:
+            raise StateConflict(f"action {other.pk} moved under run {run.pk}'s lock")
     if plan.run_changes:
         sql.update(Run, {"pk": run.pk}, **plan.run_changes)  # under the run's lock, in the status the guards checked
         for name, value in plan.run_changes.items():
             setattr(run, name, value)
-    if plan.checkpoints:
+    if plan.checkpoints and plan.checkpoints[0].pk is None:
         plan = plan.numbered([sql.insert(copy.copy(checkpoint)).pk for checkpoint in plan.checkpoints])
-    log.pending.extend(plan.events)
-    if plan.attention is not None:
-        reason, detail = plan.attention
-        events.emit("run_needs_attention", run=run, reason=reason, detail=detail, action=plan.action)
+    elif plan.checkpoints:
+        Checkpoint.objects.bulk_create([copy.copy(c) for c in plan.checkpoints])  # with the ids the plan names
+    for event in plan.events:
+        if isinstance(event, Emit):
+            events.emit(event.event, **event.payload)  # its handlers record on `log`, after the events before it
+        else:
+            log.pending.append(event)
     if plan.unwind_after:
         enqueue("ledger.tasks.unwind_run", run.pk)
     return run

@@ -4,10 +4,10 @@ CREATE OR REPLACE FUNCTION unwind_succeed(
     p_action bigint, p_from text, p_changes jsonb, p_attempt jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
--- The writer of a step's success Python decided (ledger/engine/outcomes.py `success`, plans.py): it knows no rule. It
--- locks the chain head, then the run, and checks the guards the decision was made under; any that fails answers
--- 'stale', having written nothing, and the caller decides again from a fresh read. Then it writes the plan's rows
--- as given: the step moved from the status it was decided from, its attempt ended, the events.
+-- The writer of a step's success Python decided (ledger/engine/outcome_plans.py `success`, plans.py): it knows
+-- no rule. It locks the chain head, then the run, and checks the guards the decision was made under; any that fails
+-- answers 'stale', having written nothing, and the caller decides again from a fresh read. Then it writes the plan's
+-- rows as given: the step moved from the status it was decided from, its attempt ended, the events.
 DECLARE
     v_seq bigint;
     v_prev text;
