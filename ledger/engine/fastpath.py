@@ -28,9 +28,11 @@ whole transaction in that call:
   run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
   compensation's success and its step compensated, then claims the next compensation (the step's move, the
   compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
-- `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
-  its caller read before; records the step failed and the run unwinding with its checkpoint, and appends the
-  events. Its caller unwinds the run next (`unwinding.unwind_elsewhere` queues it when it cannot).
+- `unwind_failed`: writes a step's failure for good Python decided (`outcome_plans.failure`, a `plans.Outcome`
+  that moves no other step and emits nothing) under the same guards as `unwind_succeed`: the step failed, its
+  attempt ended, and when the plan starts the unwind the run unwinding with its checkpoint (its id drawn by the
+  read the decision was made from, `run_for_unwind`); then the events. Its caller unwinds the run next, from that
+  read (`unwinding.unwind_elsewhere` queues it when it cannot).
 - `unwind_succeed`: writes a step's success Python decided (`outcome_plans.success`, a `plans.Outcome` that writes the
   step alone): locks the head, then the run; checks the guards it was decided under (`plans.StepGuards`: the run's
   status, pivot and fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the

@@ -1,5 +1,6 @@
 """Recording a step's outcome: success (result, snapshots, verification, the compensation plan), failure
-(retry, refusal, unknown), and `settling`, which makes sure every outcome ends in a recorded state.
+(retry, refusal, unknown), and `settling`, which makes sure every outcome ends in a recorded state. A forward step's
+success and its failure for good are decided once (ledger/engine/outcome_plans.py) and handed to a writer here.
 """
 from __future__ import annotations
 
@@ -162,12 +163,12 @@ OUTCOME_TRIES = 3  # decisions of one outcome: a guard fails again only while th
 
 
 def record_forward_success(action: Action, changes: dict, *, latency_ms: float | None, actor: str) -> None:
-    """A forward step's success: decided once, in Python (`success`), from the step and the run in hand (its steps
-    only when the decision needs them: kept on the run, else read), and written under the guards it was decided
-    under: by PostgreSQL's one call (`fastpath.succeed`: a plan that writes the step alone) or by the Python writer
-    (`plans.write_outcome`: SQLite, UNWIND_FAST_PATH off, a plan that moves the run, or one the call did not take).
-    A failed guard: read the run afresh and decide again; a step moved by someone else is theirs (StateConflict).
-    `action` then holds the changes, and `action.run` the run as written."""
+    """A forward step's success: decided once, in Python (`outcome_plans.success`), from the step and the run in
+    hand (its steps only when the decision needs them: kept on the run, else read), and written under the guards it
+    was decided under: by PostgreSQL's one call (`fastpath.succeed`: a plan that writes the step alone) or by the
+    Python writer (`plans.write_outcome`: SQLite, UNWIND_FAST_PATH off, a plan that moves the run, or one the call
+    did not take). A failed guard: read the run afresh and decide again; a step moved by someone else is theirs
+    (StateConflict). `action` then holds the changes, and `action.run` the run as written."""
     one_call = fastpath.usable(action.tenant_id)
     run = action.run if Action.run.is_cached(action) else None
     for tries in range(OUTCOME_TRIES):
@@ -177,7 +178,7 @@ def record_forward_success(action: Action, changes: dict, *, latency_ms: float |
             run = sql.get(Run, pk=action.run_id)
         steps = runsteps.kept(run)
         plan = outcome_plans.success(action, run, changes, latency_ms=latency_ms, actor=actor,
-                       steps_of=lambda: steps if steps is not None else runsteps.read(run.pk))
+                                     steps_of=lambda: steps if steps is not None else runsteps.read(run.pk))
         written = fastpath.succeed(plan) if one_call else None
         if written is None:
             with ledger_transaction(action.tenant_id) as audit:
@@ -265,13 +266,13 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             return False
         action_transition(action, A.FAILED, log=audit, actor=actor, note=note, lease_owner="", lease_expires_at=None,
                           error_class=error.error_class, error_message=error.message[:2000])
-        after_failure(action, log=audit, actor=actor)  # a compensation: a forward step's is `failure`
+        after_failure(action, log=audit, actor=actor)  # a compensation's (a forward step's: `record_forward_failure`)
     return False
 
 
 def record_forward_failure(action: Action, error: ToolError, *, latency_ms: float | None, actor: str) -> None:
-    """A forward step's failure for good: decided once, in Python (`failure`), and written under the guards it was
-    decided under. On PostgreSQL the decision reads the run as the unwind that follows reads it
+    """A forward step's failure for good: decided once, in Python (`outcome_plans.failure`), and written under the
+    guards it was decided under. On PostgreSQL the decision reads the run as the unwind that follows reads it
     (`fastpath.run_for_unwind`: one statement, the ids of what it will write drawn with it), and the plan is written
     by one call (`fastpath.failed`) when it moves no other step and emits nothing; the unwind its caller runs next
     takes that read over (`unwinding.hand_over`). Otherwise the decision reads the run in hand and its steps (kept on
@@ -292,8 +293,8 @@ def record_forward_failure(action: Action, error: ToolError, *, latency_ms: floa
             if steps is None:
                 run, steps = runsteps.run_with_steps(action.run_id)
         plan = outcome_plans.failure(action, run, error, latency_ms=latency_ms, actor=actor, steps_of=lambda: steps,
-                       pending_of=lambda pks: list(Action.objects.filter(pk__in=pks).select_related("tool")
-                                                   .order_by("seq")))
+                                     pending_of=lambda pks: list(Action.objects.filter(pk__in=pks)
+                                                                 .select_related("tool").order_by("seq")))
         written = fastpath.failed(plan.numbered(checkpoint_ids[:len(plan.checkpoints)])) \
             if read[0] is not None else None
         if written is None:
