@@ -9,9 +9,11 @@ decides anything: each compares the guards with the rows it locked and writes wh
 having written nothing, and the caller reads afresh and decides again. So each rule is written once, and the writers
 are held equal by applying one plan to the same rows (tests/test_parity.py).
 
-Decided this way: completing a run (`runs.completion`, a `Completion`) and a forward step's success
-(`outcome_plans.success`, an `Outcome`: PostgreSQL's `unwind_succeed` writes one that moves the step alone; the Python
-writer every one, a pivot's commit or a run put before a person too). The engine's other operations are to follow.
+Decided this way: completing a run (`runs.completion`, a `Completion`: `unwind_complete` or `write_completion`), and a
+forward step's success and its failure for good (`outcome_plans.success`, `failure`, an `Outcome`: `unwind_succeed`
+writes one that moves the step alone, `unwind_failed` one that moves no other step and emits nothing, and
+`write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too). Propose, compensate,
+open, hold, release and stop are to follow.
 """
 from __future__ import annotations
 
