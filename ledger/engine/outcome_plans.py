@@ -71,11 +71,6 @@ class Deciding:
                              plans.StepGuards.of(self.before, self.steps, self.action.status), unwind_after)
 
 
-def unwinder_free(run: Run, now) -> bool:
-    """Whether no unwinder holds the run's lease (`runstate.enqueue_unwind_after`'s rule)."""
-    return run.lease_expires_at is None or run.lease_expires_at < now
-
-
 def success(action: Action, run: Run, changes: dict, *, latency_ms: float | None, actor: str,
             steps_of: Callable[[], list[runsteps.Seen]]) -> plans.Outcome:
     """The success of forward step `action` decided from it and `run` (and its steps, `steps_of`, read only when
@@ -106,7 +101,7 @@ def success(action: Action, run: Run, changes: dict, *, latency_ms: float | None
         attention(decided, reason, detail)
     elif run.status == R.AWAITING_APPROVAL and not any(status == A.AWAITING_APPROVAL for *_, status, _ in decided.left):
         decided.run_to(R.RUNNING, actor=actor, note={})
-    return decided.plan(unwind_after=run.status == R.UNWINDING and unwinder_free(run, now))
+    return decided.plan(unwind_after=run.status == R.UNWINDING and runstate.unwinder_free(run, now))
 
 
 def attention(decided: Deciding, reason: str, detail: str) -> None:
@@ -138,7 +133,7 @@ def failure(action: Action, run: Run, error: ToolError, *, latency_ms: float | N
                        lease_owner="", lease_expires_at=None, error_class=error.error_class,
                        error_message=error.message[:2000])
     if not starts:
-        return decided.plan(unwind_after=run.status == R.UNWINDING and unwinder_free(run, now))
+        return decided.plan(unwind_after=run.status == R.UNWINDING and runstate.unwinder_free(run, now))
     message = decided.after.error_message
     if run.pivot_committed:
         attention(decided, "step_failed", f"{action.tool.name} (step {action.seq}) failed after the pivot and "
@@ -153,4 +148,4 @@ def failure(action: Action, run: Run, error: ToolError, *, latency_ms: float | N
     decided.run_to(R.UNWINDING, actor=actor, note={"why": why[:500], "cause": "failed", "for_action": action.pk},
                    attention_detail=why[:4000])
     decided.checkpoint("unwind_started")
-    return decided.plan(unwind_after=unwinder_free(decided.run, now))
+    return decided.plan(unwind_after=runstate.unwinder_free(decided.run, now))
