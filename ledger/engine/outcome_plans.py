@@ -33,7 +33,7 @@ class Deciding:
         self.log.record(f"{action.kind}.{to}", actor=actor, action=self.after, status_from=action.status,
                         **(note or {}))
         self.attempt = Attempt(action_id=action.pk, number=action.attempts, finished_at=now, **attempt)
-        self.run, self.run_changes, self.others, self.checkpoints = copy.copy(run), {}, [], []
+        self.run, self.run_changes, self.others, self.checkpoints = run, {}, [], []  # `run` copied once it moves
         # The forward steps as the plan leaves them, (id, seq, status, tool name), for its checkpoints.
         self.left = [(s.pk, s.seq, to if s.pk == action.pk else s.status, s.tool_name)
                      for s in steps or () if s.kind == ActionKind.FORWARD]
@@ -88,6 +88,7 @@ def success(action: Action, run: Run, changes: dict, *, latency_ms: float | None
     decided = Deciding(action, run, steps, A.SUCCEEDED, actor=actor, now=now, attempt=dict(
         outcome="succeeded", latency_ms=latency_ms, error_class="", error_message=""), **changes)
     if pivot:
+        decided.run = copy.copy(decided.run)
         decided.run.pivot_committed = decided.run_changes["pivot_committed"] = True
         decided.log.record("run.pivot_committed", actor=actor, run=decided.run, action=decided.after)
         decided.checkpoint("pivot_committed")

@@ -197,7 +197,7 @@ def record_forward_success(action: Action, changes: dict, *, latency_ms: float |
 def held(run: Run, written: Run, action: Action, steps: list | None) -> None:
     """The run in hand brought to what was written (`written`: the writer's run), so that the caller, and the next
     decision made from it, see it: its columns, and its kept `steps` with this one moved (None: none kept)."""
-    if written is not run:
+    if written is not run:  # (a plan that leaves the run as it is answers the run in hand)
         for field in Run._meta.concrete_fields:
             setattr(run, field.attname, getattr(written, field.attname))
     action.run = run
