@@ -38,7 +38,10 @@ os.chdir(os.environ["AB_ROOT"])
 from bench.common import django_setup, timed
 django_setup(UNWIND_TASKS_SYNC="0")
 from bench.engine import Saga, tenant_with_tools
-from ledger.tenancy import agent_create
+try:
+    from ledger.tenancy import agent_create
+except ImportError:  # trees before the services package moved (62bbf33 and older)
+    from ledger.services.tenancy import agent_create
 tenant, agent, _ = tenant_with_tools()
 saga = Saga(tenant, agent)
 base, count = int(time.time() * 1000) % 10**9 * 1000, 0
@@ -52,6 +55,25 @@ for line in sys.stdin:
     print(json.dumps({"ok": ok, "fail": fail}), flush=True)
 """
 PARTS = ("engine", "api")
+# The venv's editable install of Unwind (setuptools' finder) answers for any module of ours the path does not hold:
+# an older tree lacking `approvals/templatetags` would import this tree's. Each side's processes drop that finder
+# first thing (sitecustomize runs after the .pth files), so a side imports its own code and nothing else.
+SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "__editable__" not in getattr(h, "__module__", "")]
+sys.path[:] = [p for p in sys.path if "__editable__" not in p]
+sys.path_importer_cache.clear()
+"""
+
+
+def side_path(root: Path) -> str:
+    """PYTHONPATH for a side: a folder beside its checkout holding the sitecustomize above, then the checkout."""
+    if root == ROOT:  # the working tree is what the editable install points at
+        return str(root)
+    site = root.parent / f".{root.name}-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    return f"{site}{os.pathsep}{root}"
 
 
 def database_of(name: str) -> str:
@@ -63,7 +85,7 @@ def side(name: str, root: Path) -> tuple[subprocess.Popen, str]:
     database = database_of(name)
     recreate_database(database)
     env = dict(os.environ, DATABASE_URL=f"{PG_BASE}/{database}", BENCH_DB=database, AB_ROOT=str(root),
-               PYTHONPATH=str(root))
+               PYTHONPATH=side_path(root))
     env.setdefault("UNWIND_INSECURE_DEV_KEY", "1")  # a throwaway database: the public development key
     subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=root, env=env, check=True)
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -108,7 +130,8 @@ def compare(roots: dict[str, Path], rounds: int, per_round: int, parts=PARTS) ->
             children[name], key = side(name, root)
             stack.callback(_stop, children[name])
             if "api" in parts:
-                servers[name] = stack.enter_context(Server(root=root, database_url=f"{PG_BASE}/{database_of(name)}"))
+                servers[name] = stack.enter_context(Server(root=root, database_url=f"{PG_BASE}/{database_of(name)}",
+                                                            env={"PYTHONPATH": side_path(root)}))
                 agents[name] = Agent(servers[name].url, key, f"ab-{name}")
         for number in range(rounds + 1):
             order = list(roots) if number % 2 == 0 else list(reversed(roots))

@@ -28,7 +28,7 @@ from bench.common import ROOT, bench_env, log, psycopg_url, summary
 TABLES = ("ledger_action", "ledger_attempt", "ledger_auditevent", "ledger_audithead", "ledger_run", "ledger_checkpoint")
 # The action's indexes that no check of the functions reads: they serve the pages, the sweeps and the foreign keys.
 SECONDARY = ("action_retry_due", "action_running_lease", "action_tenant_recent", "ledger_action_tool_id_b0f187f1",
-             "action_compensates", "action_repeats", "audit_action", "audit_run", "ledger_checkpoint_run_id_d77c18d4",
+             "action_compensates", "action_repeats", "audit_action_tenant", "audit_run_tenant", "ledger_checkpoint_run_id_d77c18d4",
              "ledger_checkpoint_tenant_id_e1432512", "run_recent", "run_status_idle", "run_status_lease",
              "run_tenant_recent", "ledger_run_agent_id_02feb8c8")
 

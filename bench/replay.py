@@ -46,12 +46,14 @@ SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledg
 
 
 def _kind(sql: str) -> str | None:
+    from ledger.audit.sealed import UNDO_SEAL_READ
+
     called = re.search(r"public\.(unwind_[a-z_]+)\(", sql)
     if called:
         return called.group(1)
     if sql.startswith("WITH ids AS MATERIALIZED"):
         return "read for the unwind"
-    if sql.startswith('SELECT "ledger_auditevent"') and '"ledger_auditevent"."action_ref" = ' in sql:
+    if sql == UNDO_SEAL_READ:
         return "read the undo seal"
     return None
 

@@ -602,9 +602,12 @@ class AuditEvent(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "seq"], name="audit_seq_unique_per_tenant")]
+        # A run's or a step's events are read with their tenant (the pages, the trail, an undo's seal): an index on
+        # the reference alone let the planner AND it with the tenant's (tenant, seq) index, which reads every event
+        # of the tenant in the partitions searched, once per undo (bench/README.md, 2026-11-28).
         indexes = [
-            models.Index(fields=["run_ref", "seq"], name="audit_run"),
-            models.Index(fields=["action_ref", "seq"], name="audit_action"),
+            models.Index(fields=["run_ref", "tenant", "seq"], name="audit_run_tenant"),
+            models.Index(fields=["action_ref", "tenant", "seq"], name="audit_action_tenant"),
         ]
         ordering = ["tenant_id", "seq"]
 

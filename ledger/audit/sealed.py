@@ -38,7 +38,7 @@ from ledger.audit.chain import (
     SEALED_KINDS, UNDO_SEALED_KINDS, event_is_authentic, seal, sealed_fields, sent_text, undo_seal,
 )
 from ledger.canonical import canonical, digest, digest_plain
-from ledger.db import mapping, received
+from ledger.db import mapping, received, sql
 from ledger.db.partitions import recent
 from ledger.models import Action, AuditEvent
 
@@ -184,13 +184,20 @@ def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
         raise Tampered("undo", problem)
 
 
+# Read once per undo, before it leaves: as text, Django's query building cost more than the read (about 0.5 ms a
+# compensation on the failing saga's profile).
+UNDO_SEAL_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
+                    " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
+                    f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))}) ORDER BY e.seq DESC")
+
+
 def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     """The undo seal the latest of `forward`'s success and undo completions recorded, and that event's number; (None,
     None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
     event does not verify under its audit key."""
-    events = list(AuditEvent.objects.filter(tenant_id=forward.tenant_id, action_ref=forward.pk,
-                                            created_at__gte=recent(forward.created_at),
-                                            kind__in=UNDO_SEALED_KINDS).order_by("-seq"))
+    events = [sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
+        forward.tenant_id, forward.pk, sql.value(AuditEvent, "created_at", recent(forward.created_at)),
+        *UNDO_SEALED_KINDS])]
     what = f"step {forward.seq} (action {forward.pk})"
     if not events:
         raise Tampered("undo", f"{what} has no record of its success in the audit chain, yet it is being undone: its "

@@ -183,6 +183,12 @@ def get_locked(model: type[models.Model], pk) -> models.Model:
     return obj
 
 
+def value(model: type[models.Model], name: str, value):
+    """`value` as the database takes it in a parameter compared with `model`'s field `name` (a datetime as
+    SQLite stores it, say)."""
+    return model._meta.get_field(name).get_db_prep_value(value, _db(), prepared=False)
+
+
 def execute(sql: str, params: list) -> None:
     with _db().cursor() as cursor:
         cursor.execute(sql, params)
