@@ -30,9 +30,9 @@ from bench.common import BENCH_DB, psycopg_url, summary
 SPEC = {
     "unwind_open_run": {"rows": {1: "run"}},
     "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4, "steps": 9},
-    "unwind_succeed": {"ids": {1: "run", 3: "action"}},
+    "unwind_succeed": {"ids": {1: "run", 12: "action"}, "steps": 9},
     "unwind_complete": {"ids": {1: "run"}, "steps": 9, "rows": {11: "checkpoint"}},
-    "unwind_failed": {"ids": {1: "run", 4: "action"}, "steps": 3, "rows": {9: "checkpoint"}},
+    "unwind_failed": {"ids": {1: "run", 12: "action"}, "steps": 9, "rows": {17: "checkpoint"}},
     "unwind_compensated": {"ids": {1: "run", 6: "action", 9: "action", 11: "action"}, "steps": 4, "lease": 5,
                            "rows": {13: "action", 17: "checkpoint"}},
     "read for the unwind": {"ids": {1: "run", 4: "run"}},  # fastpath.run_for_unwind
@@ -121,7 +121,7 @@ class Replay:
         for at, table in spec.get("ids", {}).items():
             if params[at] is not None:
                 params[at] = new[table][params[at]]
-        if "steps" in spec:
+        if "steps" in spec and params[spec["steps"]] is not None:  # (None: a decision that read no step)
             params[spec["steps"]] = Jsonb([[new["action"][i], status] for i, status in params[spec["steps"]].obj])
         if "lease" in spec and params[spec["lease"]] is not None:
             params[spec["lease"]] = lease

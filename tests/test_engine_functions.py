@@ -208,6 +208,25 @@ def test_migrate_replaces_a_completion_that_took_status_lists(db):
 
 
 @needs_postgres
+@pytest.mark.parametrize("function", ["unwind_succeed", "unwind_failed"])
+def test_migrate_replaces_an_outcome_that_decided_the_run(db, function):
+    """Issue 40 changed the arguments of `unwind_succeed` and `unwind_failed`: each is handed the plan Python decided
+    and its guards (the run's fields, cancel mark, lease and steps), no longer deciding whether the run still takes
+    steps or is before its pivot. The old one installed beside the file's (CREATE OR REPLACE with other arguments
+    adds a second function) is dropped by `migrate`: one argument list is left, the file's, and the guard trusts the
+    functions again."""
+    args = f"SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = '{function}'"
+    with connection.cursor() as cursor:
+        cursor.execute(AT_0016[function].text)
+    assert len(sql.fetch_all(args, [])) == 2
+    assert installed_fingerprint() != plpgsql.expected_fingerprint()
+    call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step installs the file
+    (found,), = sql.fetch_all(args, [])  # one argument list: the file's
+    assert "p_cancelled boolean" in found and "p_steps jsonb" in found
+    assert installed_fingerprint() == plpgsql.expected_fingerprint()
+
+
+@needs_postgres
 def test_a_triggers_changed_function_is_replaced_and_its_triggers_stay(db, tmp_path):
     """Dropping a trigger's function would fail (or, with CASCADE, drop the trigger that keeps the limits' totals):
     an edited `unwind_limit_totals_keep` is replaced in place, and its triggers call the new body."""

@@ -28,9 +28,10 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
 from ledger.audit.chain import ledger_transaction
-from ledger.engine import fastpath, plans, plpgsql, runsteps
+from ledger.engine import fastpath, outcome_plans, plans, plpgsql, runsteps
 from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
+from ledger.executors.call import ToolError
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
@@ -652,7 +653,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
 
 @pytest.mark.parametrize("function, line, changed, name, where", [
     # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
-    ("unwind_succeed", "error_class = '', error_message = ''", "error_class = 'x', error_message = ''", "ok",
+    ("unwind_succeed", "error_class = f.error_class", "error_class = 'x'", "ok",
      ".attempts[0].error_class: 'x' != ''"),
     # The completion's run, moved as the plan says: here the call forgets when it finished.
     ("unwind_complete", "finished_at = n.finished_at", "finished_at = NULL", "ok",
@@ -680,8 +681,8 @@ class _Undone(Exception):
 
 def written_by(write, plan) -> dict:
     """What `write(plan)` answers and leaves, read inside a savepoint that is then rolled back: the answer, the run, its
-    checkpoints, the tenant's chain head and the events after it, every column as stored (their hashes too: the
-    function's HMAC must be the Python writer's)."""
+    actions and their attempts, its checkpoints, the tenant's chain head and the events after it, every column as
+    stored (their hashes too: the function's HMAC must be the Python writer's)."""
     tenant_id, run_id = plan.run.tenant_id, plan.run.pk
     before = AuditHead.objects.get(pk=tenant_id).seq
     seen = {}
@@ -690,6 +691,9 @@ def written_by(write, plan) -> dict:
             answer = write(plan)
             seen = {"answer": answer if isinstance(answer, str) else rows(Run, [answer]),
                     "run": rows(Run, Run.objects.filter(pk=run_id)),
+                    "actions": rows(Action, Action.objects.filter(run_id=run_id).order_by("seq")),
+                    "attempts": rows(Attempt, Attempt.objects.filter(action__run_id=run_id).order_by(
+                        "action__seq", "number")),
                     "checkpoints": rows(Checkpoint, Checkpoint.objects.filter(run_id=run_id).order_by("pk")),
                     "head": list(AuditHead.objects.filter(pk=tenant_id).values_list("seq", "hash")),
                     # (but the rows' own ids, drawn from a sequence that a rollback does not wind back)
@@ -769,5 +773,176 @@ def test_a_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     completion decided before a step went back in flight, where the Python writer answers 'stale'."""
     _install_changed("unwind_complete", "OR v_steps <> p_steps ", "", monkeypatch)
     function, python = both_writers(tools, monkeypatch, "a step")
+    assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
+    assert ".answer: " in "\n".join(differences(function, python))
+
+
+# --- a step's success: one plan, two writers -----------------------------------------------------------------------
+
+def success_by_the_function(plan):
+    return fastpath.succeed(plan)
+
+
+def success_by_python(plan):
+    with ledger_transaction(plan.run.tenant_id) as audit:
+        return plans.write_outcome(plan, log=audit)
+
+
+def _success_plan(world, *, awaiting: bool):
+    """A step in flight (proposed and claimed, its tool not yet answered) and its success decided from the ledger.
+    `awaiting`: the run waits for another step's approval, so the decision reads its steps (they become a guard)
+    and leaves the run waiting; otherwise it reads none, and the plan writes the step alone."""
+    run = open_run(world, goal="two writers")
+    other = act(run, "hr.create_user", {"email": "w0@company.com", "name": "W0"})
+    flight = action_propose(run=run, tool_name="hr.create_user", args=USER, actor="agent:booker").action
+    if awaiting:
+        Action.objects.filter(pk=other.pk).update(status="awaiting_approval")
+        Run.objects.filter(pk=run.pk).update(status="awaiting_approval")
+    read, seen = runsteps.run_with_steps(run.pk)
+    step = Action.objects.select_related("tool").get(pk=flight.pk)
+    changes = dict(result={"id": "usr_1"}, after=None, verification=None, target_id="usr_1",
+                   compensation_plan=step.compensation_plan, lease_owner="", lease_expires_at=None, error_class="",
+                   error_message="")
+    plan = outcome_plans.success(step, read, changes, latency_ms=12.5, actor="agent:booker", steps_of=lambda: seen)
+    assert not (plan.run_changes or plan.checkpoints or plan.emits) and (plan.guards.run.steps is not None) == awaiting
+    return plan, [other, flight]
+
+
+# What may change between a success's decision and its writing: each a guard of the plan (`plans.StepGuards`).
+SUCCESS_CHANGED = {
+    "nothing": lambda plan, steps: None,
+    "the run's status": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(status="needs_attention"),
+    "the pivot": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(pivot_committed=True),
+    "the goal": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(goal="another goal"),
+    "the cancel mark": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(
+        cancel_requested_at=timezone.now()),
+    "the unwind lease": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(
+        lease_expires_at=timezone.now() + timedelta(minutes=1)),
+    "the step": lambda plan, steps: Action.objects.filter(pk=steps[1].pk).update(status="lost"),
+    "another step": lambda plan, steps: Action.objects.filter(pk=steps[0].pk).update(status="approved"),
+}
+
+
+def success_by_both(world, monkeypatch, changed: str, *, awaiting: bool) -> tuple[dict, dict]:
+    plan, steps = _success_plan(world, awaiting=awaiting)
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+
+    def after_the_change(write):
+        def written(plan_):
+            SUCCESS_CHANGED[changed](plan_, steps)
+            return write(plan_)
+        return written
+
+    return (written_by(after_the_change(success_by_the_function), plan),
+            written_by(after_the_change(success_by_python), plan))
+
+
+@pytest.mark.parametrize("awaiting", [False, True], ids=["running", "awaiting"])
+@pytest.mark.parametrize("changed", list(SUCCESS_CHANGED))
+def test_both_writers_apply_a_success_alike(tools, monkeypatch, changed, awaiting):
+    """One success plan, written by `unwind_succeed` and by `plans.write_outcome` from the same rows: the same answer,
+    and every column of the run, its actions and attempts and the chain's events and head the same, byte for byte.
+    When a guard's field changed since the decision, both answer 'stale' and write nothing; another step's status
+    is a guard only of a decision that read the steps."""
+    function, python = success_by_both(tools, monkeypatch, changed, awaiting=awaiting)
+    found = differences(function, python)
+    assert not found, "\n".join(found)
+    if changed == "nothing" or (changed == "another step" and not awaiting):
+        step = function["actions"][1]
+        assert step["status"] == "succeeded" and step["result"] == {"id": "usr_1"} and step["lease_owner"] == ""
+        assert function["attempts"][-1]["outcome"] == "succeeded" and function["attempts"][-1]["latency_ms"] == 12.5
+        assert [e["kind"] for e in function["events"]] == ["forward.succeeded"]
+        assert function["run"][0]["status"] == ("awaiting_approval" if awaiting else "running")
+    else:
+        assert function["answer"] == plans.STALE and function["events"] == []
+        assert function["actions"][1]["status"] in ("running", "lost")
+
+
+def test_a_success_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
+    """The comparison above can fail: a function that no longer compares the cancel mark writes a success decided
+    before the run was cancelled (as if the step still counted as the run's), where the Python writer answers
+    'stale' (and the decision made again takes it as a late completion, undone with the rest)."""
+    _install_changed("unwind_succeed", "AND (r.cancel_requested_at IS NOT NULL) = p_cancelled ", "", monkeypatch)
+    function, python = success_by_both(tools, monkeypatch, "the cancel mark", awaiting=False)
+    assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
+    assert ".answer: " in "\n".join(differences(function, python))
+
+
+# --- a step's failure for good: one plan, two writers ----------------------------------------------------------------
+
+def failure_by_the_function(plan):
+    return fastpath.failed(plan)
+
+
+def _failure_plan(world, *, late: bool):
+    """A step in flight after one that succeeded, and its failure for good decided from the ledger (its checkpoint's
+    id drawn). Before the pivot in a running run, the unwind starts (the steps read and guarded, the run moved, a
+    checkpoint); `late`: the run is unwinding already, and the plan writes the step alone."""
+    run = open_run(world, goal="two writers")
+    done = act(run, "hr.create_user", {"email": "w0@company.com", "name": "W0"})
+    flight = action_propose(run=run, tool_name="hr.create_user", args=USER, actor="agent:booker").action
+    if late:
+        Run.objects.filter(pk=run.pk).update(status="unwinding")
+    read, seen = runsteps.run_with_steps(run.pk)
+    step = Action.objects.select_related("tool").get(pk=flight.pk)
+    error = ToolError("the directory said no", transient=False, status=422)
+    plan = outcome_plans.failure(step, read, error, latency_ms=7.5, actor="agent:booker", steps_of=lambda: seen,
+                                 pending_of=lambda pks: list(Action.objects.filter(pk__in=pks).order_by("seq")))
+    assert not (plan.others or plan.emits) and plan.unwind_after
+    assert bool(plan.run_changes) == bool(plan.checkpoints) == (plan.guards.run.steps is not None) == (not late)
+    return plan.numbered([fastpath.checkpoint_id() for _ in plan.checkpoints]), [done, flight]
+
+
+FAILURE_CHANGED = {**SUCCESS_CHANGED, "another step": lambda plan, steps: Action.objects.filter(
+    pk=steps[0].pk).update(status="compensating")}
+
+
+def failure_by_both(world, monkeypatch, changed: str, *, late: bool) -> tuple[dict, dict, list]:
+    plan, steps = _failure_plan(world, late=late)
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+
+    def after_the_change(write):
+        def written(plan_):
+            FAILURE_CHANGED[changed](plan_, steps)
+            return write(plan_)
+        return written
+
+    return (written_by(after_the_change(failure_by_the_function), plan),
+            written_by(after_the_change(success_by_python), plan), steps)
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["starts-unwind", "late"])
+@pytest.mark.parametrize("changed", list(FAILURE_CHANGED))
+def test_both_writers_apply_a_failure_alike(tools, monkeypatch, changed, late):
+    """One failure plan, written by `unwind_failed` and by `plans.write_outcome` (the same writer as a success's)
+    from the same rows: the same answer, and every column of the run, its actions, attempts and checkpoints and the
+    chain's events and head the same. When a guard's field changed since the decision, both answer 'stale' and
+    write nothing."""
+    function, python, steps = failure_by_both(tools, monkeypatch, changed, late=late)
+    found = differences(function, python)
+    assert not found, "\n".join(found)
+    if changed == "nothing" or (changed == "another step" and late):
+        step = function["actions"][1]
+        assert step["status"] == "failed" and step["error_class"] == "http_422" and step["lease_owner"] == ""
+        assert function["attempts"][-1]["outcome"] == "failed_permanent"
+        assert function["attempts"][-1]["error_message"] == "the directory said no"
+        assert function["run"][0]["status"] == "unwinding"
+        kinds = [e["kind"] for e in function["events"]]
+        assert kinds == ["forward.failed"] if late else kinds == ["forward.failed", "run.unwinding", "run.checkpoint"]
+        if not late:
+            assert function["checkpoints"][-1]["label"] == "unwind_started"
+            assert function["checkpoints"][-1]["state"]["pending_action_ids"] == [steps[1].pk]
+    else:
+        assert function["answer"] == plans.STALE and function["events"] == []
+
+
+def test_a_failure_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
+    """The comparison above can fail: a function that no longer compares the run's steps starts an unwind whose
+    checkpoint was decided before an earlier step moved, where the Python writer answers 'stale'."""
+    _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <> (", "IF false AND p_steps <> (",
+                     monkeypatch)
+    function, python, _ = failure_by_both(tools, monkeypatch, "another step", late=False)
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
     assert ".answer: " in "\n".join(differences(function, python))

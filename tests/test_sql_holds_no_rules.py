@@ -159,3 +159,39 @@ def test_a_completion_decided_from_stale_steps_is_decided_again_not_written(tool
     assert done.status == "completed" and answers[1][1].status == "completed"
     state = Checkpoint.objects.filter(run=run).order_by("-id").first().state
     assert state["completed_action_ids"] == [first.pk] and state["pending_action_ids"] == [second.pk]
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["function", "python-writer"])
+def test_a_success_decided_from_a_stale_run_is_decided_again_not_written(tools, monkeypatch, settings, one_call,
+                                                                         django_capture_on_commit_callbacks):
+    """A step's success is decided from the run the process holds; its writer checks the guards under its locks.
+    Here the run was cancelled (and so started to unwind) behind the copy's back while the step was in flight: the
+    writer must answer 'stale' to the success decided as a plain one, and the decision made again from a fresh read
+    takes it as a late completion, undone with the rest (an unwinder queued)."""
+    from ledger.engine import execution
+    from ledger.engine.runs import run_cancel
+
+    if one_call and connection.vendor != "postgresql":
+        pytest.skip("the one-call writer is PostgreSQL's")
+    settings.UNWIND_FAST_PATH = one_call
+    run = open_run(tools)
+    proposal = action_propose(run=run, tool_name="hr.create_user", args={"email": "k@b.io", "name": "K"},
+                              actor="agent:booker")
+    run_cancel(run=Run.objects.get(pk=run.pk), actor="agent:booker")  # another copy: `run` still says running
+    assert run.status == RunStatus.RUNNING and Run.objects.get(pk=run.pk).status == RunStatus.UNWINDING
+    answers = []
+    module, name = (fastpath, "succeed") if one_call else (plans, "write_outcome")
+    write = getattr(module, name)
+
+    def recorded(plan, **kwargs):
+        answers.append((plan.guards.run.status, plan.unwind_after, write(plan, **kwargs)))
+        return answers[-1][2]
+
+    monkeypatch.setattr(module, name, recorded)
+    with django_capture_on_commit_callbacks() as queued:
+        action = execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True, claimed=proposal.action)
+    assert answers[0] == (RunStatus.RUNNING, False, plans.STALE)
+    assert [answer[:2] for answer in answers[1:]] == [(RunStatus.UNWINDING, True)] and answers[1][2] != plans.STALE
+    assert action.status == ActionStatus.SUCCEEDED and action.run.status == RunStatus.UNWINDING
+    assert Action.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
+    assert len(queued) == 1  # the unwinder, for the late completion

@@ -141,10 +141,11 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
             return Action.objects.select_related("tool").get(pk=action_id)
         owner = mine
     started = time.monotonic()
-    # With its run's fingerprint key (ledger/audit/subjects.py) read in the same statement, for the seal check and
-    # the outcome's event.
+    # With its run read in the same statement: its fingerprint key (ledger/audit/subjects.py) for the seal check and
+    # the outcome's event, and the run its outcome is decided from (ledger/engine/outcome_plans.py; the writer checks
+    # it has not changed since).
     action = claimed if sole_owner and claimed is not None and claimed.pk == action_id \
-        else Action.objects.select_related("tool").annotate(run_fingerprint_key=F("run__fingerprint_key")).get(
+        else Action.objects.select_related("tool", "run").annotate(run_fingerprint_key=F("run__fingerprint_key")).get(
             pk=action_id)
     with tracing.step(action) as attempt:
         return attempt.ended(_execute(action, owner=owner, budget=budget, started=started,

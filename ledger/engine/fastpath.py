@@ -28,12 +28,18 @@ whole transaction in that call:
   run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
   compensation's success and its step compensated, then claims the next compensation (the step's move, the
   compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
-- `unwind_failed`: locks the head, then the run; checks it is running before its pivot with the actions' statuses
-  its caller read before; records the step failed and the run unwinding with its checkpoint, and appends the
-  events. Its caller unwinds the run next (`unwinding.unwind_elsewhere` queues it when it cannot).
-- `unwind_succeed`: locks the head, then the run; checks the run still takes steps (running, not cancelled, a
-  pivot's commit already recorded); moves the action from running to succeeded (a conditional update that must
-  move one row), closes the attempt and appends the event.
+- `unwind_failed`: writes a step's failure for good Python decided (`outcome_plans.failure`, a `plans.Outcome`
+  that moves no other step and emits nothing) under the same guards as `unwind_succeed`: the step failed, its
+  attempt ended, and when the plan starts the unwind the run unwinding with its checkpoint (its id drawn by the
+  read the decision was made from, `run_for_unwind`); then the events. Its caller unwinds the run next, from that
+  read (`unwinding.unwind_elsewhere` queues it when it cannot).
+- `unwind_succeed`: writes a step's success Python decided (`outcome_plans.success`, a `plans.Outcome` that writes the
+  step alone): locks the head, then the run; checks the guards it was decided under (`plans.StepGuards`: the run's
+  status, pivot and fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the
+  decision read them; else 'stale'); moves the step from the status it was decided from (a conditional update: one
+  moved since is 'stale' too), ends its attempt as given and appends the events. The Python writer
+  (`plans.write_outcome`) applies the same plan elsewhere, and every plan that moves the run (a pivot's commit, a
+  run put before a person or running again).
 
 Anything else answers 'fallback' (or 'stale', 'taken', 'full') having written nothing, and the caller takes the Python
 path, which decides the case
@@ -72,7 +78,8 @@ from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
 from ledger.db import sql
-from ledger.engine import plans, plpgsql, runsteps, transitions
+from ledger.engine import plans, plpgsql
+from ledger.engine.dispatch import enqueue
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
 
@@ -428,22 +435,41 @@ def compensated(*, run: Run, run_status: str, froms: tuple[str, str, str], steps
     return outcome[1], outcome[2], leases.get("run_lease"), leases.get("undo_lease")
 
 
-def failed(*, run: Run, run_status: str, steps: list, action: Action, status_from: str, attempt: models.Model,
-           checkpoint: models.Model, pending: list, now) -> bool:
-    """Record a forward step failed for good (`action` in memory as it is to be recorded, its `attempt` ended) and
-    its run starting to unwind (`run` in memory: unwinding) with its `checkpoint`, with the `pending` events, in one
-    call; provided the run is still `run_status` (running) before its pivot, with no unwind lease, and its actions
-    still have the statuses in `steps` (the step's own `status_from`)."""
+# The columns a step's failure sets, and its run's as an unwind starts, which `unwind_failed` writes.
+FAILURE_FIELDS = ("status", "lease_owner", "lease_expires_at", "error_class", "error_message", "updated_at",
+                  "finished_at")
+UNWIND_STARTED_FIELDS = ("status", "attention_detail", "updated_at")
+
+
+def failed(plan: plans.Outcome) -> Run | str | None:
+    """Write a forward step's failure Python decided (`outcome_plans.failure`) in one call, when the plan moves no other
+    step, emits nothing, sets no other columns than the call writes and names its checkpoint's id (at most one). The
+    call compares the plan's guards with the run under its locks (`plans.StepGuards`, as `succeed`), then moves the
+    step from the status it was decided from (a conditional update), ends its attempt, moves the run and inserts the
+    checkpoint when the plan does, and appends the events. Returns the run as the plan leaves it; plans.STALE when a
+    guard failed (nothing written: decide again); None when the call was not made or did not write (the Python
+    writer applies the plan)."""
+    if plan.others or plan.emits or len(plan.checkpoints) > 1 or any(c.pk is None for c in plan.checkpoints) \
+            or not set(plan.changes) <= set(FAILURE_FIELDS) or not set(plan.run_changes) <= set(UNWIND_STARTED_FIELDS):
+        return None
+    run, guards, held = plan.run, plan.guards, plan.guards.run
+    now = timezone.now()
     outcome = _call(
-        "unwind_failed", "%s::bigint, %s::bigint, %s::text, %s::jsonb, %s::bigint, %s::text, %s::jsonb, %s::jsonb, "
-        f"%s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, run_status, Jsonb(steps), action.pk, status_from,
-         _row(action, fields=("status", "lease_owner", "lease_expires_at", "error_class", "error_message",
-                              "updated_at", "finished_at")),
-         _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms", "error_class", "error_message")),
-         _row(run, fields=("status", "attention_detail", "updated_at")), _row(checkpoint, adding=True),
-         *_chain(run.tenant_id, pending, now)])
-    return outcome[0] == "ok"
+        "unwind_failed", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
+        " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text, %s::jsonb, %s::jsonb,"
+        f" %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
+         Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
+         guards.lease_expires_at, plan.action.pk, guards.step_from, _row(plan.action, fields=FAILURE_FIELDS),
+         _row(plan.attempt, fields=ATTEMPT_FIELDS),
+         _row(run, fields=UNWIND_STARTED_FIELDS) if plan.run_changes else None,
+         _row(copy.copy(plan.checkpoints[0]), adding=True) if plan.checkpoints else None,
+         *_chain(run.tenant_id, plan.events, now)])
+    if outcome[0] == plans.STALE:
+        return plans.STALE
+    if outcome[0] != "ok":
+        return None
+    return run
 
 
 # --- the proposal ------------------------------------------------------------------------------------------------
@@ -583,34 +609,35 @@ SUCCESS_FIELDS = ("status", "result", "after", "verification", "target_id", "com
                   "lease_expires_at", "error_class", "error_message", "updated_at", "finished_at")
 
 
-# The run's status under which a step's success is recorded in one call (anything else: the Python path decides).
-SUCCESS_RUN_STATUS = R.RUNNING
-
-
-def succeed(action: Action, *, changes: dict, latency_ms: float | None, actor: str, pivot: bool) -> bool:
-    """Record a forward step's success (`changes`: what `action_transition` to succeeded sets) with its attempt's end
-    and its event in one call, provided the run is SUCCESS_RUN_STATUS and the step still in the status it moves
-    from; on True, `action` holds the changes. False: nothing was written."""
-    if A.SUCCEEDED not in transitions.ACTION_TRANSITIONS[action.status]:
-        return False
+def succeed(plan: plans.Outcome) -> Run | str | None:
+    """Write a forward step's success Python decided (`outcome_plans.success`) in one call, when the plan writes the
+    step alone (the run and its other steps stay as they are, and nothing is emitted). The call compares the plan's
+    guards with the run under its locks (`plans.StepGuards`: the run's status, fingerprinted fields, cancel mark and
+    unwind lease, and its actions' ids and statuses when the decision read them), then moves the step from the status
+    it was decided from (a conditional update), ends its attempt and appends the events. Returns the run as the plan leaves it (an
+    unwinder queued when the plan says so); plans.STALE when a guard failed (nothing written: decide again); None
+    when the call was not made or did not write (the Python writer applies the plan)."""
+    if plan.run_changes or plan.others or plan.checkpoints or plan.emits \
+            or not set(plan.changes) <= set(SUCCESS_FIELDS):
+        return None
+    run, guards, held = plan.run, plan.guards, plan.guards.run
     now = timezone.now()
-    after, changed = transitions.moved(action, A.SUCCEEDED, now=now, **changes)
-    log = audit.AuditLog(action.tenant_id, head=None)
-    log.record(f"{action.kind}.{A.SUCCEEDED}", actor=actor, action=after, status_from=action.status)
-    attempt = Attempt(action=action, number=action.attempts, finished_at=now, outcome="succeeded",
-                      latency_ms=latency_ms)
     outcome = _call(
-        "unwind_succeed",
-        f"%s::bigint, %s::bigint, %s::text, %s::bigint, %s::text, %s::jsonb, %s::boolean, %s::jsonb, {CHAIN_ARGS}",
-        [action.tenant_id, action.run_id, SUCCESS_RUN_STATUS, action.pk, action.status,
-         _row(after, fields=SUCCESS_FIELDS), pivot,
-         _row(attempt, fields=("number", "finished_at", "outcome", "latency_ms")),
-         *_chain(action.tenant_id, log.pending, now)])
+        "unwind_succeed", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
+        " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text, %s::jsonb, %s::jsonb,"
+        f" {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
+         Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
+         guards.lease_expires_at, plan.action.pk, guards.step_from, _row(plan.action, fields=SUCCESS_FIELDS),
+         _row(plan.attempt, fields=ATTEMPT_FIELDS), *_chain(run.tenant_id, plan.events, now)])
+    if outcome[0] == plans.STALE:
+        return plans.STALE
     if outcome[0] != "ok":
-        return False
-    for name, value in changed.items():
-        setattr(action, name, value)
-    if Action.run.is_cached(action):  # what the call found under the run's lock
-        action.run.status, action.run.cancel_requested_at = SUCCESS_RUN_STATUS, None
-        runsteps.moved(action.run, action.pk, A.SUCCEEDED)  # the steps a next proposal decides from
-    return True
+        return None
+    if plan.unwind_after:
+        enqueue("ledger.tasks.unwind_run", run.pk)
+    return run
+
+
+# An attempt's row as the calls that end it take it: which attempt, and the columns its end sets.
+ATTEMPT_FIELDS = ("number", *plans.ATTEMPT_END)

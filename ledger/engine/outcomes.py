@@ -1,5 +1,6 @@
 """Recording a step's outcome: success (result, snapshots, verification, the compensation plan), failure
-(retry, refusal, unknown), and `settling`, which makes sure every outcome ends in a recorded state.
+(retry, refusal, unknown), and `settling`, which makes sure every outcome ends in a recorded state. A forward step's
+success and its failure for good are decided once (ledger/engine/outcome_plans.py) and handed to a writer here.
 """
 from __future__ import annotations
 
@@ -9,27 +10,24 @@ from typing import Callable
 
 from django.db import InterfaceError, OperationalError
 from django.db.models import Q
-from django.utils import timezone
 
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.db import mapping, sql
-from ledger.engine import attempts, failpoints, fastpath, readback, runstate, unwinding
+from ledger.engine import attempts, failpoints, fastpath, outcome_plans, plans, readback, runstate, runsteps, unwinding
+from ledger.engine.dispatch import enqueue
 from ledger.engine.leases import db_now, lease_at_write
-from ledger.engine.transitions import action_transition, moved, run_transition
+from ledger.engine.transitions import action_transition
 from ledger.errors import StateConflict
 from ledger.executors.call import ToolError, ToolOutcome
 from ledger.models import (
     Action,
     ActionKind,
     ActionStatus as A,
-    Attempt,
-    Checkpoint,
     CompensationStrategy,
     OnRefusal,
     Run,
     RunStatus as R,
-    SagaRole,
 )
 
 log = logging.getLogger("unwind.engine")
@@ -141,10 +139,9 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
     failpoints.hit("settle_record")
     changes = dict(result=result, after=after, verification=verification, target_id=target_id, compensation_plan=plan,
                    lease_owner="", lease_expires_at=None, error_class="", error_message="")
-    if action.kind == ActionKind.FORWARD and action.status == A.RUNNING and (verification is None or verification.get("ok")) \
-            and fastpath.usable(action.tenant_id) and fastpath.succeed(
-                action, changes=changes, latency_ms=latency_ms, actor=actor, pivot=action.saga_role == SagaRole.PIVOT):
-        return  # PostgreSQL, the plain case: recorded in one call (ledger/engine/fastpath.py)
+    if action.kind == ActionKind.FORWARD:
+        record_forward_success(action, changes, latency_ms=latency_ms, actor=actor)
+        return
     if action.kind == ActionKind.COMPENSATION and isinstance(on_compensated, unwinding.NextUndo) and action.status == A.RUNNING \
             and Action.compensates.is_cached(action) and fastpath.usable(action.tenant_id) \
             and unwinding.compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
@@ -153,35 +150,60 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
         run = action.run = sql.get_locked(Run, action.run_id)  # the answer shows the run as this leaves it
         action_transition(action, A.SUCCEEDED, log=audit, actor=actor, **changes)
         attempts.finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
-        if action.kind == ActionKind.COMPENSATION:
-            # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
-            forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
-            action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
-            if run.status == R.UNWINDING:
-                runstate.enqueue_unwind_after(run)
-            if on_compensated is not None:
-                on_compensated(audit, run)
+        # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
+        forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
+        action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
+        if run.status == R.UNWINDING:
+            runstate.enqueue_unwind_after(run)
+        if on_compensated is not None:
+            on_compensated(audit, run)
+
+
+OUTCOME_TRIES = 3  # decisions of one outcome: a guard fails again only while the run keeps changing under it
+
+
+def record_forward_success(action: Action, changes: dict, *, latency_ms: float | None, actor: str) -> None:
+    """A forward step's success: decided once, in Python (`outcome_plans.success`), from the step and the run in
+    hand (its steps only when the decision needs them: kept on the run, else read), and written under the guards it
+    was decided under: by PostgreSQL's one call (`fastpath.succeed`: a plan that writes the step alone) or by the
+    Python writer (`plans.write_outcome`: SQLite, UNWIND_FAST_PATH off, a plan that moves the run, or one the call
+    did not take). A failed guard: read the run afresh and decide again; a step moved by someone else is theirs
+    (StateConflict). `action` then holds the changes, and `action.run` the run as written."""
+    one_call = fastpath.usable(action.tenant_id)
+    run = action.run if Action.run.is_cached(action) else None
+    for tries in range(OUTCOME_TRIES):
+        if run is None:
+            if tries and Action.objects.filter(pk=action.pk).values_list("status", flat=True).first() != action.status:
+                raise StateConflict(f"action {action.pk} is no longer {action.status}: someone else acted first")
+            run = sql.get(Run, pk=action.run_id)
+        steps = runsteps.kept(run)
+        plan = outcome_plans.success(action, run, changes, latency_ms=latency_ms, actor=actor,
+                                     steps_of=lambda: steps if steps is not None else runsteps.read(run.pk))
+        written = fastpath.succeed(plan) if one_call else None
+        if written is None:
+            with ledger_transaction(action.tenant_id) as audit:
+                written = plans.write_outcome(plan, log=audit)
+        if written != plans.STALE:
+            for name, value in plan.changes.items():
+                setattr(action, name, value)
+            held(run, written, action, steps)
             return
-        if action.saga_role == SagaRole.PIVOT and not run.pivot_committed:
-            Run.objects.filter(pk=run.pk).update(pivot_committed=True)
-            run.pivot_committed = True
-            audit.record("run.pivot_committed", actor=actor, run=run, action=action)
-            runstate.checkpoint_save(run, "pivot_committed", log=audit)
-        if run.status in (R.UNWINDING,) or run.cancel_requested_at:
-            # A late completion after a cancel or a failure elsewhere: it is compensated like the rest.
-            if run.status == R.UNWINDING:
-                runstate.enqueue_unwind_after(run)
-            return
-        if verification is not None and not verification.get("ok"):
-            if "read_back" in verification:
-                runstate.needs_attention(run, "read_back_incomplete", readback.read_back_detail(action, verification), action=action,
-                                log=audit)
-                return
-            runstate.needs_attention(run, "verification_failed", f"{tool.name} (step {action.seq}) did not verify: "
-                            f"{verification.get('detail') or verification.get('mismatched')}", action=action, log=audit)
-            return
-        if run.status == R.AWAITING_APPROVAL and not run.actions.filter(kind=ActionKind.FORWARD, status=A.AWAITING_APPROVAL).exists():
-            run_transition(run, R.RUNNING, log=audit, actor=actor)
+        runsteps.keep(run, None)  # a guard failed: the next decision reads afresh
+        run = None
+    raise StateConflict(f"run {action.run_id} kept changing while step {action.pk}'s outcome was being recorded; "
+                        "try again")
+
+
+def held(run: Run, written: Run, action: Action, steps: list | None) -> None:
+    """The run in hand brought to what was written (`written`: the writer's run), so that the caller, and the next
+    decision made from it, see it: its columns, and its kept `steps` with this one moved (None: none kept)."""
+    if written is not run:  # (a plan that leaves the run as it is answers the run in hand)
+        for field in Run._meta.concrete_fields:
+            setattr(run, field.attname, getattr(written, field.attname))
+    action.run = run
+    runsteps.keep(run, steps)
+    if steps is not None:
+        runsteps.moved(run, action.pk, action.status)
 
 
 def record_failure(action: Action, error: ToolError, *, latency_ms: float | None, retry_inline: bool, delay: float,
@@ -219,10 +241,9 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             attempts.finish_attempt(action, "failed_transient", latency_ms=latency_ms, error=error)
             record_success(action, readback.read_back_outcome(evidence), latency_ms=None, actor=actor)
             return False
-    if final and action.kind == ActionKind.FORWARD and action.status == A.RUNNING and action.attempts == 1 \
-            and not answers_refusal(action, error) and fastpath.usable(action.tenant_id) \
-            and failed_in_one_call(action, error, latency_ms=latency_ms, actor=actor):
-        return False  # PostgreSQL, the plain case (a first attempt before the pivot): recorded in one call
+    if final and action.kind == ActionKind.FORWARD and not answers_refusal(action, error):
+        record_forward_failure(action, error, latency_ms=latency_ms, actor=actor)
+        return False
     with ledger_transaction(action.tenant_id) as audit:
         attempts.finish_attempt(action, "failed_transient" if error.transient else "failed_permanent", latency_ms=latency_ms,
                        error=error, log=audit)
@@ -245,53 +266,59 @@ def record_failure(action: Action, error: ToolError, *, latency_ms: float | None
             return False
         action_transition(action, A.FAILED, log=audit, actor=actor, note=note, lease_owner="", lease_expires_at=None,
                           error_class=error.error_class, error_message=error.message[:2000])
-        after_failure(action, log=audit, actor=actor)
+        after_failure(action, log=audit, actor=actor)  # a compensation's (a forward step's: `record_forward_failure`)
     return False
 
 
-def failed_in_one_call(action: Action, error: ToolError, *, latency_ms: float | None, actor: str) -> bool:
-    """PostgreSQL: a forward step's first attempt failed for good in a run still before its pivot: the step failed
-    and the run starting to unwind (`after_failure` → `start_unwind`) in one call, from the run's actions read just
-    before and checked again under the locks. False with nothing written for anything else (a pivot committed, a
-    pending step to skip, a run not running)."""
-    run, ids, checkpoint_ids, threshold, rows = fastpath.run_for_unwind(action.run_id, checkpoints=2)
-    checkpoint_id = checkpoint_ids[0] if checkpoint_ids else None
-    read = {row.pk: row for row, *_ in rows}
-    if run is None or run.status != R.RUNNING or run.pivot_committed or run.lease_expires_at is not None \
-            or getattr(read.get(action.pk), "status", None) != A.RUNNING:
-        return False
-    status = {row.pk: row.status for row, *_ in rows}
-    status[action.pk] = A.FAILED
-    steps = [row for row in rows if row[0].kind == ActionKind.FORWARD]
-    if any(status[step.pk] in attempts.PENDING for step, *_ in steps):
-        return False  # `skip_pending` first
-    now = timezone.now()
-    failed, failed_moved = moved(action, A.FAILED, now=now, lease_owner="", lease_expires_at=None,
-                                 error_class=error.error_class, error_message=error.message[:2000])
-    log = AuditLog(run.tenant_id, head=None)
-    log.record(f"{action.kind}.{A.FAILED}", actor=actor, action=failed, status_from=A.RUNNING,
-               error_class=error.error_class, error=error.message[:500])
-    why = f"{action.tool.name} (step {action.seq}) failed: {failed.error_message}"
-    run.status, run.attention_detail, run.updated_at = R.UNWINDING, why[:4000], now
-    log.record(f"run.{R.UNWINDING}", actor=actor, run=run, status_from=R.RUNNING, why=why[:500], cause="failed",
-               for_action=action.pk)
-    checkpoint = Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=run, label="unwind_started",
-                            state=runstate.checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
-    log.record("run.checkpoint", actor=attempts.SYSTEM, run=run, label="unwind_started", checkpoint=checkpoint_id)
-    attempt = Attempt(action=action, number=action.attempts, finished_at=now, latency_ms=latency_ms,
-                      outcome="failed_transient" if error.transient else "failed_permanent",
-                      error_class=error.error_class, error_message=error.message[:2000])
-    if not fastpath.failed(run=run, run_status=R.RUNNING, steps=[[row.pk, row.status] for row, *_ in rows],
-                           action=failed, status_from=A.RUNNING, attempt=attempt, checkpoint=checkpoint,
-                           pending=log.pending, now=now):
-        return False
-    for name, value in failed_moved.items():
-        setattr(action, name, value)
-    # No unwind is queued: the caller unwinds the run next, from this state (`unwind_elsewhere` when it will not).
-    unwinding.hand_over(unwinding.UnwindState(run, ids, checkpoint_ids[1], threshold, [
-        ((fastpath.Step(action.pk, action.seq, action.kind, A.FAILED), *row[1:]) if row[0].pk == action.pk else row)
-        for row in rows]))
-    return True
+def record_forward_failure(action: Action, error: ToolError, *, latency_ms: float | None, actor: str) -> None:
+    """A forward step's failure for good: decided once, in Python (`outcome_plans.failure`), and written under the
+    guards it was decided under. On PostgreSQL the decision reads the run as the unwind that follows reads it
+    (`fastpath.run_for_unwind`: one statement, the ids of what it will write drawn with it), and the plan is written
+    by one call (`fastpath.failed`) when it moves no other step and emits nothing; the unwind its caller runs next
+    takes that read over (`unwinding.hand_over`). Otherwise the decision reads the run in hand and its steps (kept on
+    it, else read with it) and the Python writer writes the plan (`plans.write_outcome`), queueing the unwinder. A
+    failed guard: read afresh and decide again; a step moved by someone else is theirs (StateConflict)."""
+    one_call = fastpath.usable(action.tenant_id)
+    run = action.run if Action.run.is_cached(action) else None
+    for tries in range(OUTCOME_TRIES):
+        if tries and Action.objects.filter(pk=action.pk).values_list("status", flat=True).first() != action.status:
+            raise StateConflict(f"action {action.pk} is no longer {action.status}: someone else acted first")
+        read = fastpath.run_for_unwind(action.run_id, checkpoints=2) if one_call else (None,)
+        if read[0] is not None:
+            run, ids, checkpoint_ids, threshold, rows = read
+            steps = [runsteps.Seen(row.pk, row.seq, row.kind, row.status, "", "", "", name, action_class)
+                     for row, name, action_class, _ in rows]
+        else:
+            steps = runsteps.kept(run) if run is not None else None
+            if steps is None:
+                run, steps = runsteps.run_with_steps(action.run_id)
+        plan = outcome_plans.failure(action, run, error, latency_ms=latency_ms, actor=actor, steps_of=lambda: steps,
+                                     pending_of=lambda pks: list(Action.objects.filter(pk__in=pks)
+                                                                 .select_related("tool").order_by("seq")))
+        written = fastpath.failed(plan.numbered(checkpoint_ids[:len(plan.checkpoints)])) \
+            if read[0] is not None else None
+        if written is None:
+            with ledger_transaction(action.tenant_id) as audit:
+                written = plans.write_outcome(plan, log=audit)
+        elif written != plans.STALE and plan.unwind_after and not plan.run_changes:
+            enqueue("ledger.tasks.unwind_run", run.pk)  # a run unwinding already, which no unwinder holds
+        elif written != plans.STALE and plan.unwind_after:
+            # The unwind starts here: no unwinder is queued, as the caller unwinds the run next, from this read
+            # (`unwinding.unwind_elsewhere` queues one when it will not).
+            unwinding.hand_over(unwinding.UnwindState(plan.run, ids, checkpoint_ids[1], threshold, [
+                ((fastpath.Step(action.pk, action.seq, action.kind, A.FAILED), *row[1:]) if row[0].pk == action.pk
+                 else row) for row in rows]))
+        if written != plans.STALE:
+            for name, value in plan.changes.items():
+                setattr(action, name, value)
+            if Action.run.is_cached(action):
+                held(action.run, written, action, None if plan.others else runsteps.kept(action.run))
+            return
+        if Action.run.is_cached(action):
+            runsteps.keep(action.run, None)  # a guard failed: the next decision reads afresh
+        run = None
+    raise StateConflict(f"run {action.run_id} kept changing while step {action.pk}'s outcome was being recorded; "
+                        "try again")
 
 
 def answers_refusal(action: Action, error: ToolError) -> bool:
@@ -330,24 +357,12 @@ def record_unknown(action: Action, error: ToolError, *, why: str, latency_ms: fl
 
 
 def after_failure(action: Action, *, log: AuditLog, actor: str) -> None:
-    """An action failed for good: unwind before the pivot, recovery queue after it; compensations alert and continue."""
+    """A compensation failed for good: its step is marked so, and the unwind alerts and continues (a forward step's
+    failure is decided by `failure`)."""
     run = sql.get_locked(Run, action.run_id)
-    if action.kind == ActionKind.COMPENSATION:
-        forward = Action.objects.select_related("tool").get(pk=action.compensates_id)
-        action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=actor,
-                          note={"error": action.error_message[:500]})
-        events.emit("compensation_failed", action=action, forward=forward)
-        if run.status == R.UNWINDING:
-            runstate.enqueue_unwind_after(run)
-        return
-    if run.status in (R.UNWINDING, R.NEEDS_ATTENTION) or run.status in (R.COMPLETED, R.COMPENSATED, R.CLOSED):
-        if run.status == R.UNWINDING:
-            runstate.enqueue_unwind_after(run)
-        return
-    if run.pivot_committed:
-        runstate.needs_attention(run, "step_failed", f"{action.tool.name} (step {action.seq}) failed after the pivot and "
-                        f"{action.attempts} attempt(s): {action.error_message}. The run only moves forward from here.",
-                        action=action, log=log)
-    else:
-        runstate.start_unwind(run, f"{action.tool.name} (step {action.seq}) failed: {action.error_message}", log=log,
-                              actor=actor, cause="failed", step=action)
+    forward = Action.objects.select_related("tool").get(pk=action.compensates_id)
+    action_transition(forward, A.COMPENSATION_FAILED, log=log, actor=actor,
+                      note={"error": action.error_message[:500]})
+    events.emit("compensation_failed", action=action, forward=forward)
+    if run.status == R.UNWINDING:
+        runstate.enqueue_unwind_after(run)

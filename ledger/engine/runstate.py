@@ -102,8 +102,13 @@ def start_unwind(run: Run, why: str, *, log: AuditLog, actor: str, cause: str, s
 
 def enqueue_unwind_after(run: Run) -> None:
     """Queue an unwinder unless one holds the run's lease (it will see the new state itself)."""
-    if run.lease_expires_at is None or run.lease_expires_at < timezone.now():
+    if unwinder_free(run, timezone.now()):
         enqueue("ledger.tasks.unwind_run", run.pk)
+
+
+def unwinder_free(run: Run, now) -> bool:
+    """Whether no unwinder holds the run's lease: none was taken, or it ran out."""
+    return run.lease_expires_at is None or run.lease_expires_at < now
 
 
 def settle(run: Run, *, log: AuditLog) -> None:

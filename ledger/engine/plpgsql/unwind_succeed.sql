@@ -1,25 +1,40 @@
 CREATE OR REPLACE FUNCTION unwind_succeed(
-    p_tenant bigint, p_run bigint, p_run_status text, p_action bigint, p_from text, p_changes jsonb, p_pivot boolean,
-    p_attempt jsonb,
+    p_tenant bigint, p_run bigint, p_run_status text, p_pivot boolean, p_agent bigint, p_on_behalf_of text, p_goal text,
+    p_intent jsonb, p_plan jsonb, p_steps jsonb, p_cancelled boolean, p_lease timestamptz,
+    p_action bigint, p_from text, p_changes jsonb, p_attempt jsonb,
     p_ikey bytea, p_okey bytea, p_key_id text, p_at timestamptz, p_events jsonb
 ) RETURNS text LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+-- The writer of a step's success Python decided (ledger/engine/outcome_plans.py `success`, plans.py): it knows
+-- no rule. It locks the chain head, then the run, and checks the guards the decision was made under; any that fails
+-- answers 'stale', having written nothing, and the caller decides again from a fresh read. Then it writes the plan's
+-- rows as given: the step moved from the status it was decided from, its attempt ended, the events.
 DECLARE
     v_seq bigint;
     v_prev text;
-    v_status text;
-    v_open boolean;
-    v_pivot boolean;
+    v_same boolean;
     v_moved integer;
 BEGIN
-    SELECT h.seq, h.hash, r.status, r.cancel_requested_at IS NULL, r.pivot_committed
-      INTO v_seq, v_prev, v_status, v_open, v_pivot
+    -- The run as the caller decided from it: its status and the fields its events fingerprint, its cancel mark and
+    -- its unwind lease.
+    SELECT h.seq, h.hash,
+           r.status = p_run_status AND r.pivot_committed = p_pivot AND r.agent_id IS NOT DISTINCT FROM p_agent
+           AND r.on_behalf_of = p_on_behalf_of AND r.goal = p_goal AND r.intent = p_intent AND r.plan = p_plan
+           AND (r.cancel_requested_at IS NOT NULL) = p_cancelled AND r.lease_expires_at IS NOT DISTINCT FROM p_lease
+      INTO v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
-    -- The run in the status the caller decided under (p_run_status), not cancelled, its pivot's commit recorded if
-    -- this is the pivot; the step in the status it moves from (p_from).
-    IF NOT FOUND OR v_status IS DISTINCT FROM p_run_status OR NOT v_open OR (p_pivot AND NOT v_pivot) THEN
+    IF NOT FOUND THEN
         RETURN 'fallback';
+    END IF;
+    IF NOT v_same THEN
+        RETURN 'stale';
+    END IF;
+    -- Its actions as the caller decided from them ([id, status] in order), when it read them.
+    IF p_steps IS NOT NULL AND p_steps <> (
+            SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
+              FROM ledger_action a WHERE a.run_id = p_run) THEN
+        RETURN 'stale';
     END IF;
     UPDATE ledger_action a
        SET status = n.status, result = n.result, after = n.after, verification = n.verification,
@@ -29,9 +44,10 @@ BEGIN
       FROM jsonb_populate_record(NULL::ledger_action, p_changes) n
      WHERE a.id = p_action AND a.run_id = p_run AND a.status = p_from;
     GET DIAGNOSTICS v_moved = ROW_COUNT;
-    IF v_moved <> 1 THEN RETURN 'fallback'; END IF;  -- moved by someone else: the Python path says how
+    IF v_moved <> 1 THEN RETURN 'stale'; END IF;  -- moved since the decision: nothing was written
     UPDATE ledger_attempt t
-       SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = '', error_message = ''
+       SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = f.error_class,
+           error_message = f.error_message
       FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
      WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL;
     PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
