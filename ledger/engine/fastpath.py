@@ -168,6 +168,19 @@ def _chain(tenant_id: int, pending: list, now) -> list:
 CHAIN_ARGS = "%s::bytea, %s::bytea, %s::text, %s::timestamptz, %s::jsonb"
 
 
+# A step outcome's guards (`plans.StepGuards`), the first arguments of unwind_succeed and unwind_failed: the tenant and
+# the run, the run as decided from, its steps when read, its cancel mark and lease, the step and its status before.
+STEP_GUARD_ARGS = ("%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
+                   " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text")
+
+
+def _step_guards(plan: plans.Outcome) -> list:
+    run, guards, held = plan.run, plan.guards, plan.guards.run
+    return [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
+            Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
+            guards.lease_expires_at, plan.action.pk, guards.step_from]
+
+
 def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
     """A row as `jsonb_populate_record` reads it: each column by name, as the ORM would store it."""
     row = {}
@@ -452,16 +465,11 @@ def failed(plan: plans.Outcome) -> Run | str | None:
     if plan.others or plan.emits or len(plan.checkpoints) > 1 or any(c.pk is None for c in plan.checkpoints) \
             or not set(plan.changes) <= set(FAILURE_FIELDS) or not set(plan.run_changes) <= set(UNWIND_STARTED_FIELDS):
         return None
-    run, guards, held = plan.run, plan.guards, plan.guards.run
+    run = plan.run
     now = timezone.now()
     outcome = _call(
-        "unwind_failed", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
-        " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text, %s::jsonb, %s::jsonb,"
-        f" %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
-         Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
-         guards.lease_expires_at, plan.action.pk, guards.step_from, _row(plan.action, fields=FAILURE_FIELDS),
-         _row(plan.attempt, fields=ATTEMPT_FIELDS),
+        "unwind_failed", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [*_step_guards(plan), _row(plan.action, fields=FAILURE_FIELDS), _row(plan.attempt, fields=ATTEMPT_FIELDS),
          _row(run, fields=UNWIND_STARTED_FIELDS) if plan.run_changes else None,
          _row(copy.copy(plan.checkpoints[0]), adding=True) if plan.checkpoints else None,
          *_chain(run.tenant_id, plan.events, now)])
@@ -620,16 +628,12 @@ def succeed(plan: plans.Outcome) -> Run | str | None:
     if plan.run_changes or plan.others or plan.checkpoints or plan.emits \
             or not set(plan.changes) <= set(SUCCESS_FIELDS):
         return None
-    run, guards, held = plan.run, plan.guards, plan.guards.run
+    run = plan.run
     now = timezone.now()
     outcome = _call(
-        "unwind_succeed", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
-        " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text, %s::jsonb, %s::jsonb,"
-        f" {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
-         Jsonb(held.intent), Jsonb(held.plan), None if held.steps is None else Jsonb(held.steps), guards.cancelled,
-         guards.lease_expires_at, plan.action.pk, guards.step_from, _row(plan.action, fields=SUCCESS_FIELDS),
-         _row(plan.attempt, fields=ATTEMPT_FIELDS), *_chain(run.tenant_id, plan.events, now)])
+        "unwind_succeed", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [*_step_guards(plan), _row(plan.action, fields=SUCCESS_FIELDS), _row(plan.attempt, fields=ATTEMPT_FIELDS),
+         *_chain(run.tenant_id, plan.events, now)])
     if outcome[0] == plans.STALE:
         return plans.STALE
     if outcome[0] != "ok":
