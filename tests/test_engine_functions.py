@@ -98,9 +98,11 @@ def scratch_databases():
 
 
 # Issue 28: the limits counted in the proposal's call, and the running totals per agent and per tenant they read.
-# Issue 40: the chain's one append (0010 to 0013 had one of that name, which 0014 dropped).
+# Issue 40: the chain's one append (0010 to 0013 had one of that name, which 0014 dropped), and the run's guards
+# the writers compare, once (the run as decided from, its steps).
 ADDED_SINCE_0016 = ["unwind_chain_append", "unwind_limit_bucket", "unwind_limit_measure", "unwind_limit_share",
-                    "unwind_limit_totals_forget", "unwind_limit_totals_keep", "unwind_limits_used"]
+                    "unwind_limit_totals_forget", "unwind_limit_totals_keep", "unwind_limits_used", "unwind_run_held",
+                    "unwind_run_steps"]
 
 
 @needs_postgres

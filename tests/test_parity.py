@@ -941,7 +941,7 @@ def test_both_writers_apply_a_failure_alike(tools, monkeypatch, changed, late):
 def test_a_failure_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     """The comparison above can fail: a function that no longer compares the run's steps starts an unwind whose
     checkpoint was decided before an earlier step moved, where the Python writer answers 'stale'."""
-    _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <> (", "IF false AND p_steps <> (",
+    _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <>", "IF false AND p_steps <>",
                      monkeypatch)
     function, python, _ = failure_by_both(tools, monkeypatch, "another step", late=False)
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE

@@ -38,8 +38,7 @@ BEGIN
     END IF;
     -- Every action of the run as the caller read it before the locks: what it chose the next undo (or the
     -- settling) from; the tenant's approval threshold the next undo's claim was decided with.
-    SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
-                FROM ledger_action a WHERE a.run_id = p_run), n.approval_threshold, (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
+    SELECT unwind_run_steps(p_run), n.approval_threshold, (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
       INTO v_steps, v_threshold, v_dv
       FROM ledger_tenant n WHERE n.id = p_tenant;
     IF v_steps <> p_steps OR (p_next IS NOT NULL AND v_threshold IS DISTINCT FROM p_threshold) THEN

@@ -17,8 +17,7 @@ DECLARE
 BEGIN
     -- The run as the caller decided from it: its status, and the fields its events fingerprint.
     SELECT h.seq, h.hash,
-           r.status = p_run_status AND r.pivot_committed = p_pivot AND r.agent_id IS NOT DISTINCT FROM p_agent
-           AND r.on_behalf_of = p_on_behalf_of AND r.goal = p_goal AND r.intent = p_intent AND r.plan = p_plan
+           unwind_run_held(r, p_run_status, p_pivot, p_agent, p_on_behalf_of, p_goal, p_intent, p_plan)
       INTO v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
@@ -29,8 +28,7 @@ BEGIN
     -- Its actions as the caller decided from them ([id, status] in order: whether one is in flight, and the
     -- checkpoint's lists and summary); and no checkpoint of the run after the one's id, drawn before the locks (the
     -- run's checkpoints are read in id order).
-    SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
-              FROM ledger_action a WHERE a.run_id = p_run),
+    SELECT unwind_run_steps(p_run),
            EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > (p_checkpoint->>'id')::bigint)
       INTO v_steps, v_newer;
     IF NOT v_same OR v_steps <> p_steps OR v_newer THEN

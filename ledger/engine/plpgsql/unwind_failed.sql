@@ -18,8 +18,7 @@ BEGIN
     -- The run as the caller decided from it: its status and the fields its events fingerprint, its cancel mark and
     -- its unwind lease.
     SELECT h.seq, h.hash,
-           r.status = p_run_status AND r.pivot_committed = p_pivot AND r.agent_id IS NOT DISTINCT FROM p_agent
-           AND r.on_behalf_of = p_on_behalf_of AND r.goal = p_goal AND r.intent = p_intent AND r.plan = p_plan
+           unwind_run_held(r, p_run_status, p_pivot, p_agent, p_on_behalf_of, p_goal, p_intent, p_plan)
            AND (r.cancel_requested_at IS NOT NULL) = p_cancelled AND r.lease_expires_at IS NOT DISTINCT FROM p_lease
       INTO v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
@@ -32,9 +31,7 @@ BEGIN
         RETURN 'stale';
     END IF;
     -- Its actions as the caller decided from them ([id, status] in order), when it read them.
-    IF p_steps IS NOT NULL AND p_steps <> (
-            SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
-              FROM ledger_action a WHERE a.run_id = p_run) THEN
+    IF p_steps IS NOT NULL AND p_steps <> unwind_run_steps(p_run) THEN
         RETURN 'stale';
     END IF;
     UPDATE ledger_action a

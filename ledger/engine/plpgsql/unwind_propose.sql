@@ -43,8 +43,7 @@ BEGIN
                       WHERE t.id = (p_action->>'tool_id')::bigint AND t.tenant_id = p_tenant), false),
            (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = p_tenant AND t.name = p_twin_name AND t.is_current),
            n.slug, n.approval_threshold,
-           (SELECT coalesce(jsonb_agg(jsonb_build_array(a.id, a.status) ORDER BY a.seq), '[]'::jsonb)
-              FROM ledger_action a WHERE a.run_id = p_run),
+           unwind_run_steps(p_run),
            EXISTS (SELECT 1 FROM ledger_action a
                     WHERE a.tenant_id = p_tenant AND a.key_agent = ANY (p_key_free_in) AND a.idempotency_key = p_key),
            (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
