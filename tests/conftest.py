@@ -178,7 +178,39 @@ _django_fixture_teardown = TransactionTestCase._fixture_teardown
 TransactionTestCase._fixture_teardown = _delete_what_a_test_wrote
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="Run the K-th of N shards of the test modules (whole modules, dealt in turn by name): CI "
+                          "runs the PostgreSQL suite as two shards side by side (.ci/run).")
+
+
+def shard_of(config) -> tuple[int, int] | None:
+    """(K, N) from --shard K/N, 1 <= K <= N; None without it."""
+    value = config.getoption("shard")
+    if value is None:
+        return None
+    k, _, n = value.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard {value}: expected K/N with 1 <= K <= N, e.g. --shard 1/2")
+    return int(k), int(n)
+
+
+def deal_shard(config, items) -> None:
+    """Keep the items of this shard's modules: the modules sorted by path and dealt in turn, so a module's tests (and
+    its module-scoped fixtures, such as a live server) stay in one process."""
+    shard = shard_of(config)
+    if shard is None:
+        return
+    k, n = shard
+    modules = sorted({item.nodeid.split("::", 1)[0] for item in items})
+    mine = {module for index, module in enumerate(modules) if index % n == k - 1}
+    kept = [item for item in items if item.nodeid.split("::", 1)[0] in mine]
+    config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::", 1)[0] not in mine])
+    items[:] = kept
+
+
 def pytest_collection_modifyitems(config, items):
+    deal_shard(config, items)
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in ENGINE_PATH_MODULES:
             item.add_marker(pytest.mark.engine_paths)
