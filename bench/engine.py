@@ -296,6 +296,51 @@ def profile(path, n: int) -> None:
     path.write_text(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
+def profile_database(path, n: int) -> dict:
+    """Where PostgreSQL's time goes in n ok and n failing sagas: each engine function's calls and its time a call,
+    in all and its own (less the functions it calls), from `pg_stat_user_functions` with `track_functions = all`
+    (a superuser's session setting, as the bench's user is; the statistics reach the view when the session's
+    transaction ends). A function that is mostly its own time does its work in its statements; the saga's own wall
+    time is beside it, so the share the database takes is read off one table. Written to `path` as text and returned
+    per function."""
+    from django.db import connection
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    base = int(time.time() * 1000) % 10**9 * 1000 + 700_000
+    saga.onboard(base - 1, False)
+    saga.onboard(base - 2, True)
+    with connection.cursor() as cursor:
+        cursor.execute("SET track_functions = 'all'")
+        cursor.execute("SELECT pg_stat_reset_single_function_counters(p.oid) FROM pg_proc p"
+                       " WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'unwind%%'")
+    walls = {}
+    for fail in (False, True):
+        started = time.perf_counter()
+        for i in range(n):
+            saga.onboard(base + i + (100_000 if fail else 0), fail)
+        walls["failing" if fail else "ok"] = (time.perf_counter() - started) / n * 1000
+    connection.close()  # the session's counters reach the statistics when it ends
+    time.sleep(1.0)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions"
+                       " WHERE funcname LIKE 'unwind%%' ORDER BY total_time DESC")
+        rows = cursor.fetchall()
+    sagas = 2 * n
+    functions = {name: {"calls_per_saga": round(calls / sagas, 2), "ms_per_call": round(total / calls, 4),
+                        "own_ms_per_call": round(own / calls, 4), "own_ms_per_saga": round(own / sagas, 4)}
+                 for name, calls, total, own in rows if calls}
+    lines = [f"{n} ok and {n} failing sagas: wall {walls['ok']:.2f} / {walls['failing']:.2f} ms a saga; "
+             f"the engine's functions' own time {sum(f['own_ms_per_saga'] for f in functions.values()):.2f} ms a "
+             "saga (the two kinds' mean)", "",
+             f"{'function':28} {'calls/saga':>10} {'ms/call':>8} {'own ms/call':>12} {'own ms/saga':>12}"]
+    lines += [f"{name:28} {f['calls_per_saga']:>10} {f['ms_per_call']:>8.3f} {f['own_ms_per_call']:>12.3f} "
+              f"{f['own_ms_per_saga']:>12.3f}" for name, f in functions.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return {"wall_ms": {k: round(v, 2) for k, v in walls.items()}, "functions": functions}
+
+
 def unwind_only(n: int, unwind_n: int) -> dict:
     """Unwind's own figures, no peer: for comparing two versions of the engine run by turns."""
     from bench.counting import counting

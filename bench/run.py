@@ -122,6 +122,7 @@ def main() -> None:
         results["rules"] = rules.measure(RULES_N)
     with part(results, "profile"):
         engine.profile(OUT / "profile_saga.txt", small(20, 5))
+        results["engine_database"] = engine.profile_database(OUT / "profile_saga_database.txt", small(100, 5))
     connection.close()
 
     with part(results, "tracing"):
@@ -223,6 +224,13 @@ def table(r: dict) -> str:
         top = ", ".join(f"{s['statement']} {s['ms_per_saga']:.1f}" for s in b["statements"][:4])
         add(f"   where an ok saga's {b['saga_ms']:.1f} ms go: {b['in_driver_ms']:.1f} ms in the driver "
             f"({top}), {b['outside_driver_ms']:.1f} ms outside; process CPU {b['process_cpu_ms']:.1f} ms")
+    pg = r.get("engine_database")
+    if pg:
+        top = ", ".join(f"{name} {f['own_ms_per_saga']:.2f}" for name, f in sorted(
+            pg["functions"].items(), key=lambda kv: -kv[1]["own_ms_per_saga"])[:4])
+        add(f"   inside PostgreSQL, the functions' own time a saga (ok and failing, mean): "
+            f"{sum(f['own_ms_per_saga'] for f in pg['functions'].values()):.2f} ms ({top}; "
+            "bench/profile_saga_database.txt)")
     add("")
     api = r["api"]
     if "not_measured" in api:
