@@ -296,11 +296,16 @@ def _replay_of_key(*, run: Run, tool: Tool, key: str, args_hash: str, repeat_of:
     # like tenants: only the run's agent's keys are looked at, with those it used before keys were scoped by agent
     # (`key_agent` 0, in its own runs); another agent's key is unknown here, and taking it takes nothing from it.
     agent = run.agent_id or 0
+    # Each scope is looked up on all three columns of the key's unique index: as one query with an OR, PostgreSQL
+    # on statistics older than the table read every key of the tenant (0.6 ms at 4,000 actions, growing).
     existing = sql.fetch_one(
-        "SELECT a.id FROM ledger_action a WHERE a.tenant_id = %s AND a.idempotency_key = %s AND (a.key_agent = %s"
-        " OR (a.key_agent = 0 AND a.run_id IN (SELECT r.id FROM ledger_run r WHERE r.tenant_id = %s"
-        " AND coalesce(r.agent_id, 0) = %s))) ORDER BY a.key_agent DESC LIMIT 1",
-        [run.tenant_id, key, agent, run.tenant_id, agent])
+        "SELECT id FROM (SELECT a.id, a.key_agent FROM ledger_action a"
+        " WHERE a.tenant_id = %s AND a.key_agent = %s AND a.idempotency_key = %s"
+        " UNION ALL SELECT a.id, a.key_agent FROM ledger_action a"
+        " WHERE a.tenant_id = %s AND a.key_agent = 0 AND a.idempotency_key = %s"
+        " AND (SELECT coalesce(r.agent_id, 0) FROM ledger_run r WHERE r.id = a.run_id AND r.tenant_id = %s) = %s)"
+        " keyed ORDER BY key_agent DESC LIMIT 1",
+        [run.tenant_id, agent, key, run.tenant_id, key, run.tenant_id, agent])
     if existing is None:
         return None
     return replay(Action.objects.select_related("tool").get(pk=existing[0]), run=run, tool=tool, args_hash=args_hash,

@@ -17,7 +17,7 @@ DECLARE
     v_slug text;
     v_threshold text;
     v_steps jsonb;
-    v_taken boolean;
+    v_agent bigint;
     v_moved integer;
     v_row ledger_action;
     v_used numeric[];
@@ -44,18 +44,22 @@ BEGIN
            (SELECT t.id FROM ledger_tool t WHERE t.tenant_id = p_tenant AND t.name = p_twin_name AND t.is_current),
            n.slug, n.approval_threshold,
            unwind_run_steps(p_run),
-           EXISTS (SELECT 1 FROM ledger_action a
-                    WHERE a.tenant_id = p_tenant AND a.key_agent = ANY (p_key_free_in) AND a.idempotency_key = p_key),
            (SELECT coalesce(max(v.version), 0) FROM ledger_tenantpolicyversion v WHERE v.tenant_id = p_tenant)
-      INTO v_current, v_twin, v_slug, v_threshold, v_steps, v_taken, v_dv
+      INTO v_current, v_twin, v_slug, v_threshold, v_steps, v_dv
       FROM ledger_tenant n WHERE n.id = p_tenant;
     IF NOT v_same OR NOT v_current OR (p_twin_name IS NOT NULL AND v_twin IS DISTINCT FROM p_twin)
             OR v_slug IS DISTINCT FROM p_slug OR v_threshold IS DISTINCT FROM p_threshold OR v_steps <> p_steps THEN
         RETURN jsonb_build_object('outcome', 'stale');
     END IF;
-    IF v_taken THEN
-        RETURN jsonb_build_object('outcome', 'taken');  -- the Python path says whose key it is
-    END IF;
+    -- One look-up of the key's unique index per scope, each on all its columns: with `key_agent = ANY (...)` the
+    -- planner, on statistics older than the table, kept the scope as a filter and read every key of the tenant
+    -- (1 ms a proposal at 4,000 actions, growing with the tenant).
+    FOREACH v_agent IN ARRAY p_key_free_in LOOP
+        IF EXISTS (SELECT 1 FROM ledger_action a
+                    WHERE a.tenant_id = p_tenant AND a.key_agent = v_agent AND a.idempotency_key = p_key) THEN
+            RETURN jsonb_build_object('outcome', 'taken');  -- the Python path says whose key it is
+        END IF;
+    END LOOP;
     v_row := jsonb_populate_record(NULL::ledger_action, p_action);
     -- The tool's limits, counted under the tenant's chain lock taken above: the call goes on only with the room it
     -- needs in each (the caller's `limits.asked`, the one comparison); otherwise the Python path counts again and
