@@ -193,3 +193,17 @@ def test_the_check_sees_a_read_of_the_whole_tenant(busy_tenant):
                        [busy_tenant.acme.pk])
     assert any("ledger_action" in read for read in wide_reads(plans))
 
+
+
+def test_the_sweep_in_a_busy_tenant_reads_what_is_due(busy_tenant):
+    """The worker's sweep (every few seconds, every tenant) reads what is due, not the ledger: in the busy tenant,
+    with a run that unwound and one left running, no scan of it reads 300 rows or 20 pages."""
+    from ledger.engine.sweep import sweep
+
+    run = open_run(busy_tenant, goal="onboard")
+    act(run, "hr.create_user", {"email": "s1@x.io", "name": "S"})
+    open_run(busy_tenant, goal="left running")
+    with plans_heard() as plans:
+        sweep()
+    assert any(re.search(r"Scan.* on ledger_action", plan) for plan in plans)
+    assert not wide_reads(plans), "\n".join(wide_reads(plans))
