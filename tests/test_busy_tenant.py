@@ -207,3 +207,26 @@ def test_the_sweep_in_a_busy_tenant_reads_what_is_due(busy_tenant):
         sweep()
     assert any(re.search(r"Scan.* on ledger_action", plan) for plan in plans)
     assert not wide_reads(plans), "\n".join(wide_reads(plans))
+
+
+def test_the_agent_api_in_a_busy_tenant_reads_its_run(busy_tenant, settings):
+    """The agent's calls over the API around a step (open, read the run and the step, complete): the
+    authentication and the selectors read what the call names, not the tenant. (The step itself is taken as the
+    engine takes it; the tests above read its statements.)"""
+    from django.test import Client
+
+    from ledger.models import Run
+
+    settings.UNWIND_FAST_PATH = True
+    agent = Client(HTTP_AUTHORIZATION=f"Bearer {busy_tenant.key}")
+    with plans_heard() as plans:
+        opened = agent.post("/api/v1/runs", {"goal": "api"}, content_type="application/json")
+        assert opened.status_code == 201, opened.content
+        run = Run.objects.get(pk=opened.json()["id"])
+        step = act(run, "hr.create_user", {"email": "api@x.io", "name": "A"})
+        assert agent.get(f"/api/v1/runs/{run.pk}").status_code == 200
+        assert agent.get(f"/api/v1/actions/{step.pk}").status_code == 200
+        done = agent.post(f"/api/v1/runs/{run.pk}/complete", {}, content_type="application/json")
+        assert done.status_code == 200, done.content
+    assert len(plans) > 10
+    assert not wide_reads(plans), "\n".join(wide_reads(plans))
