@@ -515,8 +515,8 @@ class Action(models.Model):
             # The sweep's look-up of held steps whose window ended (ledger/engine/holds.py).
             models.Index(fields=["next_attempt_at"], condition=Q(status="held"), name="action_held_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
-            # One look-up per proposal: does this run already hold a step with the same content?
-            models.Index(fields=["run", "content_key"], name="action_run_content"),
+            # No index on (run, content_key): a proposal compares contents among the run's steps it reads anyway
+            # (ledger/engine/runsteps.py `same_content`), by (run, seq). The index cost ~106 bytes an action (0031).
             # Most actions are forward steps that compensate and repeat nothing: only those that do are indexed.
             models.Index(fields=["compensates"], condition=Q(compensates__isnull=False), name="action_compensates"),
             models.Index(fields=["repeat_of"], condition=Q(repeat_of__isnull=False), name="action_repeats"),
@@ -605,9 +605,14 @@ class AuditEvent(models.Model):
         # A run's or a step's events are read with their tenant (the pages, the trail, an undo's seal): an index on
         # the reference alone let the planner AND it with the tenant's (tenant, seq) index, which reads every event
         # of the tenant in the partitions searched, once per undo (bench/README.md, 2026-11-28).
+        # A step's are few (its proposal, moves and outcome) and read whole, then sorted: without `seq` its key is the
+        # same for all of them, which PostgreSQL stores once (B-tree deduplication), and run-level events (no step)
+        # are left out; 64 bytes an action instead of 200 (0031). A run's keep `seq`: its page reads the first
+        # TIMELINE_AUDIT_LIMIT of a run that may have thousands.
         indexes = [
             models.Index(fields=["run_ref", "tenant", "seq"], name="audit_run_tenant"),
-            models.Index(fields=["action_ref", "tenant", "seq"], name="audit_action_tenant"),
+            models.Index(fields=["action_ref", "tenant"], condition=Q(action_ref__isnull=False),
+                         name="audit_action_tenant"),
         ]
         ordering = ["tenant_id", "seq"]
 
