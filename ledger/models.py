@@ -578,6 +578,31 @@ class Checkpoint(models.Model):
         ordering = ["run_id", "id"]
 
 
+class HexDigestField(models.CharField):
+    """A SHA-256 digest: 64 hex digits in Python, on SQLite and in every export (archive segments, signed heads); the
+    32 bytes themselves (bytea) in a PostgreSQL column, half the text's size (issue 42: the chain's two hashes were
+    130 of an event's ~520 bytes). Text that is not hex is refused before it reaches the database (ValueError)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["max_length"] = 64
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        del kwargs["max_length"]
+        return name, path, args, kwargs
+
+    def db_type(self, connection):
+        return "bytea" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def from_db_value(self, value, expression, connection):
+        return bytes(value).hex() if isinstance(value, (bytes, memoryview)) else value
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        value = super().get_db_prep_value(value, connection, prepared)
+        return bytes.fromhex(value) if connection.vendor == "postgresql" and isinstance(value, str) else value
+
+
 class AuditEvent(models.Model):
     """Append-only, keyed hash-chained record of every transition and decision, one chain per tenant.
 
@@ -594,8 +619,8 @@ class AuditEvent(models.Model):
     action_ref = models.BigIntegerField(null=True, blank=True)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField()
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)  # HMAC-SHA256 under the audit key named by key_id
+    prev_hash = HexDigestField()
+    hash = HexDigestField()  # HMAC-SHA256 under the audit key named by key_id
     # The id of the audit key the hash was made with (config/audit_keys.py): old keys verify old events after a
     # rotation. Empty on events made before the chain was keyed; verify_audit reports those.
     key_id = models.CharField(max_length=16, default="", blank=True)
