@@ -166,8 +166,8 @@ class Bulk:
                 "id": "g", "tenant_id": str(t), "seq": f"({seq0} + g - {e0})", "kind": "'forward.succeeded'",
                 "actor": "'system:engine'", "run_ref": f"({r0} + ({e_action} - {a0}) / {ACTIONS_PER_RUN})",
                 "action_ref": e_action, "data": "jsonb_build_object('status_from', 'running')",
-                "created_at": "now() - interval '1 hour'", "prev_hash": "md5(g::text) || md5(g::text)",
-                "hash": "md5((g + 1)::text) || md5((g + 1)::text)",
+                "created_at": "now() - interval '1 hour'", "prev_hash": "decode(md5(g::text) || md5(g::text), 'hex')",
+                "hash": "decode(md5((g + 1)::text) || md5((g + 1)::text), 'hex')",
             })
             insert_series(cursor, Checkpoint, first=c0, count=runs, values={
                 "id": "g", "tenant_id": str(t), "run_id": f"({r0} + g - {c0})", "label": "'completed'",

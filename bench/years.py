@@ -148,6 +148,14 @@ def load(tenant, n: int, *, months: int, now: datetime | None = None) -> dict:
     shape = {id(obj): Rows(obj, connection, changed[type(obj)])
              for obj in (t.run, *t.actions, *t.attempts, *t.checkpoints)}
     columns = {type(obj): shape[id(obj)].columns for obj in (t.run, *t.actions, *t.attempts, *t.checkpoints)}
+    with connection.cursor() as cursor:  # bytea since migration 0032 (ledger/models.py HexDigestField), text before
+        cursor.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'ledger_auditevent'"
+                       " AND column_name = 'hash'")
+        as_bytes = cursor.fetchone()[0] == "bytea"
+
+    def digest_value(hex_digest: str):
+        return bytes.fromhex(hex_digest) if as_bytes else hex_digest
+
     event_columns = ("tenant_id", "seq", "kind", "actor", "run_ref", "action_ref", "data", "created_at", "prev_hash",
                      "hash", "key_id")
     started = time.perf_counter()
@@ -221,7 +229,7 @@ def load(tenant, n: int, *, months: int, now: datetime | None = None) -> dict:
                                    actor=template_event.actor, run_ref=run_ref, action_ref=action_ref, data=data,
                                    created_at=at)
                     events.append((tenant.pk, seq, template_event.kind, template_event.actor, run_ref, action_ref,
-                                   text, at, prev, h, key_id))
+                                   text, at, digest_value(prev), digest_value(h), key_id))
                     prev = h
             hashing += time.perf_counter() - tick
             cursor = django_cursor.cursor

@@ -515,8 +515,8 @@ class Action(models.Model):
             # The sweep's look-up of held steps whose window ended (ledger/engine/holds.py).
             models.Index(fields=["next_attempt_at"], condition=Q(status="held"), name="action_held_due"),
             models.Index(fields=["tenant", "-created_at"], name="action_tenant_recent"),
-            # One look-up per proposal: does this run already hold a step with the same content?
-            models.Index(fields=["run", "content_key"], name="action_run_content"),
+            # No index on (run, content_key): a proposal compares contents among the run's steps it reads anyway
+            # (ledger/engine/runsteps.py `same_content`), by (run, seq). The index cost ~106 bytes an action (0031).
             # Most actions are forward steps that compensate and repeat nothing: only those that do are indexed.
             models.Index(fields=["compensates"], condition=Q(compensates__isnull=False), name="action_compensates"),
             models.Index(fields=["repeat_of"], condition=Q(repeat_of__isnull=False), name="action_repeats"),
@@ -578,6 +578,31 @@ class Checkpoint(models.Model):
         ordering = ["run_id", "id"]
 
 
+class HexDigestField(models.CharField):
+    """A SHA-256 digest: 64 hex digits in Python, on SQLite and in every export (archive segments, signed heads); the
+    32 bytes themselves (bytea) in a PostgreSQL column, half the text's size (issue 42: the chain's two hashes were
+    130 of an event's ~520 bytes). Text that is not hex is refused before it reaches the database (ValueError)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["max_length"] = 64
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        del kwargs["max_length"]
+        return name, path, args, kwargs
+
+    def db_type(self, connection):
+        return "bytea" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def from_db_value(self, value, expression, connection):
+        return bytes(value).hex() if isinstance(value, (bytes, memoryview)) else value
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        value = super().get_db_prep_value(value, connection, prepared)
+        return bytes.fromhex(value) if connection.vendor == "postgresql" and isinstance(value, str) else value
+
+
 class AuditEvent(models.Model):
     """Append-only, keyed hash-chained record of every transition and decision, one chain per tenant.
 
@@ -594,8 +619,8 @@ class AuditEvent(models.Model):
     action_ref = models.BigIntegerField(null=True, blank=True)
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField()
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64)  # HMAC-SHA256 under the audit key named by key_id
+    prev_hash = HexDigestField()
+    hash = HexDigestField()  # HMAC-SHA256 under the audit key named by key_id
     # The id of the audit key the hash was made with (config/audit_keys.py): old keys verify old events after a
     # rotation. Empty on events made before the chain was keyed; verify_audit reports those.
     key_id = models.CharField(max_length=16, default="", blank=True)
@@ -605,9 +630,14 @@ class AuditEvent(models.Model):
         # A run's or a step's events are read with their tenant (the pages, the trail, an undo's seal): an index on
         # the reference alone let the planner AND it with the tenant's (tenant, seq) index, which reads every event
         # of the tenant in the partitions searched, once per undo (bench/README.md, 2026-11-28).
+        # A step's are few (its proposal, moves and outcome) and read whole, then sorted: without `seq` its key is the
+        # same for all of them, which PostgreSQL stores once (B-tree deduplication), and run-level events (no step)
+        # are left out; 64 bytes an action instead of 200 (0031). A run's keep `seq`: its page reads the first
+        # TIMELINE_AUDIT_LIMIT of a run that may have thousands.
         indexes = [
             models.Index(fields=["run_ref", "tenant", "seq"], name="audit_run_tenant"),
-            models.Index(fields=["action_ref", "tenant", "seq"], name="audit_action_tenant"),
+            models.Index(fields=["action_ref", "tenant"], condition=Q(action_ref__isnull=False),
+                         name="audit_action_tenant"),
         ]
         ordering = ["tenant_id", "seq"]
 

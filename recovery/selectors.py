@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
 from ledger.audit.chain import FINGERPRINT_KEYS
+from ledger.audit.sealed import by_seq
 from ledger.db.partitions import recent
 from ledger.policy.display import shown_value
 from ledger.models import (
@@ -173,9 +174,9 @@ def drift_comparison(failure: dict | None) -> dict | None:
     if not failure or not failure["is_compensation"] or failure["action"].error_class != "drift":
         return None
     forward, compensation = failure["forward"], failure["action"]
-    event = (AuditEvent.objects.filter(tenant_id=compensation.tenant_id, action_ref=compensation.pk,
-                                       created_at__gte=recent(compensation.created_at),
-                                       kind="compensation.failed").order_by("-seq").first())
+    event = next(iter(by_seq(AuditEvent.objects.filter(tenant_id=compensation.tenant_id, action_ref=compensation.pk,
+                                                       created_at__gte=recent(compensation.created_at),
+                                                       kind="compensation.failed"), newest_first=True)), None)
     now = (event.data or {}).get("current") if event is not None else None
     before, after = forward.before, forward.after
     if not all(isinstance(v, dict) for v in (before, after, now)):

@@ -221,7 +221,8 @@ def test_a_steps_and_a_runs_events_are_found_by_their_own_index_in_a_busy_chain(
     """An undo reads its step's success event (the undo seal), a run's page its events, each with the tenant. With an
     index on the reference alone, the planner ANDed it with the chain's (tenant, seq) index and read every event of
     the tenant in the months searched, once per undo: 0.25 ms at 5,600 events and growing with the chain (the unwind
-    of nine, issue 40). The index on (reference, tenant, seq) answers both conditions alone."""
+    of nine, issue 40). The index on (run, tenant, seq) answers both conditions alone, and so does the one on (step,
+    tenant), kept for events of a step only (issue 42: the busy events below, of no step, are not in it)."""
     from ledger.api import selectors
     from ledger.audit import sealed
 
@@ -237,9 +238,9 @@ def test_a_steps_and_a_runs_events_are_found_by_their_own_index_in_a_busy_chain(
         list(selectors.run_events(run))
     plans = _plans([q["sql"] for q in captured.captured_queries if "ledger_auditevent" in q["sql"]])
     assert len(plans) == 2
-    for plan in plans:
+    for plan, index in zip(plans, ("_action_ref_tenant_id_idx", "_run_ref_tenant_id_seq_idx")):
         assert "tenant_id_seq_created_at" not in plan, plan
-        assert "_tenant_id_seq_idx" in plan, plan
+        assert index in plan, plan
 
 
 def _append(tenant_id: int, errors: list):
@@ -298,6 +299,9 @@ target = ("ledger", "0028_partitions")
 before = [parent for parent in graph.node_map[target].parents]
 others = [leaf for leaf in graph.leaf_nodes() if leaf[0] != "ledger" and target not in graph.forwards_plan(leaf)]
 executor.migrate(before + others)
+with connection.cursor() as cursor:  # the hashes as this code writes them (0032), for the saga below to run
+    cursor.execute("ALTER TABLE ledger_auditevent ALTER COLUMN prev_hash TYPE bytea USING decode(prev_hash, 'hex'),"
+                   " ALTER COLUMN hash TYPE bytea USING decode(hash, 'hex')")
 tenant, agent, _ = tenant_with_tools("convert")
 Saga(tenant, agent).onboard(0, False)
 years.load(tenant, 600, months=4)

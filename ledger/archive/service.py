@@ -87,9 +87,11 @@ def _reaches(table: _Table, ids: list[int]) -> Q:
 
 # On PostgreSQL the database writes a segment's lines itself: an event's line, and a row as JSON, as text that goes
 # into the segment as it is (no decoding of JSON columns to encode them again). An event's `at` is its timestamp in
-# ISO 8601 (the connection's time zone is UTC), which parses back to the instant its HMAC covers.
+# ISO 8601 (the connection's time zone is UTC), which parses back to the instant its HMAC covers; its hashes in hex,
+# as everywhere outside the column (ledger/models.py HexDigestField).
 EVENT_LINE = ("json_build_object('t', 'event', 'seq', seq, 'kind', kind, 'actor', actor, 'run', run_ref, 'action', "
-              "action_ref, 'data', data, 'at', created_at, 'prev', prev_hash, 'hash', hash, 'key', key_id)::text")
+              "action_ref, 'data', data, 'at', created_at, 'prev', encode(prev_hash, 'hex'), "
+              "'hash', encode(hash, 'hex'), 'key', key_id)::text")
 
 
 def _table_rows(table: _Table, ids: list[int]) -> tuple[list[tuple[int, dict | str]], list[tuple[str, int]]]:

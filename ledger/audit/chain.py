@@ -347,13 +347,15 @@ class AuditLog:
         key_id = settings.UNWIND_AUDIT_KEY_ID
         key = settings.UNWIND_AUDIT_KEYS[key_id]
         rows = []
+        digest_value = AuditEvent._meta.get_field("hash").get_db_prep_value  # bytea on PostgreSQL
         for kind, actor, run_ref, action_ref, data in self.pending:
             seq += 1
             text = dumps(data)
             data = json.loads(text)  # what is hashed is exactly what the database returns
             h = event_hash(key, prev, key_id=key_id, tenant_id=self.tenant_id, seq=seq, kind=kind, actor=actor,
                            run_ref=run_ref, action_ref=action_ref, data=data, created_at=now)
-            rows.append((self.tenant_id, seq, kind, actor, run_ref, action_ref, text, at, prev, h, key_id))
+            rows.append((self.tenant_id, seq, kind, actor, run_ref, action_ref, text, at,
+                         digest_value(prev, connection), digest_value(h, connection), key_id))
             prev = h
         append = (f"{_APPEND} {', '.join([_EVENT_ROW] * len(rows))}", [value for row in rows for value in row])
         move = (_MOVE_HEAD, [seq, prev, self.tenant_id])

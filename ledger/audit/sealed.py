@@ -117,6 +117,16 @@ def approval_problem(action: Action, recorded: dict | None, approved: bool) -> s
             f"and none is recorded in the audit chain: its status was moved behind the services' back")
 
 
+def by_seq(events, *, newest_first: bool = False) -> list[AuditEvent]:
+    """A step's events (a query by its `action_ref`, or rows read) in chain order, sorted here: a step has a few. Read
+    without ORDER BY, so that the only index worth using is the step's own (action_ref, tenant), which does not hold
+    `seq` (ledger/models.py AuditEvent.Meta); ordered by seq, the planner may walk the chain's (tenant, seq) index of a
+    month it has no figures for yet instead, reading every event of the tenant in it."""
+    if hasattr(events, "order_by"):
+        events = events.order_by()  # not even the model's default ordering
+    return sorted(events, key=lambda event: event.seq, reverse=newest_first)
+
+
 APPROVED_KINDS = tuple(f"{kind.partition('.')[0]}.approved" for kind in SEALED_KINDS)
 
 
@@ -124,9 +134,9 @@ def recorded_seal(action: Action) -> tuple[dict | None, bool]:
     """The seal the event that made `action` recorded (None for a step made before seals were kept), and whether an
     authentic event recorded it approved; Tampered when there is no making event or it does not verify under the audit
     key it names. One read of the step's few events of those kinds."""
-    events = list(AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk,
-                                            created_at__gte=recent(action.created_at),
-                                            kind__in=(*SEALED_KINDS, *APPROVED_KINDS)).order_by("seq"))
+    events = by_seq(AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk,
+                                              created_at__gte=recent(action.created_at),
+                                              kind__in=(*SEALED_KINDS, *APPROVED_KINDS)))
     made = next((event for event in events if event.kind in SEALED_KINDS), None)
     what = f"{action.kind} step {action.seq} (action {action.pk})"
     if made is None:
@@ -141,9 +151,9 @@ def recorded_seal(action: Action) -> tuple[dict | None, bool]:
 
 def check_hold(action: Action) -> None:
     """A held step's window ends when the chain recorded it would (raises Tampered otherwise)."""
-    event = (AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk, kind="forward.held",
-                                       created_at__gte=recent(action.created_at),
-                                       data__has_key="executes_at").order_by("-seq").first())
+    event = next(iter(by_seq(AuditEvent.objects.filter(tenant_id=action.tenant_id, action_ref=action.pk,
+                                                       kind="forward.held", created_at__gte=recent(action.created_at),
+                                                       data__has_key="executes_at"), newest_first=True)), None)
     what = f"held step {action.seq} (action {action.pk})"
     if event is None:
         raise Tampered("hold", f"{what} has no record of its hold in the audit chain: made held behind the "
@@ -188,16 +198,16 @@ def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
 # compensation on the failing saga's profile).
 UNDO_SEAL_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
                     " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
-                    f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))}) ORDER BY e.seq DESC")
+                    f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")  # no ORDER BY: `by_seq`
 
 
 def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
     """The undo seal the latest of `forward`'s success and undo completions recorded, and that event's number; (None,
     None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
     event does not verify under its audit key."""
-    events = [sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
+    events = by_seq([sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
         forward.tenant_id, forward.pk, sql.value(AuditEvent, "created_at", recent(forward.created_at)),
-        *UNDO_SEALED_KINDS])]
+        *UNDO_SEALED_KINDS])], newest_first=True)
     what = f"step {forward.seq} (action {forward.pk})"
     if not events:
         raise Tampered("undo", f"{what} has no record of its success in the audit chain, yet it is being undone: its "

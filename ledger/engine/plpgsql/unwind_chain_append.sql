@@ -12,7 +12,8 @@ BEGIN
         INSERT INTO ledger_auditevent (tenant_id, seq, kind, actor, run_ref, action_ref, data, created_at, prev_hash,
                                        hash, key_id)
         SELECT p_tenant, p_seq + e.i, e.v->>0, e.v->>1, (e.v->>2)::bigint, (e.v->>3)::bigint, (e.v->>4)::jsonb, p_at,
-               CASE WHEN e.i = 1 THEN p_prev ELSE v_hashes[e.i::integer - 1] END, v_hashes[e.i::integer], p_key_id
+               decode(CASE WHEN e.i = 1 THEN p_prev ELSE v_hashes[e.i::integer - 1] END, 'hex'),
+               decode(v_hashes[e.i::integer], 'hex'), p_key_id
           FROM jsonb_array_elements(p_events) WITH ORDINALITY e(v, i))
     UPDATE ledger_audithead
        SET seq = p_seq + cardinality(v_hashes), hash = coalesce(v_hashes[cardinality(v_hashes)], p_prev)
