@@ -1,4 +1,12 @@
 """Small helpers shared by tests: driving runs through the real services."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from django.db import connection
+
 from ledger.models import Run
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
@@ -112,3 +120,27 @@ def as_if(answer, real_id: int, other_id: int) -> str:
     import re
 
     return re.sub(rf"(?<![0-9]){real_id}(?![0-9])", str(other_id), answer.text)
+
+
+def in_scratch_database(script: str, suffix: str) -> dict:
+    """Run `script` (Python) in a child process on a PostgreSQL database of its own (this test database's name and
+    `_suffix`, made afresh and dropped after), with the benchmark's no-op tools; the JSON object its last line
+    prints. For a migration tested on a database that holds data."""
+    base = connection.settings_dict
+    name = f"{base['NAME']}_{suffix}"
+    url = f"postgres://{base['USER']}@{base['HOST']}:{base['PORT']}"
+    root = Path(__file__).resolve().parent.parent
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = dict(os.environ, DATABASE_URL=f"{url}/{name}", DJANGO_SETTINGS_MODULE="config.settings",
+                   UNWIND_INSECURE_DEV_KEY="1", UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools", UNWIND_SANDBOX="0",
+                   PYTHONPATH=str(root))
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

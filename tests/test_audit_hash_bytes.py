@@ -8,21 +8,13 @@ reach the column.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from django.db import connection
 
 from ledger.audit.verify import verify_chain
 from ledger.models import AuditEvent, HexDigestField
 from tests.conftest import needs_postgres
-from tests.helpers import act, open_run
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import act, in_scratch_database, open_run
 
 _CONVERT = """
 import json
@@ -79,23 +71,7 @@ print(json.dumps(out))
 @needs_postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_chain_written_as_text_verifies_after_the_migration():
-    base = connection.settings_dict
-    name = f"{base['NAME']}_bytes"
-    url = f"postgres://{base['USER']}@{base['HOST']}:{base['PORT']}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cursor.execute(f'CREATE DATABASE "{name}"')
-    try:
-        env = dict(os.environ, DATABASE_URL=f"{url}/{name}", DJANGO_SETTINGS_MODULE="config.settings",
-                   UNWIND_INSECURE_DEV_KEY="1", UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools", UNWIND_SANDBOX="0",
-                   PYTHONPATH=str(ROOT))
-        done = subprocess.run([sys.executable, "-c", _CONVERT], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    found = in_scratch_database(_CONVERT, "bytes")
     assert found["back"] == "character varying" and found["back_same"], found
     assert found["old_verify"] and found["events"] > 300, found
     assert "audit event #3 of tenant" in found["refused"] and "verify_audit" in found["refused"], found

@@ -9,14 +9,9 @@ though the database's unique constraint now includes the month (the AuditHead lo
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from datetime import date, datetime, timedelta, timezone as dt_timezone
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -29,12 +24,11 @@ from ledger.audit.verify import verify_chain
 from ledger.db import partitions
 from ledger.models import Action, AuditEvent, AuditHead, Checkpoint
 from tests.conftest import needs_postgres
-from tests.helpers import act, open_run
+from tests.helpers import act, in_scratch_database, open_run
 from tests.test_archive import signing  # noqa: F401 (a fixture: the archive's folder and signing key)
 from tests.test_console_queue import client_for
 
 pytestmark = needs_postgres
-ROOT = Path(__file__).resolve().parent.parent
 OLD = [date(2024, 1, 1), date(2024, 2, 1)]
 
 
@@ -337,23 +331,7 @@ def test_the_migration_converts_a_database_that_holds_data():
     """A fresh database migrated to just before 0028, filled with four months of runs (bench/years.py: steps,
     attempts, checkpoints and a chain that verifies), then migrated: the same rows, ids and constraints (checks kept, unique ones
     now with the month), one partition per month, the chain still verifying, and new steps numbered on."""
-    base = connection.settings_dict
-    name = f"{base['NAME']}_convert"
-    url = f"postgres://{base['USER']}@{base['HOST']}:{base['PORT']}"
-    with connection.cursor() as cursor:
-        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        cursor.execute(f'CREATE DATABASE "{name}"')
-    try:
-        env = dict(os.environ, DATABASE_URL=f"{url}/{name}", DJANGO_SETTINGS_MODULE="config.settings",
-                   UNWIND_INSECURE_DEV_KEY="1", UNWIND_PYTHON_TOOL_MODULES="bench.noop_tools", UNWIND_SANDBOX="0",
-                   PYTHONPATH=str(ROOT))
-        done = subprocess.run([sys.executable, "-c", _CONVERT], env=env, cwd=ROOT, capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        found = json.loads(done.stdout.strip().splitlines()[-1])
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    found = in_scratch_database(_CONVERT, "convert")
     old, new, after = found["old"], found["new"], found["after"]
     assert old["verify"] and new["verify"] and after["verify"]
     for table, key in partitions.PARTITIONED.items():
