@@ -24,10 +24,14 @@ whole transaction in that call:
   else 'stale') and that no checkpoint of the run came after the checkpoint's id (drawn beforehand, or by this
   thread's previous completion); then completes the run, inserts the checkpoint as given, appends the events, and
   answers the run as completed. The Python writer (`plans.write_completion`) applies the same plan elsewhere.
-- `unwind_compensated`: locks the head, then the run; checks the unwinder still holds the run's lease and the
-  run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
-  compensation's success and its step compensated, then claims the next compensation (the step's move, the
-  compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
+- `unwind_compensated`: writes a step of an unwind Python decided (`unwind_plans.compensated`, `claimed`, a
+  `plans.UnwindStep` that claims its next undo or settles the run itself): locks the head, then the run; checks the
+  guards it was decided under (`plans.UnwindGuards`: the run's status and fingerprinted fields, its actions' ids and
+  statuses as read by `run_for_unwind`, its unwind lease when the decision read it, the tenant's threshold when it
+  claims an undo; else 'stale'); records the compensation's success and its step compensated (or takes the run's
+  lease), then claims the next undo (the step's move, the compensation with its number and attempt) or settles the
+  run with its checkpoint; appends the events. The Python writer (`plans.write_unwind`) applies the same plan
+  elsewhere.
 - `unwind_failed`: writes a step's failure for good Python decided (`outcome_plans.failure`, a `plans.Outcome`
   that moves no other step and emits nothing) under the same guards as `unwind_succeed`: the step failed, its
   attempt ended, and when the plan starts the unwind the run unwinding with its checkpoint (its id drawn by the
@@ -354,7 +358,7 @@ class Step:
     status: str
 
 
-# The forward steps an unwinder may undo next (`unwinding.compensated_in_one_call` decides which): read whole.
+# The forward steps an unwinder may undo next (`unwind_plans.following` decides which): read whole.
 UNDO_NEXT = (A.SUCCEEDED, A.COMPENSATING)
 
 

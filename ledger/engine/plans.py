@@ -12,8 +12,9 @@ are held equal by applying one plan to the same rows (tests/test_parity.py).
 Decided this way: completing a run (`runs.completion`, a `Completion`: `unwind_complete` or `write_completion`), and a
 forward step's success and its failure for good (`outcome_plans.success`, `failure`, an `Outcome`: `unwind_succeed`
 writes one that moves the step alone, `unwind_failed` one that moves no other step and emits nothing, and
-`write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too). Propose, compensate,
-open, hold, release and stop are to follow.
+`write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too), and a step of an
+unwind (`unwind_plans.compensated`, `claimed`, an `UnwindStep`: `unwind_compensated` writes one that claims its next
+undo or settles the run itself, `write_unwind` any). Propose, open, hold, release and stop are to follow.
 """
 from __future__ import annotations
 
@@ -326,7 +327,8 @@ class UnwindStep:
 class Unwound:
     """What a writer of an `UnwindStep` took under its locks: the claimed undo's step number, defaults' version, id
     and lease, the run's unwind lease it took (None for what it did not take), the checkpoint's id; and, for a plan
-    whose next undo is no plain claim (`then_claim`), what `unwinding.claim_next_compensation` claimed (or None)."""
+    whose next undo is no plain claim (`then_claim`), what `unwinding.claim_next_compensation` claimed (or None);
+    the run as the Python writer left it (None from the function: the plan's run is)."""
 
     step: int | None = None
     defaults_version: int | None = None
@@ -335,6 +337,7 @@ class Unwound:
     run_lease: datetime | None = None
     checkpoint_id: int | None = None
     then: Action | None = None
+    run: Run | None = None
 
 
 def write_unwind(plan: UnwindStep, *, log: AuditLog, then: Callable[[Run], Action | None] | None = None
@@ -409,4 +412,4 @@ def write_unwind(plan: UnwindStep, *, log: AuditLog, then: Callable[[Run], Actio
         taken = dataclasses.replace(taken, then=then(run))
     if plan.unwind_after:
         enqueue("ledger.tasks.unwind_run", run.pk)
-    return taken
+    return dataclasses.replace(taken, run=run)

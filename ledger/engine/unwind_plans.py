@@ -197,7 +197,7 @@ def record_compensated(undo: Action, changes: dict, *, latency_ms: float | None,
     (`fastpath.compensated`) or by the Python writer (`plans.write_unwind`: SQLite, UNWIND_FAST_PATH off, a plan
     the call does not take). With `chain` (the unwinder, while its budget lasts) the same commit claims the next
     undo or settles the run; what it claimed lands in `chain.claimed`. A failed guard: read afresh and decide
-    again (three times). `undo` then holds its changes."""
+    again (three times). `undo` then holds its changes, and `undo.run` the run as written."""
     one_call = fastpath.usable(undo.tenant_id)
     owner = chain.owner if chain is not None and chain.allowed() else None
     for _ in range(TRIES):
@@ -215,6 +215,7 @@ def record_compensated(undo: Action, changes: dict, *, latency_ms: float | None,
         if Action.compensates.is_cached(undo):
             for name, value in plan.forward_changes.items():
                 setattr(undo.compensates, name, value)
+        undo.run = written.run or plan.run  # the answer shows the run as this commit leaves it
         landed(plan, written, state, chain, claims=owner is not None)
         return
     raise StateConflict(f"run {undo.run_id} kept changing while compensation {undo.pk}'s outcome was being "
