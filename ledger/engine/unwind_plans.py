@@ -237,7 +237,7 @@ def claim_unwind(run_id: int, *, tenant_id: int, owner: str,
         written = write(plan, owner=owner, one_call=one_call)
         if written == plans.STALE:
             continue
-        return True, landed(plan, written, state, chain, claims=True)
+        return True, landed(plan, written, state, chain, claims=False)
     raise StateConflict(f"run {run_id} kept changing while its unwind was being claimed; try again")
 
 
