@@ -33,8 +33,8 @@ SPEC = {
     "unwind_succeed": {"ids": {1: "run", 12: "action"}, "steps": 9},
     "unwind_complete": {"ids": {1: "run"}, "steps": 9, "rows": {11: "checkpoint"}},
     "unwind_failed": {"ids": {1: "run", 12: "action"}, "steps": 9, "rows": {17: "checkpoint"}},
-    "unwind_compensated": {"ids": {1: "run", 6: "action", 9: "action", 11: "action"}, "steps": 4, "lease": 5,
-                           "rows": {13: "action", 17: "checkpoint"}},
+    "unwind_compensated": {"ids": {1: "run", 14: "action", 18: "action", 21: "action"}, "steps": 9, "lease": 13,
+                           "rows": {24: "action", 27: "checkpoint"}},
     "read for the unwind": {"ids": {1: "run", 4: "run"}},  # fastpath.run_for_unwind
     # ledger/audit/sealed.recorded_undo_seal, before each undo leaves: the step's success as the chain recorded it. Its
     # arguments are kept as recorded: the replayed events keep the recorded saga's `action_ref` (the function's event

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from ledger.engine import attempts, fastpath, plans, plpgsql, runstate, runsteps, unwinding
+from ledger.engine import attempts, fastpath, plans, plpgsql, runstate, runsteps, unwind_plans, unwinding
 from ledger.audit.verify import verify_chain
 from ledger.errors import RunCancelled, StateConflict, ValidationFailed
 from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
@@ -366,18 +366,14 @@ def test_an_undo_recorded_on_stale_facts_writes_nothing(tools):
     run = open_run(tools)
     act(run, "hr.create_user", {"email": "u@b.io", "name": "U"})
     Run.objects.filter(pk=run.pk).update(status="unwinding")
-    read, next_id, (checkpoint_id,), threshold, rows = fastpath.run_for_unwind(run.pk)
+    plan = unwind_plans.claimed(unwinding.UnwindState.read(run.pk), owner="unwinder")
+    assert plan.claim is not None and plan.claim.undo.pk is not None
     Action.objects.filter(run=run).update(status="compensating")  # moved since the read
     before = head_of(tools)
-    assert fastpath.compensated(
-        run=read, run_status="unwinding", froms=("running", "compensating", "succeeded"),
-        steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
-        next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=True,
-        checkpoint=Checkpoint(pk=checkpoint_id, tenant_id=run.tenant_id, run=read, label="compensated", state={}),
-        lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
+    assert fastpath.compensated(plan) == plans.STALE
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).status == "unwinding"
     assert Run.objects.get(pk=run.pk).lease_expires_at is None
-    assert not Checkpoint.objects.filter(pk=checkpoint_id).exists()
+    assert not Action.objects.filter(pk=plan.claim.undo.pk).exists()
 
 
 def test_a_second_unwinder_does_not_take_a_held_lease(tools):
@@ -386,17 +382,13 @@ def test_a_second_unwinder_does_not_take_a_held_lease(tools):
     held = attempts.lease_until()
     Run.objects.filter(pk=run.pk).update(status="unwinding", lease_expires_at=held)
     before = head_of(tools)
-    assert unwinding.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="other") == (False, None)
+    assert unwind_plans.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="other") == (False, None)
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
     # The same race inside the call: read while the lease was free, taken by another unwinder before the call.
     Run.objects.filter(pk=run.pk).update(lease_expires_at=None)
-    read, next_id, (checkpoint_id,), threshold, rows = fastpath.run_for_unwind(run.pk)
+    plan = unwind_plans.claimed(unwinding.UnwindState.read(run.pk), owner="unwinder")
     Run.objects.filter(pk=run.pk).update(lease_expires_at=held)
-    assert fastpath.compensated(
-        run=read, run_status="unwinding", froms=("running", "compensating", "succeeded"),
-        steps=[[a.pk, a.status] for a, *_ in rows], undo=None, undo_attempt=None, forward=None,
-        next_forward=None, next_undo=None, next_attempt=None, threshold=threshold, settle=False, checkpoint=None,
-        lease=attempts.lease_until(), pending=[], now=read.updated_at) is None
+    assert fastpath.compensated(plan) == plans.STALE
     assert head_of(tools) == before and Run.objects.get(pk=run.pk).lease_expires_at == held
 
 

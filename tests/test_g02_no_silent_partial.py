@@ -70,7 +70,7 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     back, so it ended lost; the next unwinder found its step still compensating and waited for good, leaving the run
     unwinding with nothing in the recovery queue. It must go to a person, naming the undo that may have acted."""
     from ledger.db import sql
-    from ledger.engine import outcomes, runstate, unwinding
+    from ledger.engine import outcomes, runstate, unwind_plans, unwinding
     from ledger.audit.chain import ledger_transaction
     from ledger.executors.call import ToolError
     from ledger.models import Run
@@ -81,7 +81,7 @@ def test_an_undo_whose_outcome_is_unknown_puts_the_run_before_a_person(tools, dj
     with django_capture_on_commit_callbacks(execute=False):
         with ledger_transaction(run.tenant_id) as log:
             runstate.start_unwind(sql.get_locked(Run, run.pk), "test: unwind", log=log, actor="test", cause="operator")
-        claimed, undo = unwinding.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder-1#")
+        claimed, undo = unwind_plans.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder-1#")
         assert claimed and undo is not None
         outcomes.record_unknown(undo, ToolError("no answer", transient=True), why="it cannot be read back",
                                  latency_ms=None, actor="system:engine")

@@ -14,7 +14,7 @@ from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.models import Action, Run
-from ledger.engine import attempts, execution, unwinding
+from ledger.engine import attempts, execution, unwind_plans
 from ledger.engine.actions import action_approve, action_claim_due, action_reclaim
 from ledger.engine.proposal import action_propose
 from ledger.engine.dispatch import new_owner
@@ -164,7 +164,7 @@ def test_an_undo_claimed_by_the_unwinder(short, settings, fast):
     assert step.status == "succeeded"
     Run.objects.filter(pk=run.pk).update(status="unwinding")
     with CaptureQueriesContext(connection) as queries:
-        (claimed, undo), started, committed = claimed_under_lock(Run, run.pk, lambda: unwinding.claim_unwind(
+        (claimed, undo), started, committed = claimed_under_lock(Run, run.pk, lambda: unwind_plans.claim_unwind(
             run.pk, tenant_id=run.tenant_id, owner=new_owner(held=True)))
     assert claimed and undo is not None
     called = any("public.unwind_compensated" in q["sql"] for q in queries.captured_queries)

@@ -28,11 +28,11 @@ from django.utils import timezone
 from approvals.models import ApprovalDecision, ApprovalRequest
 from approvals.services import approval_decide, approvals_expire
 from ledger.audit.chain import ledger_transaction
-from ledger.engine import fastpath, outcome_plans, plans, plpgsql, runsteps
+from ledger.engine import fastpath, outcome_plans, plans, plpgsql, runsteps, unwind_plans, unwinding
 from ledger.audit.verify import verify_chain
 from ledger.errors import UnwindError
 from ledger.executors.call import ToolError
-from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run
+from ledger.models import Action, Attempt, AuditEvent, AuditHead, Checkpoint, Run, Tenant
 from ledger.engine import execution
 from ledger.engine.proposal import action_propose
 from ledger.engine.attempts import mark_sent
@@ -944,5 +944,157 @@ def test_a_failure_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <>", "IF false AND p_steps <>",
                      monkeypatch)
     function, python, _ = failure_by_both(tools, monkeypatch, "another step", late=False)
+    assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
+    assert ".answer: " in "\n".join(differences(function, python))
+
+
+# --- a compensation's success, and the unwind's start: one plan, two writers ----------------------------------------
+
+def unwind_by_the_function(plan):
+    return _answer(fastpath.compensated(plan))
+
+
+def unwind_by_python(plan):
+    with ledger_transaction(plan.run.tenant_id) as audit:
+        return _answer(plans.write_unwind(plan, log=audit))
+
+
+def _answer(written) -> str:
+    """A writer's answer as both can give it (the leases it took start on the database's clock, when each wrote)."""
+    if not isinstance(written, plans.Unwound):
+        return written
+    return (f"ok step={written.step} defaults={written.defaults_version} undo={written.undo_id} "
+            f"checkpoint={written.checkpoint_id} run_lease={written.run_lease is not None} "
+            f"undo_lease={written.undo_lease is not None}")
+
+
+def _unwinding(world, *, steps: int):
+    """A run of `steps` succeeded steps, unwinding, its newest step's undo claimed by an unwinder (its lease taken)
+    and its tool answered: the undo's success is decided next."""
+    run = open_run(world, goal="two writers")
+    done = [act(run, "hr.create_user", {"email": f"w{i}@company.com", "name": f"W{i}"}) for i in range(steps)]
+    Run.objects.filter(pk=run.pk).update(status="unwinding")
+    claimed, undo = unwind_plans.claim_unwind(run.pk, tenant_id=run.tenant_id, owner="unwinder#1")
+    assert claimed and undo is not None and undo.compensates_id == done[-1].pk
+    return run, done, Action.objects.select_related("tool", "compensates").get(pk=undo.pk)
+
+
+def _compensated_plan(world, *, variant: str):
+    """A compensation's success decided from the ledger (`unwind_plans.compensated`, its ids drawn by the read):
+    `claims`, the unwinder claims the next undo with it; `settles`, no step is left and the run settles compensated;
+    `alone`, a compensation recorded without the unwinder (the lease read: whether to queue one)."""
+    run, done, undo = _unwinding(world, steps=1 if variant == "settles" else 2)
+    changes = dict(result={"deleted": True}, after=None, verification=None, target_id=undo.target_id,
+                   compensation_plan=undo.compensation_plan, lease_owner="", lease_expires_at=None, error_class="",
+                   error_message="")
+    plan = unwind_plans.compensated(undo, changes, unwinding.UnwindState.read(run.pk), latency_ms=3.5,
+                                    actor="system", owner=None if variant == "alone" else "unwinder#1")
+    assert not plan.then_claim and not plan.emits
+    assert (plan.claim is not None) == (variant == "claims") and bool(plan.run_changes) == (variant == "settles")
+    assert plan.guards.lease_compared == (variant == "alone")
+    return plan, [*done, undo]
+
+
+def _claim_plan(world, *, variant: str):
+    """The unwind's start decided from the ledger (`unwind_plans.claimed`): the run's lease taken, and its newest
+    step's undo claimed."""
+    run = open_run(world, goal="two writers")
+    done = [act(run, "hr.create_user", {"email": f"w{i}@company.com", "name": f"W{i}"}) for i in range(2)]
+    Run.objects.filter(pk=run.pk).update(status="unwinding")
+    plan = unwind_plans.claimed(unwinding.UnwindState.read(run.pk), owner="unwinder#1")
+    assert plan.lease is not None and plan.claim is not None and plan.guards.lease_compared
+    return plan, [*done, None]
+
+
+def _status(pk, status):
+    return Action.objects.filter(pk=pk).update(status=status)
+
+
+# What may change between an unwind's decision and its writing: each a guard of the plan (`plans.UnwindGuards`),
+# `steps` the run's forward steps, oldest first, then the undo (None for the unwind's start).
+UNWIND_CHANGED = {
+    "nothing": lambda plan, steps: None,
+    "the run's status": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(status="needs_attention"),
+    "the pivot": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(pivot_committed=True),
+    "the goal": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(goal="another goal"),
+    "the undo": lambda plan, steps: steps[-1] and _status(steps[-1].pk, "lost"),
+    "the undone step": lambda plan, steps: _status(steps[-2].pk, "compensation_failed"),
+    "another step": lambda plan, steps: _status(steps[0].pk, "failed") if len(steps) > 2 else None,
+    "the unwind lease": lambda plan, steps: Run.objects.filter(pk=plan.run.pk).update(
+        lease_expires_at=timezone.now() + timedelta(minutes=7)),
+    "the threshold": lambda plan, steps: Tenant.objects.filter(pk=plan.run.tenant_id).update(
+        approval_threshold="critical"),
+}
+UNWIND_PLANS = {"claims": _compensated_plan, "settles": _compensated_plan, "alone": _compensated_plan,
+                "starts": _claim_plan}
+
+
+def unwind_by_both(world, monkeypatch, changed: str, *, variant: str) -> tuple[dict, dict, list]:
+    plan, steps = UNWIND_PLANS[variant](world, variant=variant)
+    frozen = timezone.now()
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
+
+    def after_the_change(write):
+        def written(plan_):
+            UNWIND_CHANGED[changed](plan_, steps)
+            return write(plan_)
+        return written
+
+    seen = [written_by(after_the_change(write), plan) for write in (unwind_by_the_function, unwind_by_python)]
+    for rows_ in seen:  # the leases each writer started on the database's clock, and its new attempts' ids
+        for row in rows_["run"] + rows_["actions"]:
+            row["lease_expires_at"] = row["lease_expires_at"] is not None
+        for row in rows_["attempts"]:
+            row["id"] = None
+    return *seen, steps
+
+
+def _guarded(variant: str, changed: str, plan_steps: int) -> bool:
+    """Whether `changed` is a guard of the `variant` plan: the lease only where the decision read it, the threshold
+    only where it claims an undo, the undo only where there is one, another step only where there is one."""
+    return not (changed == "nothing" or (changed == "the unwind lease" and variant in ("claims", "settles"))
+                or (changed == "the threshold" and variant in ("settles", "alone"))
+                or (changed == "the undo" and variant == "starts")
+                or (changed == "another step" and plan_steps <= 2))
+
+
+@pytest.mark.parametrize("variant", list(UNWIND_PLANS))
+@pytest.mark.parametrize("changed", list(UNWIND_CHANGED))
+def test_both_writers_apply_an_unwind_step_alike(tools, monkeypatch, changed, variant):
+    """One plan of a step of an unwind (a compensation's success with the next undo claimed, with the run settled,
+    recorded alone; the unwind's start), written by `unwind_compensated` and by `plans.write_unwind` from the same
+    rows: the same answer, and every column of the run, its actions, attempts and checkpoints and the chain's events
+    and head the same, byte for byte (the leases each started on the database's clock: whether set). When a guard's
+    field changed since the decision, both answer 'stale' and write nothing."""
+    function, python, steps = unwind_by_both(tools, monkeypatch, changed, variant=variant)
+    found = differences(function, python)
+    assert not found, "\n".join(found)
+    if _guarded(variant, changed, len(steps)):
+        assert function["answer"] == plans.STALE and function["events"] == []
+        return
+    assert function["answer"].startswith("ok ")
+    kinds = [e["kind"] for e in function["events"]]
+    undone = [] if variant == "starts" else ["compensation.succeeded", "forward.compensated"]
+    following = {"claims": ["compensation.proposed", "forward.compensating"], "starts": [
+        "compensation.proposed", "forward.compensating"], "settles": ["run.compensated", "run.checkpoint"],
+        "alone": []}[variant]
+    assert kinds == undone + following
+    statuses = [row["status"] for row in function["actions"]]
+    if variant == "claims":
+        assert statuses == ["compensating", "compensated", "succeeded", "running"] or changed != "nothing"
+        assert function["attempts"][-1]["finished_at"] is None and function["actions"][-1]["lease_expires_at"]
+    if variant == "settles":
+        assert function["run"][0]["status"] == "compensated" and not function["run"][0]["lease_expires_at"]
+        assert function["checkpoints"][-1]["label"] == "compensated"
+    if variant == "starts":
+        assert function["run"][0]["lease_expires_at"] and statuses[-1] == "running"
+
+
+def test_an_unwind_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
+    """The comparison above can fail: a function that no longer compares the tenant's approval threshold claims an
+    undo without approval decided before the threshold changed, where the Python writer answers 'stale'."""
+    _install_changed("unwind_compensated", "IF v_threshold IS DISTINCT FROM p_threshold THEN", "IF false THEN",
+                     monkeypatch)
+    function, python, _ = unwind_by_both(tools, monkeypatch, "the threshold", variant="claims")
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
     assert ".answer: " in "\n".join(differences(function, python))

@@ -195,3 +195,43 @@ def test_a_success_decided_from_a_stale_run_is_decided_again_not_written(tools, 
     assert action.status == ActionStatus.SUCCEEDED and action.run.status == RunStatus.UNWINDING
     assert Action.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
     assert len(queued) == 1  # the unwinder, for the late completion
+
+
+@pytest.mark.parametrize("one_call", [True, False], ids=["function", "python-writer"])
+def test_a_compensation_decided_from_a_stale_run_is_decided_again_not_written(tools, monkeypatch, settings, one_call):
+    """A compensation's success is decided from the run as the unwinder's last write left it; its writer checks the
+    guards under its locks. Here the older step failed behind that copy's back: the writer must answer 'stale' to the
+    success decided with that step's undo claimed, and the decision made again from a fresh read settles the run
+    (nothing is left to undo)."""
+    from ledger.engine import execution, unwind_plans, unwinding
+    from ledger.engine.dispatch import new_owner
+
+    if one_call and connection.vendor != "postgresql":
+        pytest.skip("the one-call writer is PostgreSQL's")
+    settings.UNWIND_FAST_PATH = one_call
+    run = open_run(tools)
+    older = act(run, "hr.create_user", {"email": "k@b.io", "name": "K"})
+    newer = act(run, "hr.create_user", {"email": "l@b.io", "name": "L"})
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.UNWINDING)
+    owner = new_owner(held=True)
+    chain = unwinding.NextUndo(run.pk, owner=owner, allowed=lambda: True)
+    claimed, undo = unwind_plans.claim_unwind(run.pk, tenant_id=run.tenant_id, owner=owner, chain=chain)
+    assert claimed and undo.compensates_id == newer.pk and chain.state is not None
+    Action.objects.filter(pk=older.pk).update(status=ActionStatus.FAILED)  # the copy still says succeeded
+    answers = []
+    module, name = (fastpath, "compensated") if one_call else (plans, "write_unwind")
+    write = getattr(module, name)
+
+    def recorded(plan, **kwargs):
+        answers.append((plan.claim is not None, bool(plan.run_changes), write(plan, **kwargs)))
+        return answers[-1][2]
+
+    monkeypatch.setattr(module, name, recorded)
+    chain.claimed = []
+    execution.execute(undo.pk, owner=owner, sole_owner=True, on_compensated=chain, claimed=undo)
+    assert answers[0] == (True, False, plans.STALE)  # asked, and refused to claim the older step's undo
+    assert [answer[:2] for answer in answers[1:]] == [(False, True)] and answers[1][2] != plans.STALE
+    assert chain.claimed == [None] and chain.settled is not None
+    assert Run.objects.get(pk=run.pk).status == RunStatus.COMPENSATED
+    assert list(Action.objects.filter(run=run).order_by("seq").values_list("status", flat=True)) == [
+        ActionStatus.FAILED, ActionStatus.COMPENSATED, ActionStatus.SUCCEEDED]

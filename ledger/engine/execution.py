@@ -13,15 +13,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Callable
 
 from django.db.models import F, Q
 
 from ledger import tracing
 from ledger.audit import sealed
-from ledger.audit.chain import AuditLog, ledger_transaction
+from ledger.audit.chain import ledger_transaction
 from ledger.db import sql
-from ledger.engine import attempts, failpoints, outcomes, readback, runstate, unwinding
+from ledger.engine import attempts, failpoints, outcomes, readback, runstate, unwind_plans, unwinding
 from ledger.engine.dispatch import HELD, enqueue, new_owner
 from ledger.engine.transitions import action_transition
 from ledger.errors import StateConflict
@@ -118,13 +117,13 @@ def defer(action: Action, until, *, owner: str, actor: str = attempts.SYSTEM) ->
 
 
 def execute(action_id: int, *, owner: str, budget: float | None = None, sole_owner: bool = False,
-            on_compensated: Callable[[AuditLog, Run], None] | None = None, claimed: Action | None = None) -> Action:
+            on_compensated: unwinding.NextUndo | None = None, claimed: Action | None = None) -> Action:
     """Run a claimed action (status running, lease held by `owner`) to an outcome.
 
     Transient failures are retried inline while the backoff is short and the budget allows;
     otherwise the retry is scheduled for the sweeper. Returns the action as it ends here.
-    `on_compensated` runs inside the transaction that records a compensation's success, with its log and the run
-    as that transaction locked it (see `unwind`).
+    `on_compensated`: the unwinder whose commit recording a compensation's success also claims the next undo (see
+    `unwind`).
     `claimed` is the action as the caller's own claim left it (with its tool), which spares reading it again;
     it is used only with `sole_owner`, where nobody else can have moved it since.
 
@@ -153,7 +152,7 @@ def execute(action_id: int, *, owner: str, budget: float | None = None, sole_own
 
 
 def _execute(action: Action, *, owner: str, budget: float | None, started: float,
-             on_compensated: Callable[[AuditLog, Run], None] | None, attempt) -> Action:
+             on_compensated: unwinding.NextUndo | None, attempt) -> Action:
     while True:
         if action.status != A.RUNNING or action.lease_owner != owner:
             return action
@@ -239,7 +238,7 @@ def unwind(run_id: int, *, budget: float | None = None, tenant_id: int | None = 
         return unwinding.next_compensation(run_id, tenant_id=tenant_id, owner=owner)
 
     chain = unwinding.NextUndo(run_id, owner=owner, allowed=within_budget)
-    claimed, compensation = unwinding.claim_unwind(run_id, tenant_id=tenant_id, owner=owner, chain=chain)
+    claimed, compensation = unwind_plans.claim_unwind(run_id, tenant_id=tenant_id, owner=owner, chain=chain)
     if not claimed:
         return Run.objects.get(pk=run_id)
     try:

@@ -24,10 +24,14 @@ whole transaction in that call:
   else 'stale') and that no checkpoint of the run came after the checkpoint's id (drawn beforehand, or by this
   thread's previous completion); then completes the run, inserts the checkpoint as given, appends the events, and
   answers the run as completed. The Python writer (`plans.write_completion`) applies the same plan elsewhere.
-- `unwind_compensated`: locks the head, then the run; checks the unwinder still holds the run's lease and the
-  run's actions have the statuses its caller read before (`run_for_unwind`, what it chose from); records the
-  compensation's success and its step compensated, then claims the next compensation (the step's move, the
-  compensation with its number and attempt) or settles the run compensated with its checkpoint; appends the events.
+- `unwind_compensated`: writes a step of an unwind Python decided (`unwind_plans.compensated`, `claimed`, a
+  `plans.UnwindStep` that claims its next undo or settles the run itself): locks the head, then the run; checks the
+  guards it was decided under (`plans.UnwindGuards`: the run's status and fingerprinted fields, its actions' ids and
+  statuses as read by `run_for_unwind`, its unwind lease when the decision read it, the tenant's threshold when it
+  claims an undo; else 'stale'); records the compensation's success and its step compensated (or takes the run's
+  lease), then claims the next undo (the step's move, the compensation with its number and attempt) or settles the
+  run with its checkpoint; appends the events. The Python writer (`plans.write_unwind`) applies the same plan
+  elsewhere.
 - `unwind_failed`: writes a step's failure for good Python decided (`outcome_plans.failure`, a `plans.Outcome`
   that moves no other step and emits nothing) under the same guards as `unwind_succeed`: the step failed, its
   attempt ended, and when the plan starts the unwind the run unwinding with its checkpoint (its id drawn by the
@@ -81,7 +85,7 @@ from ledger.db import sql
 from ledger.engine import plans, plpgsql
 from ledger.engine.dispatch import enqueue
 from ledger.canonical import dumps
-from ledger.models import Action, ActionStatus as A, Attempt, Run, RunStatus as R, Tenant, Tool
+from ledger.models import Action, ActionStatus as A, Attempt, Run, Tenant, Tool
 
 log = logging.getLogger("unwind.engine")
 
@@ -354,7 +358,7 @@ class Step:
     status: str
 
 
-# The forward steps an unwinder may undo next (`unwinding.compensated_in_one_call` decides which): read whole.
+# The forward steps an unwinder may undo next (`unwind_plans.following` decides which): read whole.
 UNDO_NEXT = (A.SUCCEEDED, A.COMPENSATING)
 
 
@@ -412,40 +416,55 @@ def run_for_unwind(run_id: int, *, checkpoints: int = 1):
     return run, list(action_ids), list(checkpoint_ids), threshold, actions
 
 
-def compensated(*, run: Run, run_status: str, froms: tuple[str, str, str], steps: list, undo: Action | None, undo_attempt: models.Model | None,
-                forward: Action | None, next_forward: Action | None, next_undo: Action | None,
-                next_attempt: models.Model | None, threshold: str, settle: bool, checkpoint: models.Model | None,
-                lease, pending: list, now):
-    """Record `undo`'s success (its new state in memory) and `forward` compensated (or, with `lease`, take the run's
-    unwind lease until then), then either the claim of `next_undo` for `next_forward` (both in memory as they are to
-    be recorded) or, with `settle`, the run compensated (in memory) with its `checkpoint`, with the `pending`
-    events, in one call; provided the run is still `run_status` (unwinding) under this unwinder's lease (or, taking
-    it, under none) and its actions still have the statuses in `steps` ([id, status] in order). `froms`: the
-    statuses `undo`, `forward` and `next_forward` move from, as the caller decided. Returns (step,
-    defaults_version) of the next compensation ((None, None) without one) and the leases the call wrote (the run's
-    and the next compensation's, None for those it did not take), which run from when it held its locks; or None:
-    nothing was written."""
+# The run's columns a settling sets, which `unwind_compensated` writes.
+SETTLED_FIELDS = ("status", "lease_expires_at", "updated_at", "finished_at")
+
+
+def compensated(plan: plans.UnwindStep) -> plans.Unwound | str | None:
+    """Write a step of an unwind Python decided (`unwind_plans.compensated`, `unwind_plans.claimed`) in one call,
+    when the plan claims its next undo or settles the run itself (not `then_claim`), names the ids of the rows it
+    inserts and emits nothing anyone handles. The call compares the plan's guards with the run under its locks
+    (`plans.UnwindGuards`: the run's status and fingerprinted fields, its actions' ids and statuses, its unwind lease
+    when the decision read it, the tenant's threshold when the plan claims an undo), then writes the plan: the
+    compensation's success and its step compensated (the first move conditional on the status it was decided from),
+    or the run's lease taken; the next undo claimed, or the run settled with its checkpoint; the events. Returns
+    what it took (the leases run from when it held its locks); plans.STALE when a guard failed (nothing written:
+    decide again); None when the call was not made or did not write (the Python writer applies the plan)."""
+    claim, run, guards = plan.claim, plan.run, plan.guards
+    if plan.then_claim or plan.emits or (claim is not None and claim.undo.pk is None) \
+            or (plan.checkpoint is not None and plan.checkpoint.pk is None) \
+            or not set(plan.run_changes or ()) <= set(SETTLED_FIELDS) \
+            or (plan.undo is not None and not set(plan.undo_changes) <= set(SUCCESS_FIELDS)):
+        return None
+    held = guards.run
+    now = timezone.now()
     outcome = _call(
-        "unwind_compensated", "%s::bigint, %s::bigint, %s::text, %s::text[], %s::jsonb, %s::timestamptz, %s::bigint, "
-        "%s::jsonb, %s::jsonb, "
-        "%s::bigint, %s::jsonb, %s::bigint, %s::jsonb, %s::jsonb, "
-        f"%s::jsonb, %s::text, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [run.tenant_id, run.pk, run_status, list(froms), Jsonb(steps), lease, undo.pk if undo is not None else None,
-         _row(undo, fields=SUCCESS_FIELDS) if undo is not None else None,
-         _row(undo_attempt, fields=("number", "finished_at", "outcome", "latency_ms")) if undo is not None else None,
-         forward.pk if forward is not None else None,
-         _row(forward, fields=("status", "updated_at", "finished_at")) if forward is not None else None,
-         next_forward.pk if next_forward is not None else None,
-         _row(next_forward, fields=("status", "updated_at")) if next_forward is not None else None,
-         _row(next_undo, adding=True) if next_undo is not None else None,
-         _row(next_attempt, fields=("number", "worker", "started_at")) if next_attempt is not None else None,
-         threshold, _row(run, fields=("status", "updated_at", "finished_at")) if settle else None,
-         _row(checkpoint, adding=True) if settle else None,
-         *_chain(run.tenant_id, pending, now)])
+        "unwind_compensated", "%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text,"
+        " %s::jsonb, %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::text, %s::timestamptz,"
+        " %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::bigint, %s::text, %s::jsonb,"
+        f" %s::bigint, %s::text, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [run.tenant_id, run.pk, held.status, held.pivot_committed, held.agent_id, held.on_behalf_of, held.goal,
+         Jsonb(held.intent), Jsonb(held.plan), Jsonb(held.steps), guards.lease_compared, guards.lease_expires_at,
+         guards.threshold,
+         plan.lease,
+         *((plan.undo.pk, plan.undo_from, _row(plan.undo, fields=SUCCESS_FIELDS),
+            _row(plan.attempt, fields=ATTEMPT_FIELDS), plan.forward.pk, plan.forward_from,
+            _row(plan.forward, fields=("status", "updated_at", "finished_at")))
+           if plan.undo is not None else (None,) * 7),
+         *((claim.forward.pk, claim.forward_from, _row(claim.forward, fields=("status", "updated_at")),
+            _row(claim.undo, adding=True), _row(claim.attempt, fields=ATTEMPT_START_FIELDS))
+           if claim is not None else (None,) * 5),
+         _row(run, fields=SETTLED_FIELDS) if plan.run_changes else None,
+         _row(copy.copy(plan.checkpoint), adding=True) if plan.checkpoint is not None else None,
+         *_chain(run.tenant_id, [event for event in plan.events if not isinstance(event, plans.Emit)], now)])
+    if outcome[0] == plans.STALE:
+        return plans.STALE
     if outcome[0] != "ok":
         return None
     leases = {name: None if at is None else datetime.fromisoformat(at) for name, at in (outcome[4] or {}).items()}
-    return outcome[1], outcome[2], leases.get("run_lease"), leases.get("undo_lease")
+    return plans.Unwound(step=outcome[1], defaults_version=outcome[2], undo_id=claim.undo.pk if claim else None,
+                         undo_lease=leases.get("undo_lease"), run_lease=leases.get("run_lease"),
+                         checkpoint_id=plan.checkpoint.pk if plan.checkpoint is not None else None)
 
 
 # The columns a step's failure sets, and its run's as an unwind starts, which `unwind_failed` writes.
@@ -642,6 +661,10 @@ def succeed(plan: plans.Outcome) -> Run | str | None:
         enqueue("ledger.tasks.unwind_run", run.pk)
     return run
 
+
+# An attempt's row as `unwind_compensated` inserts it (an undo's first attempt, opened as the Python path opens it).
+ATTEMPT_START_FIELDS = ("number", "worker", "started_at", "finished_at", "outcome", "error_class", "error_message",
+                        "latency_ms", "resend_by")
 
 # An attempt's row as the calls that end it take it: which attempt, and the columns its end sets.
 ATTEMPT_FIELDS = ("number", *plans.ATTEMPT_END)

@@ -14,7 +14,8 @@ from django.db.models import Q
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
 from ledger.db import mapping, sql
-from ledger.engine import attempts, failpoints, fastpath, outcome_plans, plans, readback, runstate, runsteps, unwinding
+from ledger.engine import (attempts, failpoints, fastpath, outcome_plans, plans, readback, runstate, runsteps,
+                           unwind_plans, unwinding)
 from ledger.engine.dispatch import enqueue
 from ledger.engine.leases import db_now, lease_at_write
 from ledger.engine.transitions import action_transition
@@ -91,7 +92,7 @@ def settle_failed(action: Action, *, owner: str, stage: str, error: BaseExceptio
 
 
 def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | None, actor: str = attempts.SYSTEM,
-                   on_compensated: Callable[[AuditLog, Run], None] | None = None) -> None:
+                   on_compensated: unwinding.NextUndo | None = None) -> None:
     tool = action.tool
     result = outcome.result
     failpoints.hit("settle_target")
@@ -142,21 +143,9 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
     if action.kind == ActionKind.FORWARD:
         record_forward_success(action, changes, latency_ms=latency_ms, actor=actor)
         return
-    if action.kind == ActionKind.COMPENSATION and isinstance(on_compensated, unwinding.NextUndo) and action.status == A.RUNNING \
-            and Action.compensates.is_cached(action) and fastpath.usable(action.tenant_id) \
-            and unwinding.compensated_in_one_call(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated):
-        return  # PostgreSQL, the unwinder's plain case: recorded with the next claim (or the settling) in one call
-    with ledger_transaction(action.tenant_id) as audit:
-        run = action.run = sql.get_locked(Run, action.run_id)  # the answer shows the run as this leaves it
-        action_transition(action, A.SUCCEEDED, log=audit, actor=actor, **changes)
-        attempts.finish_attempt(action, "succeeded", latency_ms=latency_ms, log=audit)
-        # The unwinder's claim loaded it, in memory since; a change behind it fails the conditional update.
-        forward = action.compensates if Action.compensates.is_cached(action) else sql.get(Action, pk=action.compensates_id)
-        action_transition(forward, A.COMPENSATED, log=audit, actor=actor)
-        if run.status == R.UNWINDING:
-            runstate.enqueue_unwind_after(run)
-        if on_compensated is not None:
-            on_compensated(audit, run)
+    # A compensation's: decided once (`unwind_plans.compensated`), with the unwinder's next claim or the settling
+    # in the same commit.
+    unwind_plans.record_compensated(action, changes, latency_ms=latency_ms, actor=actor, chain=on_compensated)
 
 
 OUTCOME_TRIES = 3  # decisions of one outcome: a guard fails again only while the run keeps changing under it

@@ -12,8 +12,9 @@ are held equal by applying one plan to the same rows (tests/test_parity.py).
 Decided this way: completing a run (`runs.completion`, a `Completion`: `unwind_complete` or `write_completion`), and a
 forward step's success and its failure for good (`outcome_plans.success`, `failure`, an `Outcome`: `unwind_succeed`
 writes one that moves the step alone, `unwind_failed` one that moves no other step and emits nothing, and
-`write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too). Propose, compensate,
-open, hold, release and stop are to follow.
+`write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too), and a step of an
+unwind (`unwind_plans.compensated`, `claimed`, an `UnwindStep`: `unwind_compensated` writes one that claims its next
+undo or settles the run itself, `write_unwind` any). Propose, open, hold, release and stop are to follow.
 """
 from __future__ import annotations
 
@@ -21,14 +22,16 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Callable
 
 from ledger import events
 from ledger.audit.chain import AuditLog
 from ledger.db import sql
-from ledger.engine import runsteps
+from ledger.engine import attempts, runsteps
 from ledger.engine.dispatch import enqueue
+from ledger.engine.leases import lease_at_write
 from ledger.errors import StateConflict
-from ledger.models import Action, Attempt, Checkpoint, Run
+from ledger.models import Action, Attempt, Checkpoint, Run, Tenant
 
 STALE = "stale"  # a writer's answer when a guard failed: nothing was written; read afresh and decide again
 
@@ -219,3 +222,194 @@ def write_outcome(plan: Outcome, *, log: AuditLog) -> Run | str:
     if plan.unwind_after:
         enqueue("ledger.tasks.unwind_run", run.pk)
     return run
+
+
+@dataclass(frozen=True)
+class UnwindGuards:
+    """What a step of an unwind was decided under (`unwind_plans`), which a writer compares with the rows it locked:
+    the run's (`RunGuards`, always with its actions' [id, status] in order: which undo comes next, and whether the
+    run settles, are decided from them); its unwind lease as read, when the decision was made from it
+    (`lease_compared`: whether the lease is free to take, whether an unwinder is to be queued; not for the unwinder
+    that holds it and claims its next undo, whose decision does not read it); and the tenant's approval threshold
+    when the plan claims an undo (its approvals were decided with it; None: not compared)."""
+
+    run: RunGuards
+    lease_compared: bool
+    lease_expires_at: datetime | None
+    threshold: str | None
+
+    def hold(self, run: Run, steps: list[list] | None, threshold: str | None) -> bool:
+        return (self.run.hold(run, steps)
+                and (not self.lease_compared or self.lease_expires_at == run.lease_expires_at)
+                and (self.threshold is None or self.threshold == threshold))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The next undo an unwind claims, as decided: its forward step moved (`forward`, `forward_changes`, from
+    `forward_from`), the compensation as it is to be recorded (`undo`, claimed: its lease made on the process clock,
+    which the writer starts after its locks; its id drawn by the read the decision was made from, or None: the
+    writer's insert draws it), its undo tool, and its first attempt. The step number and the defaults' version are
+    the writer's to take, under the run's lock, as a proposal's are."""
+
+    forward: Action
+    forward_changes: dict
+    forward_from: str
+    undo: Action
+    tool: object
+    attempt: Attempt
+
+
+@dataclass(frozen=True)
+class UnwindStep:
+    """A step of an unwind as decided (`unwind_plans.compensated`, `unwind_plans.claimed`): a compensation's success
+    (`undo` moved from `undo_from` with `undo_changes`, its attempt's end, its step `forward` compensated from
+    `forward_from`), or the run's unwind lease taken (`lease`, made on the process clock at `now`: the writer starts
+    it after its locks); then what follows: the next undo claimed (`claim`), or the run settled (`run_changes`, its
+    `checkpoint`), or, `then_claim`, a next undo that is no plain claim (a step to skip, an undo to retry, one that
+    needs approval or the agent, a run put before a person), which `unwinding.claim_next_compensation` decides in the
+    Python writer's transaction (the function does not take such a plan). `run` is the run as the plan leaves it; the
+    events as `AuditLog.record` builds them (domain events among them: `Emit`); `unwind_after`: an unwinder to queue
+    once committed."""
+
+    run: Run
+    now: datetime
+    guards: UnwindGuards
+    events: list
+    undo: Action | None = None
+    undo_changes: dict | None = None
+    undo_from: str | None = None
+    attempt: Attempt | None = None
+    forward: Action | None = None
+    forward_changes: dict | None = None
+    forward_from: str | None = None
+    lease: datetime | None = None
+    claim: Claim | None = None
+    run_changes: dict | None = None
+    checkpoint: Checkpoint | None = None
+    then_claim: bool = False
+    unwind_after: bool = False
+
+    PROPOSED = "compensation.proposed"
+
+    @property
+    def emits(self) -> bool:
+        """Whether a domain event of the plan has a handler (one without is emitted to nobody: nothing to run)."""
+        return any(isinstance(event, Emit) and events.subscribed(event.event) for event in self.events)
+
+    def numbered(self, *, undo_id: int | None = None, checkpoint_id: int | None = None) -> UnwindStep:
+        """This plan with the claimed undo's id, or its checkpoint's, drawn by the writer: the rows and the events
+        that name it (the undo's proposal, its step's move; the checkpoint's event) name it."""
+        claim, checkpoint, numbered = self.claim, self.checkpoint, []
+        if undo_id is not None:
+            undo = copy.copy(claim.undo)
+            undo.pk = undo_id
+            attempt = copy.copy(claim.attempt)
+            attempt.action = undo
+            claim = dataclasses.replace(claim, undo=undo, attempt=attempt)
+        if checkpoint_id is not None:
+            checkpoint = copy.copy(checkpoint)
+            checkpoint.pk = checkpoint_id
+        for event in self.events:
+            if not isinstance(event, Emit):
+                kind, actor, run_ref, action_ref, data = event
+                if undo_id is not None and kind == self.PROPOSED and action_ref is None:
+                    event = (kind, actor, run_ref, undo_id, data)
+                elif undo_id is not None and "compensation" in data and data["compensation"] is None:
+                    event = (kind, actor, run_ref, action_ref, {**data, "compensation": undo_id})
+                elif checkpoint_id is not None and kind == Completion.CHECKPOINT_EVENT:
+                    event = (kind, actor, run_ref, action_ref, {**data, "checkpoint": checkpoint_id})
+            numbered.append(event)
+        return dataclasses.replace(self, events=numbered, claim=claim, checkpoint=checkpoint)
+
+
+@dataclass(frozen=True)
+class Unwound:
+    """What a writer of an `UnwindStep` took under its locks: the claimed undo's step number, defaults' version, id
+    and lease, the run's unwind lease it took (None for what it did not take), the checkpoint's id; and, for a plan
+    whose next undo is no plain claim (`then_claim`), what `unwinding.claim_next_compensation` claimed (or None);
+    the run as the Python writer left it (None from the function: the plan's run is)."""
+
+    step: int | None = None
+    defaults_version: int | None = None
+    undo_id: int | None = None
+    undo_lease: datetime | None = None
+    run_lease: datetime | None = None
+    checkpoint_id: int | None = None
+    then: Action | None = None
+    run: Run | None = None
+
+
+def write_unwind(plan: UnwindStep, *, log: AuditLog, then: Callable[[Run], Action | None] | None = None
+                 ) -> Unwound | str:
+    """The Python writer of a step of an unwind, in the caller's ledger transaction (`log`: the tenant's chain head
+    is locked): it locks the run and compares the guards (the run, its actions' statuses, its unwind lease, the
+    tenant's threshold when the plan claims an undo), then writes the plan: the compensation succeeded from the
+    status it was decided from (a conditional update: one moved since is a failed guard too), its attempt ended,
+    its step compensated; or the run's lease taken (on the database's clock, after the lock); then the next undo
+    claimed (its step's move, the compensation with the run's next step number and the defaults' version taken
+    under the lock, its lease started now, its attempt), or the run settled with its checkpoint; the events and
+    domain events in their places; and, for a plan whose next undo is no plain claim, `then(run)` (the caller's
+    `claim_next_compensation`) in the same transaction. Moves after the first that find their row moved under the
+    run's lock raise StateConflict (the transaction rolls back). Returns what it took; STALE, having written
+    nothing, when a guard failed."""
+    run = sql.get_locked(Run, plan.run.pk)
+    guards = plan.guards
+    threshold = None if guards.threshold is None else \
+        Tenant.objects.values_list("approval_threshold", flat=True).get(pk=run.tenant_id)
+    if not guards.hold(run, guards.run.steps_now(run.pk), threshold):
+        return STALE
+    if plan.undo is not None:
+        if sql.update(Action, {"pk": plan.undo.pk, "run": run.pk, "status": plan.undo_from},
+                      **plan.undo_changes) != 1:
+            return STALE
+        log.write_at_commit(sql.update_statement(
+            Attempt, {"action": plan.undo.pk, "number": plan.attempt.number, "finished_at": None},
+            **{name: getattr(plan.attempt, name) for name in ATTEMPT_END}))
+        if sql.update(Action, {"pk": plan.forward.pk, "status": plan.forward_from}, **plan.forward_changes) != 1:
+            raise StateConflict(f"action {plan.forward.pk} moved under run {run.pk}'s lock")
+    taken = Unwound()
+    if plan.lease is not None:
+        run_lease = lease_at_write((plan.lease - plan.now).total_seconds(), model=Run, pk=run.pk)
+        sql.update(Run, {"pk": run.pk}, lease_expires_at=run_lease)
+        run.lease_expires_at = run_lease
+        taken = dataclasses.replace(taken, run_lease=run_lease)
+    if plan.claim is not None:
+        claim = plan.claim
+        if sql.update(Action, {"pk": claim.forward.pk, "run": run.pk, "status": claim.forward_from},
+                      **claim.forward_changes) != 1:
+            raise StateConflict(f"action {claim.forward.pk} moved under run {run.pk}'s lock")
+        numbered, _, defaults_version = attempts.take_seq(run.pk)
+        undo = copy.copy(claim.undo)
+        undo.seq, undo.defaults_version = numbered.next_seq - 1, defaults_version
+        undo.lease_expires_at = lease_at_write((claim.undo.lease_expires_at - plan.now).total_seconds())
+        if undo.pk is None:
+            undo = sql.insert(undo)
+            plan = plan.numbered(undo_id=undo.pk)
+        else:
+            Action.objects.bulk_create([undo])  # with the id the plan names
+        attempt = copy.copy(plan.claim.attempt)
+        attempt.action = undo
+        log.write_at_commit(sql.insert_statement(attempt))
+        taken = dataclasses.replace(taken, step=undo.seq, defaults_version=defaults_version, undo_id=undo.pk,
+                                    undo_lease=undo.lease_expires_at)
+    if plan.run_changes:
+        sql.update(Run, {"pk": run.pk}, **plan.run_changes)  # under the run's lock, in the status the guards checked
+        for name, value in plan.run_changes.items():
+            setattr(run, name, value)
+    if plan.checkpoint is not None:
+        if plan.checkpoint.pk is None:
+            plan = plan.numbered(checkpoint_id=sql.insert(copy.copy(plan.checkpoint)).pk)
+        else:
+            Checkpoint.objects.bulk_create([copy.copy(plan.checkpoint)])  # with the id the plan names
+        taken = dataclasses.replace(taken, checkpoint_id=plan.checkpoint.pk)
+    for event in plan.events:
+        if isinstance(event, Emit):
+            events.emit(event.event, **event.payload)
+        else:
+            log.pending.append(event)
+    if plan.then_claim and then is not None:
+        taken = dataclasses.replace(taken, then=then(run))
+    if plan.unwind_after:
+        enqueue("ledger.tasks.unwind_run", run.pk)
+    return dataclasses.replace(taken, run=run)

@@ -1,5 +1,6 @@
-"""Compensation: planning each step's undo, claiming the next undo newest-first, and handing an unwind between
-the processes that take part in it (on PostgreSQL, each of these in one call of the engine's functions).
+"""Compensation: planning each step's undo, claiming the next undo newest-first (the cases a plan does not decide:
+ledger/engine/unwind_plans.py decides a compensation's success and the unwind's start, with the plain next claim or
+the settling), and handing an unwind between the processes that take part in it.
 """
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from django.db.models import Q
-from django.utils import timezone
 
 from ledger import events
 from ledger.audit.chain import AuditLog, ledger_transaction
@@ -18,14 +17,11 @@ from ledger.db import mapping, received, sql
 from ledger.engine import attempts, fastpath, readback, runstate
 from ledger.engine.dispatch import enqueue
 from ledger.engine.leases import lease_at_write
-from ledger.engine.transitions import action_transition, moved
+from ledger.engine.transitions import action_transition
 from ledger.models import (
     Action,
-    ActionClass,
     ActionKind,
     ActionStatus as A,
-    Attempt,
-    Checkpoint,
     CompensationStrategy,
     Executor,
     Run,
@@ -38,65 +34,12 @@ from ledger.policy.law import approvals_needed
 log = logging.getLogger("unwind.engine")
 
 
-def compensated_in_one_call(undo: Action, changes: dict, *, latency_ms: float | None, actor: str,
-                             chain: "NextUndo") -> bool:
-    """PostgreSQL: what the Python path does when the unwinder's compensation succeeds (record it, its step
-    compensated, then `claim_next_compensation`: the next compensation claimed, or the run settled compensated), in
-    one call (ledger/engine/fastpath.py), decided here from the run's actions read just before and checked again under the
-    locks. Only the plain cases (see `next_in_one_call`); otherwise False with nothing written."""
-    if not chain.allowed() or events.subscribed("run_finished"):
-        return False
-    forward = undo.compensates
-    state, chain.state = chain.state, None
-    if state is None or not state.ids:
-        state = UnwindState.read(undo.run_id)
-    run, rows = state.run, state.rows
-    read = {action.pk: action for action, *_ in rows}
-    if run is None or run.status != R.UNWINDING or getattr(read.get(undo.pk), "status", None) != A.RUNNING \
-            or getattr(read.get(forward.pk), "status", None) != A.COMPENSATING:
-        return False
-    now = timezone.now()
-    undo_after, undo_moved = moved(undo, A.SUCCEEDED, now=now, **changes)
-    # The step as the ledger has it (the same row the Python path moves).
-    forward_after, forward_moved = moved(read[forward.pk], A.COMPENSATED, now=now)
-    log = AuditLog(run.tenant_id, head=None)
-    log.record(f"{undo.kind}.{A.SUCCEEDED}", actor=actor, action=undo_after, status_from=A.RUNNING)
-    log.record(f"{forward.kind}.{A.COMPENSATED}", actor=actor, action=forward_after, status_from=A.COMPENSATING)
-    status = {action.pk: action.status for action, *_ in rows}
-    status[undo.pk], status[forward.pk] = A.SUCCEEDED, A.COMPENSATED
-    attempt = Attempt(action=undo, number=undo.attempts, finished_at=now, outcome="succeeded", latency_ms=latency_ms)
-    claimed = next_in_one_call(run, rows, status, log=log, owner=chain.owner, state=state, now=now,
-                                undo=(undo_after, attempt, forward_after), chain=chain)
-    if claimed is False:
-        return False
-    for action, changes in ((undo, undo_moved), (forward, forward_moved)):
-        for name, value in changes.items():
-            setattr(action, name, value)
-    chain.claimed.append(claimed)
-    return True
-
-
-def claim_unwind_in_one_call(run_id: int, *, owner: str,
-                              chain: "NextUndo | None" = None) -> tuple[bool, Action | None] | None:
-    """PostgreSQL: `claim_unwind` (the run's unwind lease taken, and its first compensation claimed or the run
-    settled) in one call, for the plain cases. None: nothing was written; the Python path decides."""
-    if events.subscribed("run_finished"):
-        return None
-    state = handed_over(run_id) or UnwindState.read(run_id)
-    run, rows = state.run, state.rows
-    now = timezone.now()
-    if run is None or run.status != R.UNWINDING or (run.lease_expires_at is not None and run.lease_expires_at >= now):
-        return None  # not unwinding, or another unwinder holds it: the Python path answers
-    log = AuditLog(run.tenant_id, head=None)
-    claimed = next_in_one_call(run, rows, {action.pk: action.status for action, *_ in rows}, log=log, owner=owner,
-                                state=state, now=now, lease=attempts.lease_until(), chain=chain)
-    return None if claimed is False else (True, claimed)
-
-
 @dataclass
 class UnwindState:
-    """What `fastpath.run_for_unwind` read (or the last one-call left): the run, ids drawn for the compensations to
-    come and for a checkpoint, the tenant's approval threshold, and the run's actions with their tools."""
+    """What an unwind's decision reads (`unwind_plans.read`: `fastpath.run_for_unwind` on PostgreSQL), or what the last
+    write left: the run, ids drawn for the compensations to come and for a checkpoint (PostgreSQL's read draws them;
+    else none, and the writer's inserts do), the tenant's approval threshold, and the run's actions with their
+    tools."""
 
     run: Run | None
     ids: list
@@ -136,116 +79,18 @@ def unwind_elsewhere(run_id: int) -> None:
         enqueue("ledger.tasks.unwind_run", run_id)
 
 
-def next_in_one_call(run: Run, rows: list, status: dict, *, log: AuditLog, owner: str, state: UnwindState, now,
-                      undo: tuple | None = None, lease=None, chain: "NextUndo | None" = None):
-    """`claim_next_compensation` for the one-call paths, from the run's actions as `fastpath.run_for_unwind` read
-    them (`status`: theirs once the call's own moves are made), recorded with the events already in `log` (and
-    `undo`: a compensation's success, its attempt's end and its step compensated; or `lease`: the run's unwind lease
-    to take). Returns the compensation claimed, None when the run settled compensated, or False with nothing
-    written when the case is not a plain one: a step pending or in flight, an undo that needs approval, is run by
-    the agent or cannot be resolved, a compensation tried before, a run that does not settle compensated, or a
-    ledger that changed since the read."""
-    steps = [row for row in rows if row[0].kind == ActionKind.FORWARD]
-    if any(status[step.pk] in attempts.PENDING for step, *_ in steps):
-        return False  # the Python path skips them first
-    active = [row for row in steps if status[row[0].pk] in (A.RUNNING, A.RETRY_SCHEDULED, A.SUCCEEDED, A.COMPENSATING)]
-    if any(status[step.pk] in (A.RUNNING, A.RETRY_SCHEDULED) for step, *_ in active):
-        return False  # a step in flight: nothing is claimed until it lands
-    candidate = next((row for row in reversed(active) if attempts.compensable(row[0])), None)
-    next_undo = next_forward = next_attempt = checkpoint = None
-    if candidate is not None:
-        step, step_tool, _, tool = candidate
-        if status[step.pk] != A.SUCCEEDED or tool is None or tool.executor == Executor.CLIENT \
-                or undo_approvals(step, state.threshold) or not state.ids:
-            return False
-        try:
-            args = undo_args(step)
-        except mapping.MappingError:
-            return False  # the Python path records why
-        next_undo = new_compensation(run, step, step_tool, tool, args=args, seq=0, defaults_version=0, required=0,
-                                     owner=owner, earlier=0)
-        next_undo.pk = state.ids[0]
-        log.record("compensation.proposed", actor=attempts.SYSTEM, action=next_undo, compensates=step.pk,
-                   strategy=step.compensation_plan.get("strategy"))
-        next_forward, _ = moved(step, A.COMPENSATING, now=now)
-        log.record(f"{step.kind}.{A.COMPENSATING}", actor=attempts.SYSTEM, action=next_forward, status_from=A.SUCCEEDED,
-                   compensation=next_undo.pk)
-        next_attempt = Attempt(action=next_undo, number=next_undo.attempts, worker=owner[:120], started_at=now)
-    else:
-        standing = [step for step, _, action_class, _ in steps if status[step.pk] == A.SUCCEEDED
-                    and action_class != ActionClass.READ_ONLY and not attempts.compensable(step)]
-        if standing or any(status[step.pk] == A.COMPENSATION_FAILED for step, *_ in steps) \
-                or any(status[action.pk] == A.LOST for action, *_ in rows):
-            return False  # `settle` puts the run before a person
-        run.status, run.lease_expires_at, run.updated_at, run.finished_at = R.COMPENSATED, None, now, now
-        log.record(f"run.{R.COMPENSATED}", actor=attempts.SYSTEM, run=run, status_from=R.UNWINDING)
-        checkpoint = Checkpoint(pk=state.checkpoint_id, tenant_id=run.tenant_id, run=run, label="compensated",
-                                state=runstate.checkpoint_state(run, [(s.pk, s.seq, status[s.pk], name) for s, name, *_ in steps]))
-        log.record("run.checkpoint", actor=attempts.SYSTEM, run=run, label="compensated", checkpoint=state.checkpoint_id)
-    undo_after, attempt, forward_after = undo if undo is not None else (None, None, None)
-    recorded = fastpath.compensated(
-        run=run, run_status=R.UNWINDING, froms=(A.RUNNING, A.COMPENSATING, A.SUCCEEDED),
-        steps=[[action.pk, action.status] for action, *_ in rows], undo=undo_after, undo_attempt=attempt,
-        forward=forward_after, next_forward=next_forward, next_undo=next_undo, next_attempt=next_attempt,
-        threshold=state.threshold, settle=candidate is None, checkpoint=checkpoint, lease=lease,
-        pending=log.pending, now=now)
-    if recorded is None:
-        return False
-    step, defaults_version, run_lease, undo_lease = recorded
-    if lease is not None:
-        run.lease_expires_at = run_lease
-    if next_undo is None and chain is not None:
-        chain.settled = run  # as the call left it: compensated, its lease cleared
-    if next_undo is not None:
-        next_undo.seq, next_undo.defaults_version, next_undo.lease_expires_at = step, defaults_version, undo_lease
-        run.next_seq = next_undo.seq + 1
-        next_undo._state.adding, next_undo._state.db = False, run._state.db
-        next_undo.tool, next_undo.compensates = tool, next_forward
-        if chain is not None:  # the run as this call left it: where the next decision starts
-            rewritten = {next_forward.pk: next_forward}
-            if forward_after is not None:
-                rewritten.update({undo_after.pk: undo_after, forward_after.pk: forward_after})
-            chain.state = UnwindState(
-                run, state.ids[1:], state.checkpoint_id, state.threshold,
-                [(rewritten.get(row[0].pk, row[0]), *row[1:]) for row in rows]
-                + [(next_undo, tool.name, tool.action_class, None)])
-    return next_undo
-
-
 class NextUndo:
-    """What the unwinder asks of the commit that records a compensation's success: claim the next compensation in
-    it too (as `owner`), while `allowed()` (its time budget). The claim (or None: nothing to claim now, the run
-    settled or waits) lands in `claimed`."""
+    """What the unwinder asks of the commit that records a compensation's success (`unwind_plans.record_compensated`):
+    claim the next compensation in it too (as `owner`), while `allowed()` (its time budget). The claim (or None:
+    nothing to claim now, the run settled or waits) lands in `claimed`."""
 
     def __init__(self, run_id: int, *, owner: str, allowed: Callable[[], bool]):
         self.run_id, self.owner, self.allowed = run_id, owner, allowed
         self.claimed: list[Action | None] = []
-        # PostgreSQL: the run as the last one-call left it (`UnwindState`), which the next decision starts from
-        # instead of reading it again; the next call still checks every status under its locks.
+        # The run as the last write of this unwind left it (`UnwindState`), which the next decision starts from
+        # instead of reading it again; the next writer still compares every status under its locks.
         self.state: UnwindState | None = None
         self.settled: Run | None = None  # the run, when a one-call settled it: the unwind's answer, as it was written
-
-    def __call__(self, log: AuditLog, run: Run) -> None:
-        if self.allowed():
-            self.claimed.append(claim_next_compensation(self.run_id, owner=self.owner, log=log, run=run))
-
-
-def claim_unwind(run_id: int, *, tenant_id: int, owner: str, chain: NextUndo | None = None) -> tuple[bool, Action | None]:
-    """Take the run's unwind lease and claim its first compensation in one commit.
-
-    Returns (False, None) when another unwinder holds the lease or the run is not unwinding.
-    """
-    if fastpath.usable(tenant_id):
-        claimed = claim_unwind_in_one_call(run_id, owner=owner, chain=chain)
-        if claimed is not None:
-            return claimed
-    with ledger_transaction(tenant_id) as audit:
-        claimed = Run.objects.filter(pk=run_id, status=R.UNWINDING).filter(
-            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=timezone.now())
-        ).update(lease_expires_at=lease_at_write(model=Run, pk=run_id))
-        if claimed != 1:
-            return False, None
-        return True, claim_next_compensation(run_id, owner=owner, log=audit)
 
 
 def next_compensation(run_id: int, *, owner: str, tenant_id: int | None = None) -> Action | None:
