@@ -120,6 +120,34 @@ def test_settled_runs_past_retention_leave_the_hot_tables_for_a_segment(archived
     assert AuditEvent.objects.filter(kind="archive.segment", tenant=archived.acme).count() == 1
 
 
+
+def test_the_index_rows_say_what_each_archived_run_was(tools, signing):
+    """ArchivedRun and ArchivedKey (written in one statement each on PostgreSQL) hold each run's agent, finished_at,
+    event span and segment, and a key for each of its steps, whatever order the runs were taken in."""
+    from ledger.models import ArchivedKey
+
+    runs = [completed_run(tools, "first"), compensated_run(tools), completed_run(tools, "third")]
+    age(*runs)
+    Run.objects.filter(pk=runs[1].pk).update(finished_at=timezone.now() - timedelta(days=120, microseconds=7))
+    retain(tools)
+    expected = {}
+    for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
+        seqs = list(AuditEvent.objects.filter(run_ref=run.pk).values_list("seq", flat=True))
+        steps = sorted(str(pk) for pk in Action.objects.filter(run_id=run.pk).values_list("pk", flat=True))
+        expected[run.pk] = (run.agent_id, run.finished_at, min(seqs), max(seqs), steps)
+    now = timezone.now()
+    report = archive(tools, now=now, segment_runs=2)
+    assert report.runs == 3 and len(report.segments) == 2, report
+    segments_by_sha = {s.sha256: s.pk for s in ArchiveSegment.objects.all()}
+    for pk, (agent, finished, first, last, steps) in expected.items():
+        index = ArchivedRun.objects.get(pk=pk)
+        assert (index.tenant_id, index.agent_id, index.finished_at, index.first_seq, index.last_seq) == (
+            tools.acme.pk, agent, finished, first, last)
+        assert index.archived_at == now and index.segment_id in segments_by_sha.values()
+        assert sorted(ArchivedKey.objects.filter(run_id=pk, label="ledger.action").values_list(
+            "value", flat=True)) == steps
+    assert ArchivedKey.objects.filter(label="ledger.action").count() == sum(len(e[4]) for e in expected.values())
+
 def test_a_second_pass_continues_the_chain(archived):
     age(archived.recent)
     report = archive(archived)

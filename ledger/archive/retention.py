@@ -39,8 +39,14 @@ def id_set(ids: list[int]):
     """The right side of an `__in` on ids: on PostgreSQL one array parameter (thousands of parameters cost more to
     send and parse than the query to run), elsewhere the list."""
     if connection.vendor == "postgresql":
-        return RawSQL("SELECT unnest(%s::bigint[])", (list(ids),))
+        return RawSQL("SELECT unnest(%s::bigint[])", (id_array(ids),))
     return list(ids)
+
+
+def id_array(ids) -> str:
+    """Ids as one PostgreSQL array literal, '{1,2,3}', for a `%s::bigint[]` parameter: psycopg would dump a list
+    element by element (0.4 s of a 9,000-step pass went there)."""
+    return "{%s}" % ",".join(map(str, map(int, ids)))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ and its runs' events are deleted from the hot tables.
 from __future__ import annotations
 
 import base64
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -203,7 +204,7 @@ def _archive_batch(tenant: Tenant, batch: list, *, tables, store, key, actor: st
             actions = len(found)
         rows.extend((label, fields) for _, fields in found)
         taken[label] = [pk for pk, _ in found]
-        keys.extend(ArchivedKey(label=label, value=value, run_id=run) for value, run in keyed)
+        keys.extend((label, value, run) for value, run in keyed)
     head = {"tenant": tenant.pk, "slug": tenant.slug, "seq": last_seq, "hash": last_hash,
             "key_id": last["key_id"] if last else "", "at": now.isoformat(),
             "signer": audit_export.public_key_id(key.public_key())}
@@ -269,25 +270,51 @@ def _commit(tenant, batch, manifest, sha256, size, *, actions, keys, taken, tabl
         segment = ArchiveSegment.objects.create(
             tenant_id=tenant.pk, number=manifest["number"], sha256=sha256, first_seq=manifest["first_seq"],
             last_seq=manifest["last_seq"], runs=len(ids), actions=actions, size=size)
-        ArchivedRun.objects.bulk_create([
-            ArchivedRun(run_id=c.run_id, tenant_id=tenant.pk, agent_id=c.agent_id, segment=segment,
-                        first_seq=c.first_seq, last_seq=c.last_seq, finished_at=c.finished_at, archived_at=now)
-            for c in batch])
-        ArchivedKey.objects.bulk_create(keys, batch_size=5000)
+        _index(tenant, batch, segment, keys, now=now)
         for table in tables:
             for column, path in table.nulls:
-                table.model._base_manager.filter(**{f"{path}__in": ids}).update(**{column: None})
+                table.model._base_manager.filter(**{f"{path}__in": id_set(ids)}).update(**{column: None})
         # Exactly the rows the segment holds, by primary key: a row added since they were read (a new trail link,
         # say) keeps its run's row referenced, and the foreign key fails the transaction rather than lose it.
         using = router.db_for_write(Run)
         for table in reversed(tables):
             pks = taken.get(table.model._meta.label_lower) or []
-            for start in range(0, len(pks), 5000):
-                table.model._base_manager.filter(pk__in=id_set(pks[start:start + 5000]))._raw_delete(using)
+            # On PostgreSQL one statement a table (its ids one array literal); elsewhere in bounded chunks.
+            chunk = max(len(pks), 1) if connection.vendor == "postgresql" else 5000
+            for start in range(0, len(pks), chunk):
+                table.model._base_manager.filter(pk__in=id_set(pks[start:start + chunk]))._raw_delete(using)
         AuditEvent.objects.filter(tenant_id=tenant.pk, run_ref__in=id_set(ids))._raw_delete(using)
         audit.record(ARCHIVED_EVENT, actor=actor, segment=sha256, number=manifest["number"],
                      first_seq=manifest["first_seq"], last_seq=manifest["last_seq"], runs=ids, actions=actions)
     return segment
+
+
+def _index(tenant, batch, segment: ArchiveSegment, keys: list[tuple[str, str, int]], *, now: datetime) -> None:
+    """The batch's ArchivedRun rows and its rows' ArchivedKey rows. On PostgreSQL each table in one INSERT … SELECT
+    from a JSON parameter the json module writes at once: bulk_create would prepare every field of every object
+    (51,000 values in a 3,000-run pass, 1.2 s)."""
+    if connection.vendor != "postgresql":
+        ArchivedRun.objects.bulk_create([
+            ArchivedRun(run_id=c.run_id, tenant_id=tenant.pk, agent_id=c.agent_id, segment=segment,
+                        first_seq=c.first_seq, last_seq=c.last_seq, finished_at=c.finished_at, archived_at=now)
+            for c in batch])
+        ArchivedKey.objects.bulk_create([ArchivedKey(label=label, value=value, run_id=run)
+                                         for label, value, run in keys], batch_size=5000)
+        return
+    runs = json.dumps([(c.run_id, c.agent_id, c.first_seq, c.last_seq,
+                        c.finished_at.isoformat() if c.finished_at is not None else None) for c in batch])
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {quote(ArchivedRun._meta.db_table)} (run_id, tenant_id, agent_id, segment_id, first_seq, "
+            "last_seq, finished_at, archived_at) SELECT (r->>0)::bigint, %s, (r->>1)::bigint, %s, (r->>2)::bigint, "
+            "(r->>3)::bigint, (r->>4)::timestamptz, %s FROM json_array_elements(%s::json) AS r",
+            (tenant.pk, segment.pk, now, runs))
+        if keys:
+            cursor.execute(
+                f"INSERT INTO {quote(ArchivedKey._meta.db_table)} (label, value, run_id) "
+                "SELECT k->>0, k->>1, (k->>2)::bigint FROM json_array_elements(%s::json) AS k",
+                (json.dumps(keys, ensure_ascii=False),))
 
 
 def legal_hold_set(*, tenant: Tenant, held: bool, actor: str, why: str, run: Run | None = None) -> bool:
