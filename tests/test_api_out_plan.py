@@ -110,3 +110,35 @@ def test_the_plain_reading_answers_what_drfs_reading_answers():
     with override_settings(REST_FRAMEWORK={"DATETIME_FORMAT": "%Y-%m-%d %H:%M"}):
         assert Shape(thing).data == drf(Shape(thing), thing)
         assert Shape(thing).data["at"] == "2026-11-28 09:30"
+
+
+def test_a_nested_input_validates_as_drfs_deep_copy_does():
+    """`ShallowFields` copies a nested serializer still as built (a proposal's intent) shallowly: every answer,
+    valid or not, is the one DRF's own deep-copied fields give; one already bound or read is deep-copied."""
+    from ledger.api.actions import IntentIn, ProposeIn
+
+    class Drf(ProposeIn):
+        def get_fields(self):
+            return serializers.Serializer.get_fields(self)
+
+    bodies = [{"tool": "hr.create_user", "args": {"a": 1}},
+              {"tool": "hr.create_user", "args": {}, "intent": {"goal": "g", "confidence": 0.5, "model": "m"}},
+              {"tool": "hr.create_user", "args": {}, "intent": {"goal": 5, "confidence": 2, "typo": 1}},
+              {"tool": "hr.create_user", "args": {}, "intent": "not an object"},
+              {"tool": "hr.create_user", "args": {}, "intent": None},
+              {"tool": "", "args": [], "intent": {"reasoning": "x" * 20001}, "repeat_of": "7"}]
+    for body in bodies:
+        ours, drfs = ProposeIn(data=body), Drf(data=body)
+        assert ours.is_valid() == drfs.is_valid(), body
+        assert ours.errors == drfs.errors and dict(ours.validated_data) == dict(drfs.validated_data), body
+    first, second = ProposeIn(data=bodies[1]), ProposeIn(data=bodies[2])
+    assert first.fields["intent"] is not second.fields["intent"]
+    assert first.fields["intent"].parent is first and second.fields["intent"].parent is second
+    assert first.fields["intent"].fields["goal"].root is first
+    template = ProposeIn._declared_fields["intent"]
+    assert template.parent is None and "fields" not in template.__dict__  # copies never bind it
+    assert base._copy(template).__dict__.keys() == template.__dict__.keys()  # shallow: as built
+
+    bound = IntentIn(required=False)
+    bound.bind("intent", ProposeIn())
+    assert base._copy(bound).parent is None  # not as built: DRF's deep copy, rebuilt unbound
