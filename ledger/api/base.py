@@ -174,8 +174,9 @@ def _plain_datetime(field: serializers.Field) -> bool:
 @lru_cache(maxsize=None)
 def _plan(cls) -> tuple | None:
     """(name, method name or None, bound template field, its source's first attribute and the rest, kind) per
-    readable field of `cls`, or None: DRF's way. A plain field's value is read attribute by attribute, as DRF's `get_attribute` reads
-    an object's; anything else (a mapping on the way, a callable, an exception) goes through DRF's own reading."""
+    readable field of `cls`, or None: DRF's way. A plain field's value is read attribute by attribute, as DRF's
+    `get_attribute` reads an object's; anything else (a mapping on the way, a callable, an exception) goes through
+    DRF's own reading."""
     plan = []
     for name, field in cls().fields.items():
         if field.write_only:
