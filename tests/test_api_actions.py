@@ -25,6 +25,7 @@ def test_proposal_runs_inline_and_answers_201_with_the_result(api):
     assert body["run_status"] == "running" and body["replayed"] is False
     assert body["intent"] == INTENT and body["key_source"] == "derived"
     assert response["Idempotency-Key"] == body["idempotency_key"].strip() and body["idempotency_key"].startswith("uw-")
+    assert response["Location"] == body["links"]["self"]
     assert response["Location"].endswith(f"/api/v1/actions/{body['id']}")
     assert body["links"]["wait"].endswith(f"/api/v1/actions/{body['id']}/wait")
     assert "report" not in body["links"]

@@ -61,3 +61,84 @@ def test_a_shape_with_a_field_the_plan_does_not_know_keeps_drfs_way():
 
     # A missing attribute as DRF takes it: the default where there is one, skipped where not required.
     assert Flat(Thing()).data == {"id": 7, "name": "none"} == drf(Flat(Thing()), Thing())
+
+
+def test_the_plain_reading_answers_what_drfs_reading_answers():
+    """The plan reads attributes itself and converts aware datetimes with the current time zone read once an answer;
+    every other case (a mapping, a callable, a missing link, a zone activated, another format) answers as DRF."""
+    import datetime as dt
+    import zoneinfo
+
+    from django.test import override_settings
+    from django.utils import timezone
+
+    class Shape(base.OutSerializer):
+        id = serializers.IntegerField()
+        name = serializers.CharField(source="tool.name", default="none")
+        label = serializers.CharField(source="label_of")
+        at = serializers.DateTimeField()
+        naive = serializers.DateTimeField(allow_null=True)
+        fixed = serializers.DateTimeField(default_timezone=dt.timezone(dt.timedelta(hours=5)))
+        text = serializers.DateTimeField()
+
+    class Tool:
+        name = "hr.create_user"
+
+    class Thing:
+        id = 7
+        tool = Tool()
+        at = dt.datetime(2026, 11, 28, 9, 30, 15, 123456, tzinfo=dt.timezone.utc)
+        naive = dt.datetime(2026, 11, 28, 9, 30)
+        fixed = at
+        text = "2026-11-28"
+
+        def label_of(self):
+            return f"thing {self.id}"
+
+    thing = Thing()
+    as_dict = {"id": 8, "tool": {"name": "x.y"}, "label_of": "d", "at": Thing.at, "naive": None, "fixed": Thing.at,
+               "text": "t"}
+    detached = Thing()
+    detached.tool = {"name": "from a mapping"}
+    for instance in (thing, as_dict, detached):
+        assert Shape(instance).data == drf(Shape(instance), instance)
+    assert Shape(thing).data["at"] == "2026-11-28T09:30:15.123456Z"
+    assert Shape(thing).data["label"] == "thing 7"
+    with timezone.override(zoneinfo.ZoneInfo("Asia/Kolkata")):
+        assert Shape(thing).data == drf(Shape(thing), thing)
+        assert Shape(thing).data["at"] == "2026-11-28T15:00:15.123456+05:30"
+    with override_settings(REST_FRAMEWORK={"DATETIME_FORMAT": "%Y-%m-%d %H:%M"}):
+        assert Shape(thing).data == drf(Shape(thing), thing)
+        assert Shape(thing).data["at"] == "2026-11-28 09:30"
+
+
+def test_a_nested_input_validates_as_drfs_deep_copy_does():
+    """`ShallowFields` copies a nested serializer still as built (a proposal's intent) shallowly: every answer,
+    valid or not, is the one DRF's own deep-copied fields give; one already bound or read is deep-copied."""
+    from ledger.api.actions import IntentIn, ProposeIn
+
+    class Drf(ProposeIn):
+        def get_fields(self):
+            return serializers.Serializer.get_fields(self)
+
+    bodies = [{"tool": "hr.create_user", "args": {"a": 1}},
+              {"tool": "hr.create_user", "args": {}, "intent": {"goal": "g", "confidence": 0.5, "model": "m"}},
+              {"tool": "hr.create_user", "args": {}, "intent": {"goal": 5, "confidence": 2, "typo": 1}},
+              {"tool": "hr.create_user", "args": {}, "intent": "not an object"},
+              {"tool": "hr.create_user", "args": {}, "intent": None},
+              {"tool": "", "args": [], "intent": {"reasoning": "x" * 20001}, "repeat_of": "7"}]
+    for body in bodies:
+        ours, drfs = ProposeIn(data=body), Drf(data=body)
+        assert ours.is_valid() == drfs.is_valid(), body
+        assert ours.errors == drfs.errors and dict(ours.validated_data) == dict(drfs.validated_data), body
+    first, second = ProposeIn(data=bodies[1]), ProposeIn(data=bodies[2])
+    assert first.fields["intent"] is not second.fields["intent"]
+    assert first.fields["intent"].parent is first and second.fields["intent"].parent is second
+    assert first.fields["intent"].fields["goal"].root is first
+    template = ProposeIn._declared_fields["intent"]
+    assert template.parent is None and "fields" not in template.__dict__  # copies never bind it
+    assert base._copy(template).__dict__.keys() == template.__dict__.keys()  # shallow: as built
+
+    bound = IntentIn(required=False)
+    bound.bind("intent", ProposeIn())
+    assert base._copy(bound).parent is None  # not as built: DRF's deep copy, rebuilt unbound

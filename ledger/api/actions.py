@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from ledger.api import selectors
 from ledger.api import inline, waits
 from ledger.api.auth import IsAgent, IsAgentOrMember, caller_of
-from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer, absolute, path_to
+from ledger.api.base import PAGE_PARAMETERS, ApiView, NewestFirst, StrictSerializer
 from ledger.api.problems import ARCHIVE_UNAVAILABLE, problem, problems
 from ledger.api.runs import refuse_if_archived
 from ledger.api.serializers import ActionOut, action_context, archived_out
@@ -223,7 +223,7 @@ class ActionProposeView(ApiView):
         status = 202 if pending else 200 if proposal.replayed else 201
         response = action_response(request, action, status=status, shape=ProposalOut, replayed=proposal.replayed,
                                    matched_by=proposal.matched_by)
-        response["Location"] = absolute(request, path_to("api:action-detail", action.pk))
+        response["Location"] = response.data["links"]["self"]  # the action's URL, built once for the answer
         response["Idempotency-Key"] = action.idempotency_key
         if proposal.replayed:
             response["Idempotent-Replayed"] = "true"

@@ -1,24 +1,48 @@
 """What every API view shares: problem responses, strict input serializers, paging, id converters."""
 from __future__ import annotations
 
+import datetime
 import re
+from collections.abc import Mapping
 from copy import deepcopy
 from functools import lru_cache
 from operator import attrgetter
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.urls import get_script_prefix, register_converter, reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import CursorPagination
+from rest_framework.settings import ISO_8601, api_settings
 from rest_framework.views import APIView
 
 from ledger.api.problems import PROBLEM_JSON
 
 
+class ContentNegotiation(DefaultContentNegotiation):
+    """DRF's negotiation, with its usual case answered without parsing the Accept header: no format asked for and an
+    Accept of */* (or none) or exactly the first renderer's media type (a parameterless one). DRF's own walk picks
+    that renderer and that media type then; parsing the header and ranking the renderers cost 20-30 µs a request.
+    Anything else (a list, a quality, another type, a format suffix or parameter) goes through DRF's walk."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        if renderers and not format_suffix:
+            first = renderers[0]
+            accept = request.META.get("HTTP_ACCEPT", "*/*")
+            param = self.settings.URL_FORMAT_OVERRIDE
+            if (accept == "*/*" or accept == first.media_type) and ";" not in first.media_type \
+                    and not (param and request.query_params.get(param)):
+                return first, first.media_type
+        return super().select_renderer(request, renderers, format_suffix)
+
+
 class ApiView(APIView):
     """An APIView whose refusals are served as application/problem+json (except in the browsable API)."""
+
+    content_negotiation_class = ContentNegotiation
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
@@ -35,12 +59,31 @@ class ShallowFields:
     action's thirty output fields that took 0.65 ms of the 1 ms an answer cost (the choice fields' choices, copied
     and indexed again each time). A declared field is a template nothing changes: binding sets attributes of the
     copy's own (its name, parent, label, source), and reading or writing a value reads its options, choices and
-    validators (stateless ones: none of ours holds a queryset). A nested serializer is still deep-copied, as it
-    holds fields of its own."""
+    validators (stateless ones: none of ours holds a queryset). A nested serializer binds fields of its own to
+    itself, so each serializer gets its own copy of it (`_copy`)."""
 
     def get_fields(self):
-        return {name: deepcopy(field) if isinstance(field, serializers.BaseSerializer) else _shallow(field)
-                for name, field in self._declared_fields.items()}
+        return {name: _copy(field) for name, field in self._declared_fields.items()}
+
+
+# What binding, validating or answering sets on a serializer: a declared one holding any of them is not as built.
+_USED = frozenset(("fields", "_errors", "_validated_data", "initial_data", "_data"))
+
+
+def _copy(field: serializers.Field) -> serializers.Field:
+    """A field as DRF would copy it for one serializer. A nested serializer (an intent in a proposal) is
+    deep-copied by DRF, which builds it again from its arguments (20-30 µs); one still as built (never bound, read
+    or given a context of its own) is that same state, so it is copied shallowly, with a context of its own as
+    the rebuilt one would have. A list of serializers (its child is bound to it) is deep-copied as before."""
+    if not isinstance(field, serializers.BaseSerializer):
+        return _shallow(field)
+    if type(field).__deepcopy__ is not serializers.Field.__deepcopy__ or isinstance(field, serializers.ListSerializer) \
+            or "context" in field._kwargs or field.parent is not None or field.field_name is not None \
+            or _USED.intersection(field.__dict__):
+        return deepcopy(field)
+    twin = _shallow(field)
+    twin._context = {}
+    return twin
 
 
 # An output shape answers from a plan made once per class. DRF binds a copy of every field to each serializer and walks
@@ -58,16 +101,60 @@ class OutSerializer(ShallowFields, serializers.Serializer):
         if plan is None:
             return super().to_representation(instance)
         answer = {}
-        for name, method, field in plan:
+        plainly = not isinstance(instance, Mapping)  # a mapping: DRF's reading of every field
+        zone = _UNREAD
+        for name, method, field, head, rest, kind in plan:
             if method is not None:
                 answer[name] = getattr(self, method)(instance)
                 continue
             try:
-                value = field.get_attribute(instance)
-            except serializers.SkipField:
-                continue
-            answer[name] = None if value is None else field.to_representation(value)
+                if not plainly:
+                    raise _Detour
+                value = instance if head is None else getattr(instance, head)
+                for attr in rest:
+                    if isinstance(value, Mapping):
+                        raise _Detour
+                    value = getattr(value, attr)
+                if callable(value):
+                    raise _Detour
+            except (_Detour, AttributeError, KeyError, ObjectDoesNotExist):
+                # DRF's own reading decides: a default, a null, a skipped field, its error. Any other exception
+                # propagates from the same read, as it would from DRF's.
+                try:
+                    value = field.get_attribute(instance)
+                except serializers.SkipField:
+                    continue
+            if value is None:
+                answer[name] = None
+            elif kind is _DATETIME and type(value) is datetime.datetime and value.tzinfo is not None:
+                if zone is _UNREAD:
+                    zone = field.default_timezone()
+                answer[name] = _iso(field, value, zone)
+            else:
+                answer[name] = field.to_representation(value)
         return answer
+
+
+class _Detour(Exception):
+    """A value the plan's plain reading does not handle: DRF's `get_attribute` reads it instead."""
+
+
+_UNREAD = object()
+_DATETIME = "datetime"
+
+
+def _iso(field: serializers.DateTimeField, value: datetime.datetime, zone) -> str:
+    """`DateTimeField.to_representation` of an aware datetime, with the current time zone read once an answer
+    (`field.default_timezone()` reads a context variable each time: three times an action's answer)."""
+    output_format = getattr(field, "format", api_settings.DATETIME_FORMAT)
+    if zone is None or output_format is None or output_format.lower() != ISO_8601:
+        return field.to_representation(value)
+    try:
+        value = value.astimezone(zone)
+    except OverflowError:
+        return field.to_representation(value)  # DRF's own refusal
+    text = value.isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 # What a plan may convert with a field bound to a template: fields whose conversion reads only their own options.
@@ -75,19 +162,34 @@ _PLAIN = (serializers.IntegerField, serializers.CharField, serializers.ChoiceFie
           serializers.DateTimeField, serializers.BooleanField, serializers.ListField, serializers.DictField)
 
 
+def _plain_datetime(field: serializers.Field) -> bool:
+    """A DateTimeField converting as DRF's own does, in the current time zone (no `default_timezone` of its own)."""
+    kind = type(field)
+    return isinstance(field, serializers.DateTimeField) and not hasattr(field, "timezone") \
+        and kind.to_representation is serializers.DateTimeField.to_representation \
+        and kind.enforce_timezone is serializers.DateTimeField.enforce_timezone \
+        and kind.default_timezone is serializers.DateTimeField.default_timezone
+
+
 @lru_cache(maxsize=None)
 def _plan(cls) -> tuple | None:
-    """(name, method name or None, bound template field) per readable field of `cls`, or None: DRF's way."""
+    """(name, method name or None, bound template field, its source's first attribute and the rest, kind) per
+    readable field of `cls`, or None: DRF's way. A plain field's value is read attribute by attribute, as DRF's
+    `get_attribute` reads an object's; anything else (a mapping on the way, a callable, an exception) goes through
+    DRF's own reading."""
     plan = []
     for name, field in cls().fields.items():
         if field.write_only:
             continue
         if isinstance(field, serializers.SerializerMethodField):
-            plan.append((name, field.method_name, None))
+            plan.append((name, field.method_name, None, None, (), None))
         elif isinstance(field, _PLAIN) and not isinstance(field, serializers.BaseSerializer) and (
                 not isinstance(field, serializers.ListField | serializers.DictField)
-                or isinstance(field.child, _PLAIN)):
-            plan.append((name, None, field))
+                or isinstance(field.child, _PLAIN)) \
+                and type(field).get_attribute is serializers.Field.get_attribute:
+            attrs = tuple(field.source_attrs)  # () for source="*": the instance itself
+            plan.append((name, None, field, attrs[0] if attrs else None, attrs[1:],
+                         _DATETIME if _plain_datetime(field) else None))
         else:
             return None
     return tuple(plan)
