@@ -59,15 +59,15 @@ needs_postgres = pytest.mark.skipif(
 # need PostgreSQL. Their tests are marked `engine_paths`. The SQLite run already runs every test on the Python path,
 # so CI's third run (PostgreSQL on the Python path, .ci/run) takes only these (`-m engine_paths`).
 ENGINE_PATH_MODULES = {
-    "test_args_as_sent", "test_audit_hash_bytes", "test_chaos_short", "test_clock_skew", "test_database_unavailable",
-    "test_engine_functions", "test_fastpath", "test_g01_exactly_once", "test_g02_no_silent_partial", "test_g03_lifo_unwind",
-    "test_g04_ordering_law", "test_g05_crash_safety", "test_g06_approvals", "test_g07_no_blind_overwrite",
-    "test_g08_tenant_isolation", "test_g09_audit_chain", "test_g10_cancellation", "test_holds", "test_holds_api",
-    "test_inline_twin", "test_insider_audit", "test_insider_edits", "test_leases_at_write", "test_lifecycle_model",
-    "test_limit_totals", "test_mcp_servers", "test_one_decision", "test_one_effect", "test_parity", "test_partitions",
-    "test_production_server", "test_retry_patience", "test_rules_one_call", "test_rules_properties",
-    "test_saga_moves_http", "test_settling", "test_sql_holds_no_rules", "test_tracing", "test_undo_plan_http",
-    "test_waits", "test_wire_json_results",
+    "test_args_as_sent", "test_audit_hash_bytes", "test_busy_tenant", "test_chaos_short", "test_clock_skew",
+    "test_database_unavailable", "test_engine_functions", "test_fastpath", "test_g01_exactly_once",
+    "test_g02_no_silent_partial", "test_g03_lifo_unwind", "test_g04_ordering_law", "test_g05_crash_safety",
+    "test_g06_approvals", "test_g07_no_blind_overwrite", "test_g08_tenant_isolation", "test_g09_audit_chain",
+    "test_g10_cancellation", "test_holds", "test_holds_api", "test_inline_twin", "test_insider_audit",
+    "test_insider_edits", "test_leases_at_write", "test_lifecycle_model", "test_limit_totals", "test_mcp_servers",
+    "test_one_decision", "test_one_effect", "test_parity", "test_partitions", "test_production_server",
+    "test_retry_patience", "test_rules_one_call", "test_rules_properties", "test_saga_moves_http", "test_settling",
+    "test_sql_holds_no_rules", "test_tracing", "test_undo_plan_http", "test_waits", "test_wire_json_results",
 }
 
 
