@@ -101,7 +101,7 @@ LEDGER_FLOORS = (
     # the ground floor: no models, no services; db/ holds the raw SQL the hot paths need and the helpers that read
     # its rows back (sql, mapping, received)
     ("ledger", "ledger.errors", "ledger.canonical", "ledger.agent_text", "ledger.log_redaction", "ledger.csp",
-     "ledger.tracing_provider", "ledger.db"),
+     "ledger.web_messages", "ledger.tracing_provider", "ledger.db"),
     ("ledger.models", "ledger.events", "ledger.tracing"),
     # what a step is allowed to do, what calls its tool, what records it
     ("ledger.policy", "ledger.executors", "ledger.audit", "ledger.archive"),
