@@ -30,9 +30,8 @@ from bench.common import BENCH_DB, psycopg_url, summary
 SPEC = {
     "unwind_open_run": {"rows": {1: "run"}},
     "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4, "steps": 9},
-    "unwind_succeed": {"ids": {1: "run", 12: "action"}, "steps": 9},
+    "unwind_outcome": {"ids": {1: "run", 12: "action"}, "steps": 9, "rows": {17: "checkpoint"}},
     "unwind_complete": {"ids": {1: "run"}, "steps": 9, "rows": {11: "checkpoint"}},
-    "unwind_failed": {"ids": {1: "run", 12: "action"}, "steps": 9, "rows": {17: "checkpoint"}},
     "unwind_compensated": {"ids": {1: "run", 14: "action", 18: "action", 21: "action"}, "steps": 9, "lease": 13,
                            "rows": {24: "action", 27: "checkpoint"}},
     "read for the unwind": {"ids": {1: "run", 4: "run"}},  # fastpath.run_for_unwind

@@ -99,10 +99,11 @@ def scratch_databases():
 
 # Issue 28: the limits counted in the proposal's call, and the running totals per agent and per tenant they read.
 # Issue 40: the chain's one append (0010 to 0013 had one of that name, which 0014 dropped), and the run's guards
-# the writers compare, once (the run as decided from, its steps).
+# the writers compare, once (the run as decided from, its steps). And a step's outcome, one writer for its success
+# and its failure (0016's `unwind_succeed` and `unwind_failed`, whose files are gone: the upgrade drops them).
 ADDED_SINCE_0016 = ["unwind_chain_append", "unwind_limit_bucket", "unwind_limit_measure", "unwind_limit_share",
-                    "unwind_limit_totals_forget", "unwind_limit_totals_keep", "unwind_limits_used", "unwind_run_held",
-                    "unwind_run_steps"]
+                    "unwind_limit_totals_forget", "unwind_limit_totals_keep", "unwind_limits_used", "unwind_outcome",
+                    "unwind_run_held", "unwind_run_steps"]
 
 
 @needs_postgres
@@ -144,10 +145,10 @@ def test_the_files_fingerprint_is_what_the_migrated_database_holds(db):
 
 @needs_postgres
 def test_a_changed_file_is_installed_by_migrate_and_only_then_trusted(db, tmp_path, monkeypatch):
-    """A function's file is edited (here: a comment in `unwind_succeed`'s body); `migrate`, with no migration to
+    """A function's file is edited (here: a comment in `unwind_outcome`'s body); `migrate`, with no migration to
     run, installs it. The fingerprint the guard reads from pg_proc is then the edited files', not what this process
     was started with: the fast path refuses them until the process runs with the same files."""
-    changed = edited(tmp_path, "unwind_succeed", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
+    changed = edited(tmp_path, "unwind_outcome", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
     monkeypatch.setattr(plpgsql, "FOLDER", tmp_path / "plpgsql")
     with connection.cursor() as cursor:
         before = dict((name, text) for name, text, _ in definitions(cursor))
@@ -156,14 +157,14 @@ def test_a_changed_file_is_installed_by_migrate_and_only_then_trusted(db, tmp_pa
 
     with connection.cursor() as cursor:
         after = dict((name, text) for name, text, _ in definitions(cursor))
-    assert "-- edited in its file" in after["unwind_succeed"] and after["unwind_succeed"] != before["unwind_succeed"]
-    assert {name for name in after if after[name] != before[name]} == {"unwind_succeed"}
+    assert "-- edited in its file" in after["unwind_outcome"] and after["unwind_outcome"] != before["unwind_outcome"]
+    assert {name for name in after if after[name] != before[name]} == {"unwind_outcome"}
     assert installed_fingerprint() == plpgsql.fingerprint(changed) != plpgsql.expected_fingerprint()
     fastpath._trusted.pop(connection.connection, None)
     assert fastpath._trust(connection) is None  # this process's files are not what the database holds
 
     monkeypatch.undo()
-    assert plpgsql.install(connection) == ["unwind_succeed"]  # the files again
+    assert plpgsql.install(connection) == ["unwind_outcome"]  # the files again
     assert installed_fingerprint() == plpgsql.expected_fingerprint()
     assert fastpath._trust(connection) is not None
     fastpath._trusted.pop(connection.connection, None)  # checked rows the test's rollback takes away
@@ -171,10 +172,10 @@ def test_a_changed_file_is_installed_by_migrate_and_only_then_trusted(db, tmp_pa
 
 @needs_postgres
 def test_a_changed_setting_is_installed(db, tmp_path):
-    changed = edited(tmp_path, "unwind_failed", "SET plan_cache_mode = force_generic_plan",
+    changed = edited(tmp_path, "unwind_outcome", "SET plan_cache_mode = force_generic_plan",
                      "SET plan_cache_mode = force_custom_plan")
-    assert plpgsql.install(connection, changed) == ["unwind_failed"]
-    assert sql.fetch_one("SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE proname = 'unwind_failed'",
+    assert plpgsql.install(connection, changed) == ["unwind_outcome"]
+    assert sql.fetch_one("SELECT array_to_string(proconfig, ',') FROM pg_proc WHERE proname = 'unwind_outcome'",
                          []) == ("plan_cache_mode=force_custom_plan",)
     assert installed_fingerprint() == plpgsql.fingerprint(changed)
 
@@ -210,21 +211,19 @@ def test_migrate_replaces_a_completion_that_took_status_lists(db):
 
 
 @needs_postgres
-@pytest.mark.parametrize("function", ["unwind_succeed", "unwind_failed"])
-def test_migrate_replaces_an_outcome_that_decided_the_run(db, function):
-    """Issue 40 changed the arguments of `unwind_succeed` and `unwind_failed`: each is handed the plan Python decided
-    and its guards (the run's fields, cancel mark, lease and steps), no longer deciding whether the run still takes
-    steps or is before its pivot. The old one installed beside the file's (CREATE OR REPLACE with other arguments
-    adds a second function) is dropped by `migrate`: one argument list is left, the file's, and the guard trusts the
-    functions again."""
-    args = f"SELECT pg_catalog.pg_get_function_identity_arguments(oid) FROM pg_proc WHERE proname = '{function}'"
+def test_migrate_drops_the_two_outcome_writers_a_file_no_longer_defines(db):
+    """A step's success and its failure were written by two functions, `unwind_succeed` and `unwind_failed` (0016's
+    decided whether the run still takes steps; issue 40's were handed the plan); one writes both now,
+    `unwind_outcome`, and their files are gone. A database that holds them (here: as 0016 left them) ends, after
+    `migrate`, without them, `unwind_outcome` once, and the guard trusts the functions again."""
+    names = "SELECT proname FROM pg_proc WHERE proname IN ('unwind_succeed', 'unwind_failed', 'unwind_outcome')"
     with connection.cursor() as cursor:
-        cursor.execute(AT_0016[function].text)
-    assert len(sql.fetch_all(args, [])) == 2
+        for old in ("unwind_succeed", "unwind_failed"):
+            cursor.execute(AT_0016[old].text)
+    assert sorted(sql.fetch_all(names, [])) == [("unwind_failed",), ("unwind_outcome",), ("unwind_succeed",)]
     assert installed_fingerprint() != plpgsql.expected_fingerprint()
-    call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step installs the file
-    (found,), = sql.fetch_all(args, [])  # one argument list: the file's
-    assert "p_cancelled boolean" in found and "p_steps jsonb" in found
+    call_command("migrate", verbosity=0)  # nothing to migrate: the post_migrate step drops what has no file
+    assert sql.fetch_all(names, []) == [("unwind_outcome",)]
     assert installed_fingerprint() == plpgsql.expected_fingerprint()
 
 
@@ -233,7 +232,7 @@ def test_a_triggers_changed_function_is_replaced_and_its_triggers_stay(db, tmp_p
     """Dropping a trigger's function would fail (or, with CASCADE, drop the trigger that keeps the limits' totals):
     an edited `unwind_limit_totals_keep` is replaced in place, and its triggers call the new body."""
     changed = edited(tmp_path, "unwind_limit_totals_keep", "BEGIN\n", "BEGIN\n    -- edited in its file\n")
-    assert changed["unwind_limit_totals_keep"].trigger and not changed["unwind_succeed"].trigger
+    assert changed["unwind_limit_totals_keep"].trigger and not changed["unwind_outcome"].trigger
     triggers = "SELECT count(*) FROM pg_trigger WHERE tgfoid = 'public.unwind_limit_totals_keep'::regproc"
     assert sql.fetch_one(triggers, []) == (3,)  # insert, update (0022) and delete (0029)
     assert plpgsql.install(connection, changed) == ["unwind_limit_totals_keep"]
@@ -249,23 +248,23 @@ def test_what_has_no_file_is_dropped(db):
     argument list of one that a file defines: both dropped, the file's own left alone."""
     with connection.cursor() as cursor:
         cursor.execute("CREATE FUNCTION public.unwind_planted() RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$")
-        cursor.execute("CREATE FUNCTION public.unwind_succeed(integer) RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$")
+        cursor.execute("CREATE FUNCTION public.unwind_outcome(integer) RETURNS integer LANGUAGE sql AS $$ SELECT 1 $$")
     assert installed_fingerprint() != plpgsql.expected_fingerprint()
-    assert plpgsql.install(connection) == ["unwind_planted", "unwind_succeed"]
+    assert plpgsql.install(connection) == ["unwind_outcome", "unwind_planted"]
     assert installed_fingerprint() == plpgsql.expected_fingerprint()
-    assert sql.fetch_one("SELECT count(*) FROM pg_proc WHERE proname IN ('unwind_planted', 'unwind_succeed')",
+    assert sql.fetch_one("SELECT count(*) FROM pg_proc WHERE proname IN ('unwind_planted', 'unwind_outcome')",
                          []) == (1,)
 
 
 def test_each_file_defines_the_function_it_is_named_for(tmp_path):
     folder = tmp_path / "bad"
     folder.mkdir()
-    text = (plpgsql.FOLDER / "unwind_failed.sql").read_text()
+    text = (plpgsql.FOLDER / "unwind_outcome.sql").read_text()
     (folder / "unwind_other.sql").write_text(text)
     with pytest.raises(ValueError, match="unwind_other"):
         plpgsql.functions(folder)
     (folder / "unwind_other.sql").unlink()
-    (folder / "unwind_failed.sql").write_text(text.replace("SET plan_cache_mode = force_generic_plan",
+    (folder / "unwind_outcome.sql").write_text(text.replace("SET plan_cache_mode = force_generic_plan",
                                                            "SET plan_cache_mode TO 'force_generic_plan'"))
     with pytest.raises(ValueError, match="SET"):
         plpgsql.functions(folder)

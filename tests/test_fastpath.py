@@ -80,8 +80,8 @@ def test_the_calls_leave_the_ledger_the_python_path_leaves(tools, settings):
     with CaptureQueriesContext(connection) as slow_queries:
         slow = onboard(tools, "slow")
     called = [q["sql"] for q in fast_queries.captured_queries if "public.unwind_" in q["sql"]]
-    assert [next(name for name in ("open_run", "propose", "succeed", "complete") if f"unwind_{name}(" in sql)
-            for sql in called] == ["open_run", "propose", "succeed", "propose", "succeed", "complete"]
+    assert [next(name for name in ("open_run", "propose", "outcome", "complete") if f"unwind_{name}(" in sql)
+            for sql in called] == ["open_run", "propose", "outcome", "propose", "outcome", "complete"]
     assert not any("public.unwind_" in q["sql"] for q in slow_queries.captured_queries)
     # Opening: the run's id, the call. Each step: the tool's read, the proposal, the success. Completing: the
     # checkpoint's id, the call.
@@ -308,10 +308,10 @@ def test_a_failure_and_its_unwind_leave_the_ledger_the_python_path_leaves(tools,
     settings.UNWIND_FAST_PATH = False
     slow = onboard_and_fail(tools, "slowfail")
     assert fast.status == slow.status == "compensated"
-    called = [name for q in fast_queries.captured_queries for name in ("failed", "compensated")
+    called = [name for q in fast_queries.captured_queries for name in ("outcome", "compensated")
               if f"unwind_{name}(" in q["sql"]]
-    # The failure; the lease with the first undo; the second undo; the settling.
-    assert called == ["failed", "compensated", "compensated", "compensated"]
+    # The two successes and the failure, one writer; the lease with the first undo; the second undo; the settling.
+    assert called == ["outcome", "outcome", "outcome", "compensated", "compensated", "compensated"]
     # The run is read once, before the failure: the lease and each undo start from what the call before them left
     # (and are checked again under the locks).
     assert sum("WITH ids AS MATERIALIZED" in q["sql"] for q in fast_queries.captured_queries) == 1
@@ -420,7 +420,7 @@ def test_a_function_whose_settings_changed_is_not_called(tools, caplog):
     connection checks: with one of them reset, the functions are not called with the key."""
     assert onboard(tools, "before").status == "completed"
     with connection.cursor() as cursor:
-        cursor.execute("ALTER FUNCTION unwind_succeed RESET plan_cache_mode")
+        cursor.execute("ALTER FUNCTION unwind_outcome RESET plan_cache_mode")
     try:
         run = onboard(tools, "reset")
         assert run.status == "completed"

@@ -380,13 +380,14 @@ def _lost_tools(world):
 
 
 # Each scenario, what it needs first, and the functions its fast run must call (else it would compare the Python path
-# with itself): every function but open_run, propose and succeed, which every scenario calls.
-OPEN = {"unwind_open_run", "unwind_propose", "unwind_succeed"}
+# with itself): every function but open_run, propose and outcome (a success), which every scenario calls. A step's
+# failure is the same call (`unwind_outcome`): the failure plans' own comparison is below.
+OPEN = {"unwind_open_run", "unwind_propose", "unwind_outcome"}
 READERS = {"unwind_limits_used"}  # both paths count limits with it on PostgreSQL (it writes only totals, marks)
 UNDO = OPEN | {"unwind_compensated"}
 SCENARIOS = {
     "ok": (ok_saga, None, OPEN | {"unwind_complete"}),
-    "failing": (failing_saga, None, UNDO | {"unwind_failed"}),
+    "failing": (failing_saga, None, UNDO),
     "retried": (retried_step, _no_gate, OPEN),
     "approved": (approved, None, OPEN), "rejected": (rejected, None, UNDO), "expired": (expired, None, UNDO),
     "cancel_before": (cancel_before, None, UNDO), "cancel_during": (cancel_during, None, UNDO),
@@ -653,7 +654,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
 
 @pytest.mark.parametrize("function, line, changed, name, where", [
     # The attempt a success ends: the SQL clears its error like the Python path; here it writes one.
-    ("unwind_succeed", "error_class = f.error_class", "error_class = 'x'", "ok",
+    ("unwind_outcome", "error_class = f.error_class", "error_class = 'x'", "ok",
      ".attempts[0].error_class: 'x' != ''"),
     # The completion's run, moved as the plan says: here the call forgets when it finished.
     ("unwind_complete", "finished_at = n.finished_at", "finished_at = NULL", "ok",
@@ -661,7 +662,7 @@ def _install_changed(function: str, line: str, changed: str, monkeypatch) -> Non
     # A limit's room, handed to the call: here it never refuses, and the third reservation goes over the budget.
     ("unwind_propose", "IF v_used[i] > (p_limits->(i - 1)->>'room')::numeric THEN", "IF false THEN", "budget",
      ".actions[2].policy_decision.denied: only in python"),
-], ids=["succeed-attempt-error", "complete-run-finished", "propose-limit-room"])
+], ids=["outcome-attempt-error", "complete-run-finished", "propose-limit-room"])
 def test_a_rule_changed_only_in_the_sql_is_caught(tools, settings, commit, monkeypatch, function, line, changed,
                                                   name, where):
     before = fastpath._altered
@@ -841,7 +842,7 @@ def success_by_both(world, monkeypatch, changed: str, *, awaiting: bool) -> tupl
 @pytest.mark.parametrize("awaiting", [False, True], ids=["running", "awaiting"])
 @pytest.mark.parametrize("changed", list(SUCCESS_CHANGED))
 def test_both_writers_apply_a_success_alike(tools, monkeypatch, changed, awaiting):
-    """One success plan, written by `unwind_succeed` and by `plans.write_outcome` from the same rows: the same answer,
+    """One success plan, written by `unwind_outcome` and by `plans.write_outcome` from the same rows: the same answer,
     and every column of the run, its actions and attempts and the chain's events and head the same, byte for byte.
     When a guard's field changed since the decision, both answer 'stale' and write nothing; another step's status
     is a guard only of a decision that read the steps."""
@@ -863,7 +864,7 @@ def test_a_success_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     """The comparison above can fail: a function that no longer compares the cancel mark writes a success decided
     before the run was cancelled (as if the step still counted as the run's), where the Python writer answers
     'stale' (and the decision made again takes it as a late completion, undone with the rest)."""
-    _install_changed("unwind_succeed", "AND (r.cancel_requested_at IS NOT NULL) = p_cancelled ", "", monkeypatch)
+    _install_changed("unwind_outcome", "AND (r.cancel_requested_at IS NOT NULL) = p_cancelled ", "", monkeypatch)
     function, python = success_by_both(tools, monkeypatch, "the cancel mark", awaiting=False)
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE
     assert ".answer: " in "\n".join(differences(function, python))
@@ -872,7 +873,7 @@ def test_a_success_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
 # --- a step's failure for good: one plan, two writers ----------------------------------------------------------------
 
 def failure_by_the_function(plan):
-    return fastpath.failed(plan)
+    return fastpath.outcome(plan)
 
 
 def _failure_plan(world, *, late: bool):
@@ -916,10 +917,10 @@ def failure_by_both(world, monkeypatch, changed: str, *, late: bool) -> tuple[di
 @pytest.mark.parametrize("late", [False, True], ids=["starts-unwind", "late"])
 @pytest.mark.parametrize("changed", list(FAILURE_CHANGED))
 def test_both_writers_apply_a_failure_alike(tools, monkeypatch, changed, late):
-    """One failure plan, written by `unwind_failed` and by `plans.write_outcome` (the same writer as a success's)
-    from the same rows: the same answer, and every column of the run, its actions, attempts and checkpoints and the
-    chain's events and head the same. When a guard's field changed since the decision, both answer 'stale' and
-    write nothing."""
+    """One failure plan, written by `unwind_outcome` and by `plans.write_outcome` (each the same writer as a
+    success's, with other changes) from the same rows: the same answer, and every column of the run, its actions,
+    attempts and checkpoints and the chain's events and head the same. When a guard's field changed since the
+    decision, both answer 'stale' and write nothing."""
     function, python, steps = failure_by_both(tools, monkeypatch, changed, late=late)
     found = differences(function, python)
     assert not found, "\n".join(found)
@@ -941,7 +942,7 @@ def test_both_writers_apply_a_failure_alike(tools, monkeypatch, changed, late):
 def test_a_failure_writer_that_skips_a_guard_is_caught(tools, monkeypatch):
     """The comparison above can fail: a function that no longer compares the run's steps starts an unwind whose
     checkpoint was decided before an earlier step moved, where the Python writer answers 'stale'."""
-    _install_changed("unwind_failed", "IF p_steps IS NOT NULL AND p_steps <>", "IF false AND p_steps <>",
+    _install_changed("unwind_outcome", "IF p_steps IS NOT NULL AND p_steps <>", "IF false AND p_steps <>",
                      monkeypatch)
     function, python, _ = failure_by_both(tools, monkeypatch, "another step", late=False)
     assert python["answer"] == plans.STALE and function["answer"] != plans.STALE

@@ -86,7 +86,7 @@ def test_the_check_sees_a_checkpoint_built_in_sql():
 
 def test_the_check_sees_a_status_literal_and_the_law_query(tmp_path):
     """The two checks above can fail: a function that names a status, or looks for an earlier pivot, is found."""
-    text = plpgsql.functions()["unwind_succeed"].text
+    text = plpgsql.functions()["unwind_outcome"].text
     planted = text.replace("a.status = p_from", "a.status = 'running'")
     assert planted != text
     assert set(LITERAL.findall(_code(planted))) & STATUSES == {"running"}

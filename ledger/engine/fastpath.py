@@ -32,18 +32,17 @@ whole transaction in that call:
   lease), then claims the next undo (the step's move, the compensation with its number and attempt) or settles the
   run with its checkpoint; appends the events. The Python writer (`plans.write_unwind`) applies the same plan
   elsewhere.
-- `unwind_failed`: writes a step's failure for good Python decided (`outcome_plans.failure`, a `plans.Outcome`
-  that moves no other step and emits nothing) under the same guards as `unwind_succeed`: the step failed, its
-  attempt ended, and when the plan starts the unwind the run unwinding with its checkpoint (its id drawn by the
-  read the decision was made from, `run_for_unwind`); then the events. Its caller unwinds the run next, from that
-  read (`unwinding.unwind_elsewhere` queues it when it cannot).
-- `unwind_succeed`: writes a step's success Python decided (`outcome_plans.success`, a `plans.Outcome` that writes the
-  step alone): locks the head, then the run; checks the guards it was decided under (`plans.StepGuards`: the run's
-  status, pivot and fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the
-  decision read them; else 'stale'); moves the step from the status it was decided from (a conditional update: one
-  moved since is 'stale' too), ends its attempt as given and appends the events. The Python writer
-  (`plans.write_outcome`) applies the same plan elsewhere, and every plan that moves the run (a pivot's commit, a
-  run put before a person or running again).
+- `unwind_outcome`: writes a step's outcome Python decided, its success or its failure for good
+  (`outcome_plans.success`, `failure`, a `plans.Outcome` that moves no other step and emits nothing): locks the head,
+  then the run; checks the guards it was decided under (`plans.StepGuards`: the run's status, pivot and
+  fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the decision read them;
+  else 'stale'); moves the step from the status it was decided from (a conditional update: one moved since is
+  'stale' too), setting the columns the plan sets and no other, so a success and a failure are the same call with
+  other changes; ends its attempt as given; moves the run and inserts its checkpoint when the plan does (a failure
+  that starts the unwind: its id drawn by the read the decision was made from, `run_for_unwind`; its caller unwinds
+  the run next, from that read, and `unwinding.unwind_elsewhere` queues it when it cannot); appends the events. The
+  Python writer (`plans.write_outcome`) applies the same plan elsewhere, and every plan that moves another step or
+  emits (pending steps skipped, a recovery item).
 
 Anything else answers 'fallback' (or 'stale', 'taken', 'full') having written nothing, and the caller takes the Python
 path, which decides the case
@@ -57,7 +56,7 @@ halves passed for that call and never stored. `verify_chain` checks these events
 Not used inside a ledger transaction of the same tenant already under way (its head is in memory until it
 commits), nor on SQLite, nor with UNWIND_FAST_PATH off.
 
-Longer than 500 lines: the Python side of all seven functions and the one guard they share (`_trust`, the
+Longer than 500 lines: the Python side of all six functions and the one guard they share (`_trust`, the
 definitions' fingerprint); each wrapper is short, and splitting them would put the guard apart from what it guards.
 """
 from __future__ import annotations
@@ -172,8 +171,8 @@ def _chain(tenant_id: int, pending: list, now) -> list:
 CHAIN_ARGS = "%s::bytea, %s::bytea, %s::text, %s::timestamptz, %s::jsonb"
 
 
-# A step outcome's guards (`plans.StepGuards`), the first arguments of unwind_succeed and unwind_failed: the tenant and
-# the run, the run as decided from, its steps when read, its cancel mark and lease, the step and its status before.
+# A step outcome's guards (`plans.StepGuards`), the first arguments of unwind_outcome: the tenant and the run, the
+# run as decided from, its steps when read, its cancel mark and lease, the step and its status before.
 STEP_GUARD_ARGS = ("%s::bigint, %s::bigint, %s::text, %s::boolean, %s::bigint, %s::text, %s::text, %s::jsonb,"
                    " %s::jsonb, %s::jsonb, %s::boolean, %s::timestamptz, %s::bigint, %s::text")
 
@@ -467,38 +466,6 @@ def compensated(plan: plans.UnwindStep) -> plans.Unwound | str | None:
                          checkpoint_id=plan.checkpoint.pk if plan.checkpoint is not None else None)
 
 
-# The columns a step's failure sets, and its run's as an unwind starts, which `unwind_failed` writes.
-FAILURE_FIELDS = ("status", "lease_owner", "lease_expires_at", "error_class", "error_message", "updated_at",
-                  "finished_at")
-UNWIND_STARTED_FIELDS = ("status", "attention_detail", "updated_at")
-
-
-def failed(plan: plans.Outcome) -> Run | str | None:
-    """Write a forward step's failure Python decided (`outcome_plans.failure`) in one call, when the plan moves no other
-    step, emits nothing, sets no other columns than the call writes and names its checkpoint's id (at most one). The
-    call compares the plan's guards with the run under its locks (`plans.StepGuards`, as `succeed`), then moves the
-    step from the status it was decided from (a conditional update), ends its attempt, moves the run and inserts the
-    checkpoint when the plan does, and appends the events. Returns the run as the plan leaves it; plans.STALE when a
-    guard failed (nothing written: decide again); None when the call was not made or did not write (the Python
-    writer applies the plan)."""
-    if plan.others or plan.emits or len(plan.checkpoints) > 1 or any(c.pk is None for c in plan.checkpoints) \
-            or not set(plan.changes) <= set(FAILURE_FIELDS) or not set(plan.run_changes) <= set(UNWIND_STARTED_FIELDS):
-        return None
-    run = plan.run
-    now = timezone.now()
-    outcome = _call(
-        "unwind_failed", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [*_step_guards(plan), _row(plan.action, fields=FAILURE_FIELDS), _row(plan.attempt, fields=ATTEMPT_FIELDS),
-         _row(run, fields=UNWIND_STARTED_FIELDS) if plan.run_changes else None,
-         _row(copy.copy(plan.checkpoints[0]), adding=True) if plan.checkpoints else None,
-         *_chain(run.tenant_id, plan.events, now)])
-    if outcome[0] == plans.STALE:
-        return plans.STALE
-    if outcome[0] != "ok":
-        return None
-    return run
-
-
 # --- the proposal ------------------------------------------------------------------------------------------------
 
 _TOOL_ALSO = (
@@ -632,34 +599,52 @@ def propose(action: Action, *, guards: ProposeGuards, owner: str, actor: str, ev
 
 # --- the outcome -------------------------------------------------------------------------------------------------
 
+# The columns of a step a plan may set (`plans.Outcome.changes`, `UnwindStep.undo_changes`), which `unwind_outcome`
+# and `unwind_compensated` write: a success's result, snapshots and plan, any outcome's status, lease and error.
 SUCCESS_FIELDS = ("status", "result", "after", "verification", "target_id", "compensation_plan", "lease_owner",
                   "lease_expires_at", "error_class", "error_message", "updated_at", "finished_at")
+# The columns of its run an outcome's plan may set, which `unwind_outcome` writes: as an unwind starts.
+OUTCOME_RUN_FIELDS = ("status", "attention_detail", "updated_at")
 
 
-def succeed(plan: plans.Outcome) -> Run | str | None:
-    """Write a forward step's success Python decided (`outcome_plans.success`) in one call, when the plan writes the
-    step alone (the run and its other steps stay as they are, and nothing is emitted). The call compares the plan's
-    guards with the run under its locks (`plans.StepGuards`: the run's status, fingerprinted fields, cancel mark and
-    unwind lease, and its actions' ids and statuses when the decision read them), then moves the step from the status
-    it was decided from (a conditional update), ends its attempt and appends the events. Returns the run as the plan leaves it (an
-    unwinder queued when the plan says so); plans.STALE when a guard failed (nothing written: decide again); None
-    when the call was not made or did not write (the Python writer applies the plan)."""
-    if plan.run_changes or plan.others or plan.checkpoints or plan.emits \
-            or not set(plan.changes) <= set(SUCCESS_FIELDS):
+def outcome(plan: plans.Outcome) -> Run | str | None:
+    """Write a forward step's outcome Python decided (`outcome_plans.success`, `failure`) in one call, when the plan
+    moves no other step, emits nothing, sets no other columns than the call writes and inserts at most one
+    checkpoint, its id drawn. The call compares the plan's guards with the run under its locks (`plans.StepGuards`:
+    the run's status, fingerprinted fields, cancel mark and unwind lease, and its actions' ids and statuses when the
+    decision read them), then moves the step from the status it was decided from (a conditional update), setting
+    the plan's `changes` and no other column, ends its attempt, moves the run and inserts the checkpoint when the
+    plan does, and appends the events. Returns the run as the plan leaves it; plans.STALE when a guard failed
+    (nothing written: decide again); None when the call was not made or did not write (the Python writer applies the
+    plan). Queues nothing: its callers do, after it (a failure's unwinds the run itself, or queues the unwinder)."""
+    if plan.others or plan.emits or len(plan.checkpoints) > 1 or any(c.pk is None for c in plan.checkpoints) \
+            or not set(plan.changes) <= set(SUCCESS_FIELDS) or not set(plan.run_changes) <= set(OUTCOME_RUN_FIELDS):
         return None
     run = plan.run
     now = timezone.now()
-    outcome = _call(
-        "unwind_succeed", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [*_step_guards(plan), _row(plan.action, fields=SUCCESS_FIELDS), _row(plan.attempt, fields=ATTEMPT_FIELDS),
+    answer = _call(
+        "unwind_outcome", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
+        [*_step_guards(plan), _row(plan.action, fields=plan.changes), _row(plan.attempt, fields=ATTEMPT_FIELDS),
+         _row(run, fields=plan.run_changes) if plan.run_changes else None,
+         _row(copy.copy(plan.checkpoints[0]), adding=True) if plan.checkpoints else None,
          *_chain(run.tenant_id, plan.events, now)])
-    if outcome[0] == plans.STALE:
+    if answer[0] == plans.STALE:
         return plans.STALE
-    if outcome[0] != "ok":
+    if answer[0] != "ok":
         return None
-    if plan.unwind_after:
-        enqueue("ledger.tasks.unwind_run", run.pk)
     return run
+
+
+def succeed(plan: plans.Outcome) -> Run | str | None:
+    """Write a forward step's success Python decided (`outcome_plans.success`) in one call (`outcome`), when the plan
+    writes the step alone (the run and its other steps stay as they are, and nothing is emitted). Returns what
+    `outcome` answers, having queued an unwinder when the plan says so."""
+    if plan.run_changes or plan.checkpoints:
+        return None
+    written = outcome(plan)
+    if written is not None and written != plans.STALE and plan.unwind_after:
+        enqueue("ledger.tasks.unwind_run", plan.run.pk)
+    return written
 
 
 # An attempt's row as `unwind_compensated` inserts it (an undo's first attempt, opened as the Python path opens it).

@@ -263,7 +263,7 @@ def record_forward_failure(action: Action, error: ToolError, *, latency_ms: floa
     """A forward step's failure for good: decided once, in Python (`outcome_plans.failure`), and written under the
     guards it was decided under. On PostgreSQL the decision reads the run as the unwind that follows reads it
     (`fastpath.run_for_unwind`: one statement, the ids of what it will write drawn with it), and the plan is written
-    by one call (`fastpath.failed`) when it moves no other step and emits nothing; the unwind its caller runs next
+    by one call (`fastpath.outcome`) when it moves no other step and emits nothing; the unwind its caller runs next
     takes that read over (`unwinding.hand_over`). Otherwise the decision reads the run in hand and its steps (kept on
     it, else read with it) and the Python writer writes the plan (`plans.write_outcome`), queueing the unwinder. A
     failed guard: read afresh and decide again; a step moved by someone else is theirs (StateConflict)."""
@@ -284,7 +284,7 @@ def record_forward_failure(action: Action, error: ToolError, *, latency_ms: floa
         plan = outcome_plans.failure(action, run, error, latency_ms=latency_ms, actor=actor, steps_of=lambda: steps,
                                      pending_of=lambda pks: list(Action.objects.filter(pk__in=pks)
                                                                  .select_related("tool").order_by("seq")))
-        written = fastpath.failed(plan.numbered(checkpoint_ids[:len(plan.checkpoints)])) \
+        written = fastpath.outcome(plan.numbered(checkpoint_ids[:len(plan.checkpoints)])) \
             if read[0] is not None else None
         if written is None:
             with ledger_transaction(action.tenant_id) as audit:

@@ -10,8 +10,8 @@ having written nothing, and the caller reads afresh and decides again. So each r
 are held equal by applying one plan to the same rows (tests/test_parity.py).
 
 Decided this way: completing a run (`runs.completion`, a `Completion`: `unwind_complete` or `write_completion`), and a
-forward step's success and its failure for good (`outcome_plans.success`, `failure`, an `Outcome`: `unwind_succeed`
-writes one that moves the step alone, `unwind_failed` one that moves no other step and emits nothing, and
+forward step's success and its failure for good (`outcome_plans.success`, `failure`, an `Outcome`: `unwind_outcome`
+writes one that moves no other step and emits nothing, the columns of the step it sets and no other, and
 `write_outcome` any, a pivot's commit, a run put before a person or pending steps skipped too), and a step of an
 unwind (`unwind_plans.compensated`, `claimed`, an `UnwindStep`: `unwind_compensated` writes one that claims its next
 undo or settles the run itself, `write_unwind` any). Propose, open, hold, release and stop are to follow.
