@@ -194,8 +194,9 @@ def test_worker_killed_between_tool_call_and_outcome_is_recovered_by_a_real_work
     tool_upsert(tenant=http_tools.acme, name=tool, spec=spec, actor="test")
     run = open_run(http_tools)
     # Claimed for another process, as for a worker's task: its lease covers that process's start (seconds on a busy
-    # machine), or the process finds its lease gone and, rightly, sends nothing.
-    settings.UNWIND_LEASE_SECONDS = 6
+    # machine), or the process finds its lease gone and, rightly, sends nothing. 6 s once did not, in CI with five
+    # test runs on two cores (the process exited 0, having sent nothing); the worker then waits out the rest.
+    settings.UNWIND_LEASE_SECONDS = 15
     proposal = action_propose(run=run, tool_name=tool, args=args, actor="agent:booker", queued=True)
     code = ("import django; django.setup(); from ledger.engine import execution; "
             f"execution.execute({proposal.action.pk}, owner={proposal.owner!r})")
