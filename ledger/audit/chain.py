@@ -25,6 +25,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import lru_cache
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -92,12 +93,23 @@ def _fingerprint(label: str, obj: models.Model, fields: tuple[str, ...], read_pl
     (ledger/audit/subjects.py). A run opened before keys existed has none: its rows' digests are bare, as recorded.
     `read_plain`: the row was read back with every value plain (text, numbers without a fraction, booleans, nulls,
     times, JSON decoded as such: ledger/canonical.py `loads_noting_plain`), so its digest skips the canonical copy."""
-    values = [_plain(getattr(obj, name)) for name in fields if name not in ADDED_LATER]
-    later = {name: _later(name, getattr(obj, name)) for name in fields
-             if name in ADDED_LATER and getattr(obj, name) != ADDED_LATER[name]}
+    named, added = _fields_split(fields)
+    values = [_plain(getattr(obj, name)) for name in named]
+    later = {}
+    for name in added:
+        value = getattr(obj, name)
+        if value != ADDED_LATER[name]:
+            later[name] = _later(name, value)
     hashed = digest_plain if read_plain else digest
     plain = hashed(label, obj.pk, *values, later) if later else hashed(label, obj.pk, *values)
     return subjects.keyed(subjects.key_of(obj), plain)
+
+
+@lru_cache(maxsize=64)
+def _fields_split(fields: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`fields` as `_fingerprint` reads them: those every row's digest holds, and those in `ADDED_LATER`, in order."""
+    return (tuple(name for name in fields if name not in ADDED_LATER),
+            tuple(name for name in fields if name in ADDED_LATER))
 
 
 def action_fingerprint(action: Action, *, read_plain: bool = False) -> str:

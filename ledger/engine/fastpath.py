@@ -84,7 +84,7 @@ from ledger.db import sql
 from ledger.engine import plans, plpgsql
 from ledger.engine.dispatch import enqueue
 from ledger.canonical import dumps
-from ledger.models import Action, ActionStatus as A, Attempt, Run, Tenant, Tool
+from ledger.models import Action, ActionStatus as A, Run, Tenant, Tool
 
 log = logging.getLogger("unwind.engine")
 
@@ -187,14 +187,21 @@ def _step_guards(plan: plans.Outcome) -> list:
 def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
     """A row as `jsonb_populate_record` reads it: each column by name, as the ORM would store it."""
     row = {}
-    for f in type(obj)._meta.concrete_fields:
-        if fields is not None and f.attname not in fields:
-            continue
-        value = f.pre_save(obj, adding) if adding else getattr(obj, f.attname)
-        if value is not None and isinstance(f, models.DateTimeField):
+    for f, attname, column, timestamp in _row_columns(type(obj), fields if fields is None or isinstance(
+            fields, (tuple, frozenset)) else tuple(fields)):
+        value = f.pre_save(obj, adding) if adding else getattr(obj, attname)
+        if timestamp and value is not None:
             value = value.isoformat()
-        row[f.column] = value
+        row[column] = value
     return Jsonb(row)
+
+
+@lru_cache(maxsize=None)
+def _row_columns(model: type[models.Model], fields) -> tuple:
+    """`_row`'s columns of `model` (those named in `fields`, else all), in the model's order, each as (field, attname,
+    column, whether a timestamp): worked out once, not on every row of every call."""
+    return tuple((f, f.attname, f.column, isinstance(f, models.DateTimeField)) for f in model._meta.concrete_fields
+                 if fields is None or f.attname in fields)
 
 
 def _call(function: str, arguments: str, params: list) -> tuple:
@@ -574,7 +581,8 @@ def propose(action: Action, *, guards: ProposeGuards, owner: str, actor: str, ev
     used); "stale" when a guard failed (decide again from a fresh read); "taken" when the key is (the Python path
     answers the replay); "full" when a limit had no room; "altered"/"fallback" otherwise. Only "ok" wrote anything."""
     now = timezone.now()
-    attempt = Attempt(action=action, number=action.attempts, worker=owner[:120], started_at=now)
+    # The attempt's row as `_row` would give it of Attempt(number=…, worker=…, started_at=now), without the model.
+    attempt = Jsonb({"number": action.attempts, "worker": owner[:120], "started_at": now.isoformat()})
     log = audit.AuditLog(action.tenant_id, head=None)
     log.record("forward.proposed", actor=actor, action=action, **event)
     row = _row(action, adding=True)
@@ -583,7 +591,7 @@ def propose(action: Action, *, guards: ProposeGuards, owner: str, actor: str, ev
         "unwind_propose", "%s::bigint, %s::bigint, %s::jsonb, %s::jsonb, %s::text, %s::bigint[], %s::text, "
         "%s::boolean, %s::integer, %s::jsonb, %s::text, %s::timestamptz, %s::text, %s::text, %s::bigint, %s::text, "
         f"%s::jsonb, %s::text[], {CHAIN_ARGS}",
-        [action.tenant_id, action.run_id, row, _row(attempt, fields=("number", "worker", "started_at")),
+        [action.tenant_id, action.run_id, row, attempt,
          action.idempotency_key, list(guards.key_free_in), guards.run_status, guards.cancelled, guards.step,
          Jsonb(guards.steps), guards.threshold, action.tool.created_at, action.tool.tenant.slug, twin_name, twin_id,
          action.tool.name, None if limits is None else Jsonb(limits), list(counted),

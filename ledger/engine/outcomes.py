@@ -120,10 +120,12 @@ def record_success(action: Action, outcome: ToolOutcome, *, latency_ms: float | 
     plan = dict(action.compensation_plan)
     failpoints.hit("settle_plan")
     if plan.get("strategy") not in (None, CompensationStrategy.NONE):
-        preview_action = Action(args=action.args, result=result, before=action.before, after=after,
-                                target_id=target_id, idempotency_key=action.idempotency_key, intent=action.intent)
+        # `readback.context_for` of the step as it stands now, without building an Action for it (its args as such
+        # an Action, which has no args_text, gives them: the canonical form).
+        preview = readback.context(args=action.args, result=result, before=action.before, after=after,
+                                   target=target_id, key=action.idempotency_key, intent=action.intent)
         try:
-            plan["args_preview"] = mapping.resolve(plan.get("args", {}), readback.context_for(preview_action))
+            plan["args_preview"] = mapping.resolve(plan.get("args", {}), preview)
             plan.pop("error", None)
         except mapping.MappingError as error:
             plan["error"] = str(error)

@@ -47,11 +47,16 @@ def same_value(observed, expected) -> bool:
 
 
 def context_for(action: Action, *, after=None) -> dict:
-    return {
-        "args": sent_args(action), "result": action.result, "before": action.before,
-        "after": action.after if after is None else after, "target": action.target_id,
-        "key": action.idempotency_key, "intent": action.intent,
-    }
+    return context(args=sent_args(action), result=action.result, before=action.before,
+                   after=action.after if after is None else after, target=action.target_id,
+                   key=action.idempotency_key, intent=action.intent)
+
+
+def context(*, args, result, before, after, target, key, intent) -> dict:
+    """What `$args`, `$result`, `$before`, `$after`, `$target`, `$key` and `$intent` resolve to (`context_for` of a
+    step, or of values in hand without building one)."""
+    return {"args": args, "result": result, "before": before, "after": after, "target": target, "key": key,
+            "intent": intent}
 
 
 def target_from_result(tool: Tool, result) -> str:
