@@ -204,6 +204,12 @@ def _row_columns(model: type[models.Model], fields) -> tuple:
                  if fields is None or f.attname in fields)
 
 
+def call_statement(function: str, arguments: str, guard: str) -> str:
+    """The one statement every call of a function is: the function runs only where the guard holds
+    (bench/counting.py counts a call as a commit by this shape)."""
+    return f"SELECT CASE WHEN {guard} THEN public.{function}({arguments}) END"
+
+
 def _call(function: str, arguments: str, params: list) -> tuple:
     """Call `public.<function>(<arguments>)` with `params`, provided the functions are exactly those ledger/plpgsql
     defines (`_trust` once per connection, then `GUARD` in the same statement, before the key reaches them): alone
@@ -219,7 +225,7 @@ def _call(function: str, arguments: str, params: list) -> tuple:
         guard = _trust(db)
         if guard is None:
             break
-        statement = f"SELECT CASE WHEN {guard} THEN public.{function}({arguments}) END"
+        statement = call_statement(function, arguments, guard)
         if db.in_atomic_block:
             with transaction.atomic():
                 value = sql.fetch_one(statement, params)[0]
