@@ -205,15 +205,21 @@ def shard_of(config) -> tuple[int, int] | None:
     return int(k), int(n)
 
 
+# Modules that start `manage.py demo` in this clone, which writes var/demo.env (and the demo's key and logs) there:
+# side by side in two shards, one's second shell could read the other's address and key. They share the last shard.
+DEMO_FILES_MODULES = {"test_demo_beside", "test_demo_twice", "test_runnable_docs"}
+
+
 def deal_shard(config, items) -> None:
     """Keep the items of this shard's modules: the modules sorted by path and dealt in turn, so a module's tests (and
-    its module-scoped fixtures, such as a live server) stay in one process."""
+    its module-scoped fixtures, such as a live server) stay in one process; DEMO_FILES_MODULES all in the last."""
     shard = shard_of(config)
     if shard is None:
         return
     k, n = shard
-    modules = sorted({item.nodeid.split("::", 1)[0] for item in items})
-    mine = {module for index, module in enumerate(modules) if index % n == k - 1}
+    demo = {f"tests/{name}.py" for name in DEMO_FILES_MODULES}
+    modules = sorted({item.nodeid.split("::", 1)[0] for item in items} - demo)
+    mine = {module for index, module in enumerate(modules) if index % n == k - 1} | (demo if k == n else set())
     kept = [item for item in items if item.nodeid.split("::", 1)[0] in mine]
     config.hook.pytest_deselected(items=[item for item in items if item.nodeid.split("::", 1)[0] not in mine])
     items[:] = kept
