@@ -187,8 +187,7 @@ def _step_guards(plan: plans.Outcome) -> list:
 def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
     """A row as `jsonb_populate_record` reads it: each column by name, as the ORM would store it."""
     row = {}
-    for f, attname, column, timestamp in _row_columns(type(obj), fields if fields is None or isinstance(
-            fields, (tuple, frozenset)) else tuple(fields)):
+    for f, attname, column, timestamp in _row_columns(type(obj), None if fields is None else frozenset(fields)):
         value = f.pre_save(obj, adding) if adding else getattr(obj, attname)
         if timestamp and value is not None:
             value = value.isoformat()
@@ -197,7 +196,7 @@ def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
 
 
 @lru_cache(maxsize=None)
-def _row_columns(model: type[models.Model], fields) -> tuple:
+def _row_columns(model: type[models.Model], fields: frozenset | None) -> tuple:
     """`_row`'s columns of `model` (those named in `fields`, else all), in the model's order, each as (field, attname,
     column, whether a timestamp): worked out once, not on every row of every call."""
     return tuple((f, f.attname, f.column, isinstance(f, models.DateTimeField)) for f in model._meta.concrete_fields

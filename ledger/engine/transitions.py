@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import copy
 
-import django
-from django.db.models import Model, Q
-from django.db.models.base import DJANGO_VERSION_PICKLE_KEY
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger.db import sql
@@ -63,30 +61,11 @@ def transition_fields(to: str, *, now, **fields) -> dict:
     return fields
 
 
-def copied(obj: Model) -> Model:
-    """`copy.copy(obj)` of a model instance: the same object Django's pickling protocol makes (`Model.__reduce__`: its
-    attributes, its `_state` and cached relations copied one level, the version mark), without `copy`'s generic
-    dispatch and the model's look-up by name, which cost more than the copy on a step's hot path. A row holding a
-    memoryview takes `copy.copy` itself."""
-    state = obj.__dict__.copy()
-    if any(type(value) is memoryview for value in state.values()):
-        return copy.copy(obj)
-    was = state["_state"]
-    model_state = type(was).__new__(type(was))
-    model_state.__dict__.update(was.__dict__)
-    model_state.fields_cache = model_state.fields_cache.copy()
-    state["_state"] = model_state
-    state[DJANGO_VERSION_PICKLE_KEY] = django.__version__
-    after = type(obj).__new__(type(obj))
-    after.__dict__.update(state)
-    return after
-
-
 def moved(action: Action, to: str, *, now, **fields) -> tuple[Action, dict]:
     """A copy of `action` as `action_transition` would leave it, and the columns the move sets: for a caller that
     records the move itself (ledger/engine/fastpath.py) and applies them to `action` once it is recorded."""
     changes = transition_fields(to, now=now, **fields)
-    after = copied(action)
+    after = copy.copy(action)
     for name, value in changes.items():
         setattr(after, name, value)
     return after, changes
@@ -126,7 +105,7 @@ def run_moved(run: Run, to: str, *, now, **fields) -> tuple[Run, dict]:
     """A copy of `run` as `run_transition` would leave it, and the columns the move sets: for a decision that a
     writer records (ledger/engine/plans.py)."""
     changes = run_fields(run, to, now=now, **fields)
-    after = copied(run)
+    after = copy.copy(run)
     for name, value in changes.items():
         setattr(after, name, value)
     return after, changes
