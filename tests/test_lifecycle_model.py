@@ -882,3 +882,31 @@ def test_an_undone_capture_is_not_said_to_stand(model):
            ("any_move", {"index": 3, "step": 19, "which": 10, "who": "ben"}),
            ("any_move", {"index": 7, "step": 4, "which": 3, "who": "ben"}),
            ("approve", {"index": 18, "who": "ben"}))
+
+
+def test_an_undo_retried_inside_an_unwind_knows_when_it_was_made(model):
+    """Found by the model's seeded CI examples: a step whose undo failed is retried by the next unwind, which must
+    know the undo's creation time to read its attempts (their partitions start then); it crashed instead."""
+    replay(model,
+           ("first_run", {"picks": [0, 0]}),
+           ("propose_any", {"index": 0, "lawless": 1, "outcome": "down", "pick": 0}))
+
+
+def test_a_run_is_not_closed_while_a_step_is_in_flight(model):
+    """Found by the model's seeded CI examples: the customer asks to undo step 1 while step 2's worker is lost (its
+    lease still running) and step 3 waits for a person; the operator's close was offered and accepted, leaving a
+    closed run with step 2 in flight, to land after it was final. Close is refused until the step has landed."""
+    def refused(state):
+        run = Run.objects.get(pk=state.runs[0])
+        assert run.status == "needs_attention", run.status
+        assert steps_of(state)[1] == ("travel.reserve_hotel", "running"), steps_of(state)
+        assert not moves.run_moves(run).get(moves.OPERATOR, "close", None).allowed
+        assert state.tally["move operator close refused"] == 1, state.tally
+
+    replay(model,
+           ("first_run", {"picks": [8]}),
+           ("propose_any", {"index": 0, "lawless": 0, "outcome": "worker_lost", "pick": 6}),
+           ("propose_any", {"index": 0, "lawless": 0, "outcome": "ok", "pick": 0}),
+           ("any_move", {"index": 0, "step": 0, "which": 10, "who": "alice"}),
+           ("any_move", {"index": 0, "step": 0, "which": 4, "who": "alice"}),
+           then=refused)

@@ -193,6 +193,13 @@ def _person_moves(run: Run, actions: list[Action]) -> list[Move]:
                                     [*reversed([a for a in forward_steps(actions) if a.status in (
                                         A.SUCCEEDED, A.COMPENSATION_FAILED)]), *lost]) + tuple(
                      Consequence(CALL_OFF, a) for a in waiting_steps(actions)))
+    flying = next((a for a in actions if a.status == A.RUNNING), None)
+    if flying is not None:
+        # A step still being carried out (a worker's call, or one whose worker was lost and whose lease has not yet
+        # ended) lands after the run is final: a closed run would then hold a step done or undone that nobody saw.
+        close = Move(OPERATOR, "close", False, refusal=(
+            f"run {run.pk} has a step still in flight (step {flying.seq}, {flying.tool.name}): close it once that "
+            "step has landed (its call answers, or the sweep takes it over when its lease ends)"))
     if run.cancel_requested_at and not run.pivot_committed:
         resume = Move(OPERATOR, "resume", False, refusal=f"run {run.pk} was cancelled; compensate or close it instead")
     elif closed is not None:

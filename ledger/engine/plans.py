@@ -388,6 +388,9 @@ def write_unwind(plan: UnwindStep, *, log: AuditLog, then: Callable[[Run], Actio
             plan = plan.numbered(undo_id=undo.pk)
         else:
             Action.objects.bulk_create([undo])  # with the id the plan names
+        # The undo in hand carries the times it was written with, as the function's writer leaves it (`_row` stamps
+        # them): reads of its attempts start at its creation (their partitions), a retry's among them.
+        claim.undo.created_at, claim.undo.updated_at = undo.created_at, undo.updated_at
         attempt = copy.copy(plan.claim.attempt)
         attempt.action = undo
         log.write_at_commit(sql.insert_statement(attempt))
