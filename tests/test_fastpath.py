@@ -306,8 +306,14 @@ def test_a_failure_and_its_unwind_leave_the_ledger_the_python_path_leaves(tools,
         fast = onboard_and_fail(tools, "fastfail")
     Fault.objects.all().delete()
     settings.UNWIND_FAST_PATH = False
-    slow = onboard_and_fail(tools, "slowfail")
+    with CaptureQueriesContext(connection) as slow_queries:
+        slow = onboard_and_fail(tools, "slowfail")
     assert fast.status == slow.status == "compensated"
+    # The two undos' seals (sealed.check_undo) are read once for the unwind, by the run, on either path.
+    for queries in (fast_queries, slow_queries):
+        seal_reads = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT e.")
+                      and "e.kind IN ('forward.succeeded'" in q["sql"]]
+        assert len(seal_reads) == 1 and "e.run_ref =" in seal_reads[0], seal_reads
     called = [name for q in fast_queries.captured_queries for name in ("outcome", "compensated")
               if f"unwind_{name}(" in q["sql"]]
     # The two successes and the failure, one writer; the lease with the first undo; the second undo; the settling.

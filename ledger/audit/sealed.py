@@ -29,6 +29,8 @@ A step made before seals were recorded (its making event has no `sends`) is chec
 from __future__ import annotations
 
 import hmac
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Callable
 
@@ -183,31 +185,81 @@ def check_undo(undo: Action, *, undo_args: Callable[[Action], object]) -> None:
     """The step `undo` undoes is what its success recorded of everything its undo is built from, and `undo` is the
     undo that makes (raises Tampered otherwise); `undo_args` resolves a step's undo arguments (the engine's
     `unwinding.undo_args`). The step as the unwinder built the undo from it when it is in memory (the unwinder's fresh
-    undo), else as the ledger has it now."""
+    undo), else as the ledger has it now. Inside `one_seal_read_per_unwind` the step's events come from the unwind's
+    one read; a problem found so is checked again on a read of the step's own before it is reported."""
     forward = undo.compensates if Action.compensates.is_cached(undo) else Action.objects.get(pk=undo.compensates_id)
     if "run_fingerprint_key" in undo.__dict__:  # one run, one key: read with the undo (ledger/engine/execution.py)
         forward.run_fingerprint_key = undo.run_fingerprint_key
-    recorded, seq = recorded_undo_seal(forward)
-    problem = (undo_seal_problem(forward, recorded, event=seq) if recorded is not None else "") \
-        or built_problem(undo, forward, undo_args)
+    events = _seals_of_the_unwind(undo, forward)
+    if events is not None:
+        try:
+            if not _undo_problem(undo, forward, undo_args, events):
+                return
+        except Tampered:
+            pass  # a success or plan recorded since that read: the step's own read decides
+    problem = _undo_problem(undo, forward, undo_args, None)
     if problem:
         raise Tampered("undo", problem)
 
 
-# Read once per undo, before it leaves: as text, Django's query building cost more than the read (about 0.5 ms a
-# compensation on the failing saga's profile).
+def _undo_problem(undo: Action, forward: Action, undo_args, events: list[AuditEvent] | None) -> str:
+    recorded, seq = recorded_undo_seal(forward, events=events)
+    return (undo_seal_problem(forward, recorded, event=seq) if recorded is not None else "") \
+        or built_problem(undo, forward, undo_args)
+
+
+# An unwind undoes its run's steps one after another: the events that sealed them (`UNDO_SEALED_KINDS`) are read once,
+# at its first undo, by the run (one statement instead of one an undo), and kept for this unwind call alone (a context
+# variable `one_seal_read_per_unwind` sets: nothing outlives the call or crosses to another request). No seal of the
+# run can be recorded meanwhile but a late success (an undo's plan is completed only while the run needs attention,
+# which ends the call): a step the read lacks, or whose row fails the check, is read again on its own before
+# anything is refused.
+_UNWIND_SEALS: ContextVar[dict | None] = ContextVar("unwind_undo_seals", default=None)
+RUN_SEALS_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
+                  " WHERE e.tenant_id = %s AND e.run_ref = %s AND e.created_at >= %s AND e.action_ref IS NOT NULL"
+                  f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")
+
+
+@contextmanager
+def one_seal_read_per_unwind(run_id: int):
+    token = _UNWIND_SEALS.set({"run": run_id, "by_step": None})
+    try:
+        yield
+    finally:
+        _UNWIND_SEALS.reset(token)
+
+
+def _seals_of_the_unwind(undo: Action, forward: Action) -> list[AuditEvent] | None:
+    """`forward`'s sealing events from its unwind's one read (made now if it is the first undo), or None outside an
+    unwind of its run, or without the run in hand (its creation bounds the read's months)."""
+    read = _UNWIND_SEALS.get()
+    if read is None or read["run"] != forward.run_id or not Action.run.is_cached(undo) or undo.run is None:
+        return None
+    if read["by_step"] is None:
+        read["by_step"] = {}
+        for row in sql.fetch_all(RUN_SEALS_READ, [forward.tenant_id, forward.run_id, sql.value(
+                AuditEvent, "created_at", recent(undo.run.created_at)), *UNDO_SEALED_KINDS]):
+            event = sql.instance(AuditEvent, row)
+            read["by_step"].setdefault(event.action_ref, []).append(event)
+    return read["by_step"].get(forward.pk, [])
+
+
+# Read once per undo outside an unwind, before it leaves: as text, Django's query building cost more than the read
+# (about 0.5 ms a compensation on the failing saga's profile).
 UNDO_SEAL_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
-                    " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
-                    f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")  # no ORDER BY: `by_seq`
+                  " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
+                  f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")  # no ORDER BY: `by_seq`
 
 
-def recorded_undo_seal(forward: Action) -> tuple[str | None, int | None]:
+def recorded_undo_seal(forward: Action, *, events: list[AuditEvent] | None = None) -> tuple[str | None, int | None]:
     """The undo seal the latest of `forward`'s success and undo completions recorded, and that event's number; (None,
     None) for a step that succeeded before undo seals were kept. Tampered when no success of it is recorded, or the
-    event does not verify under its audit key."""
-    events = by_seq([sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
-        forward.tenant_id, forward.pk, sql.value(AuditEvent, "created_at", recent(forward.created_at)),
-        *UNDO_SEALED_KINDS])], newest_first=True)
+    event does not verify under its audit key. `events`: the step's sealing events already read, else read here."""
+    if events is None:
+        events = [sql.instance(AuditEvent, row) for row in sql.fetch_all(UNDO_SEAL_READ, [
+            forward.tenant_id, forward.pk, sql.value(AuditEvent, "created_at", recent(forward.created_at)),
+            *UNDO_SEALED_KINDS])]
+    events = by_seq(events, newest_first=True)
     what = f"step {forward.seq} (action {forward.pk})"
     if not events:
         raise Tampered("undo", f"{what} has no record of its success in the audit chain, yet it is being undone: its "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 from django.db.models import F, Q
 
@@ -242,30 +243,37 @@ def unwind(run_id: int, *, budget: float | None = None, tenant_id: int | None = 
     if not claimed:
         return Run.objects.get(pk=run_id)
     try:
-        while compensation is not None:
-            failpoints.hit("mid_unwind")
-            if compensation.tool.executor == Executor.CLIENT:
-                break  # the agent runs it and reports; its report continues the unwind
-            if drift_detected(compensation):
-                chain.state = None
-                compensation = following()
-                continue
-            chain.claimed = []
-            execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=chain, claimed=compensation,
-                    budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
-            if chain.claimed:
-                compensation = chain.claimed[0]
-                continue
-            chain.state = None
-            compensation.refresh_from_db(fields=["status"])
-            if compensation.status not in (A.SUCCEEDED, A.FAILED, A.LOST):
-                break  # scheduled for a later retry; its completion continues the unwind
-            compensation = following()
+        with sealed.one_seal_read_per_unwind(run_id):
+            _undo_each(compensation, chain, owner=owner, budget=budget, started=started, following=following)
     finally:
         # Settling already cleared the lease; only a run left unwinding still holds it.
         if chain.settled is None:
             Run.objects.filter(pk=run_id, lease_expires_at__isnull=False).update(lease_expires_at=None)
     return chain.settled or Run.objects.get(pk=run_id)
+
+
+def _undo_each(compensation: Action | None, chain: unwinding.NextUndo, *, owner: str, budget: float | None,
+               started: float, following: Callable[[], Action | None]) -> None:
+    """`unwind`'s loop: each claimed undo run to its outcome, the next taken from the commit that recorded it."""
+    while compensation is not None:
+        failpoints.hit("mid_unwind")
+        if compensation.tool.executor == Executor.CLIENT:
+            break  # the agent runs it and reports; its report continues the unwind
+        if drift_detected(compensation):
+            chain.state = None
+            compensation = following()
+            continue
+        chain.claimed = []
+        execute(compensation.pk, owner=owner, sole_owner=True, on_compensated=chain, claimed=compensation,
+                budget=None if budget is None else max(0.0, budget - (time.monotonic() - started)))
+        if chain.claimed:
+            compensation = chain.claimed[0]
+            continue
+        chain.state = None
+        compensation.refresh_from_db(fields=["status"])
+        if compensation.status not in (A.SUCCEEDED, A.FAILED, A.LOST):
+            break  # scheduled for a later retry; its completion continues the unwind
+        compensation = following()
 
 
 def drift_detected(compensation: Action) -> bool:
