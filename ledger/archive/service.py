@@ -85,12 +85,13 @@ def _reaches(table: _Table, ids: list[int], taken: dict[str, list[int]] | None =
     by the parent's primary keys, not joined back to the runs: on a partitioned table the join read every month
     whole (a hash join over all attempts, 52 ms of a 1,000-run batch at 100k actions), the keys probe each month's
     index. The same rows: the parent's rows of these runs are the ones read (a parent row added since keeps its run's
-    row referenced, and the commit's foreign key fails rather than lose it)."""
+    row referenced, and the commit's foreign key fails rather than lose it). On PostgreSQL only, where the keys go as
+    one array parameter: elsewhere each is a parameter, and a parent may have more rows than SQLite takes those."""
     q = Q(pk__in=[])
     for path in table.lookups:
         head, _, rest = path.partition("__")
         parent = table.model._meta.get_field(head).related_model._meta.label_lower if rest else None
-        if taken is not None and parent in taken:
+        if taken is not None and parent in taken and connection.vendor == "postgresql":
             q |= Q(**{f"{head}__in": id_set(taken[parent])})
         else:
             q |= Q(**{f"{path}__in" if path else "pk__in": id_set(ids)})
