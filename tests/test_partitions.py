@@ -148,6 +148,28 @@ def test_a_table_that_stays_busy_is_named_and_left_for_the_next_pass(tools, sign
     assert "ledger_checkpoint_y2024m01" not in months_left()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_emptied_month_goes_while_steps_write_the_tables_its_rows_point_to(tools, settings):
+    """Steps write actions and runs all the time. Dropping an emptied month must not wait for them: DETACH would make
+    the partition's foreign keys its own, taking ledger_action's (and ledger_run's) lock to create their triggers,
+    and crossed a step that held ledger_action and waited for ledger_attempt (the bench's saga beside an archive
+    pass: attempts and checkpoints kept every emptied month, "busy")."""
+    import psycopg
+
+    settings.UNWIND_PARTITION_LOCK_TIMEOUT = 0.2
+    _old_months()
+    db = connection.settings_dict
+    writer = psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"])
+    try:
+        writer.execute("LOCK TABLE ledger_action, ledger_run, ledger_tenant IN ROW EXCLUSIVE MODE")  # as a step
+        done = {d.name: d for d in partitions.detach_before(date(2030, 1, 1))}
+    finally:
+        writer.rollback()
+        writer.close()
+    for table in partitions.PARTITIONED:
+        assert done[f"{table}_y2024m01"].dropped, done
+
+
 def test_the_archive_command_drops_the_months_it_left_empty(tools, signing, capsys):
     """`manage.py archive` ends by detaching and dropping the old months that hold no row any more (issue 42: old
     partitions are detached, never rewritten); one that still holds a row stays and is counted."""

@@ -177,10 +177,15 @@ def detach_before(month: date, *, today: date | None = None) -> list[Detached]:
     still holds rows is left in place and named, with why. Never the current month or later, never the DEFAULT.
     Nothing is rewritten: an empty partition is detached from its table, then dropped.
 
-    Each table in a transaction of its own that locks the table itself first (ACCESS EXCLUSIVE, as DETACH needs it,
-    within UNWIND_PARTITION_LOCK_TIMEOUT): a writer locks the table before the partition its row goes to, so taking a
+    Each table in a transaction of its own that locks the table itself first (ACCESS EXCLUSIVE, within
+    UNWIND_PARTITION_LOCK_TIMEOUT): a writer locks the table before the partition its row goes to, so taking a
     partition first deadlocked with a step appending its events (found by bench/years.py's archive part). While it
-    holds the lock, no row can arrive between the look and the detach; writers wait the few milliseconds it takes.
+    holds the lock, no row can arrive between the look and the drop; writers wait the few milliseconds it takes.
+    The partition is dropped where it is attached, not DETACHed first: DETACH turns the partition's inherited foreign
+    keys into its own, creating their triggers on the referenced table (SHARE ROW EXCLUSIVE on ledger_action for an
+    attempt's month) and DROP then removes them (ACCESS EXCLUSIVE there), while a step holds ledger_action and waits
+    for ledger_attempt: each time the bench's saga ran beside the pass, attempts and checkpoints came out "busy" and
+    kept their emptied months. Dropping an attached partition locks only the partition and its parent.
     A table that stays busy past the timeout is skipped and named: the next pass takes it."""
     from django.db import OperationalError
 
@@ -205,8 +210,7 @@ def detach_before(month: date, *, today: date | None = None) -> list[Detached]:
                     if cursor.fetchone()[0]:
                         done.append(Detached(part.name, False, "still holds rows: archive its runs first"))
                         continue
-                    cursor.execute(f"ALTER TABLE {_q(table)} DETACH PARTITION {_q(part.name)}")
-                    cursor.execute(f"DROP TABLE {_q(part.name)}")
+                    cursor.execute(f"DROP TABLE {_q(part.name)}")  # attached: see the docstring
                     done.append(Detached(part.name, True, "empty: detached and dropped"))
         except OperationalError as exc:
             if "lock timeout" not in str(exc):
