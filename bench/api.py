@@ -172,11 +172,26 @@ def measure(tenant, *, n: int, seconds: float, levels=(1, 4, 16), workers: int =
     from bench.server import Server
 
     with nullcontext(server) if server is not None else Server(workers=workers) as server:
-        result = {"server": f"gunicorn, {server.workers} sync workers", "overhead": overhead(tenant, server.url, n)}
+        result = {"server": server.describe, "overhead": overhead(tenant, server.url, n)}
         log(f"api: overhead p50 {result['overhead']['overhead_p50_ms']} ms")
         result["throughput"] = []
         for level in levels:
             row = throughput(tenant, server.url, level, seconds, server_pid=server.process.pid)
             log(f"api: {level} agents -> {row['actions_per_s']} actions/s, p50 {row['p50']} ms")
             result["throughput"].append(row)
+    return result
+
+
+def production(tenant, *, n: int, seconds: float, workers: int = 4) -> dict:
+    """The same overhead and 16 agents on docs/production.md's command (uvicorn's ASGI worker, a pool): the figures
+    above are the sync WSGI workers' (what bench/ab.py compares on); this is what a deployment that follows the
+    docs serves. Django runs the chain of sync middleware in a thread, returns to the event loop for the view's
+    handler and runs the sync view in that thread again: hops the WSGI worker never makes."""
+    from bench.server import Server
+
+    with Server(workers=workers, production=True) as server:
+        result = {"server": server.describe, "overhead": overhead(tenant, server.url, n)}
+        result["throughput"] = [throughput(tenant, server.url, 16, seconds, server_pid=server.process.pid)]
+    log(f"api (production command): overhead p50 {result['overhead']['overhead_p50_ms']} ms, 16 agents "
+        f"{result['throughput'][0]['actions_per_s']} actions/s")
     return result

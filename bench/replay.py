@@ -39,13 +39,16 @@ SPEC = {
     # arguments are kept as recorded: the replayed events keep the recorded saga's `action_ref` (the function's event
     # rows are not remapped), so the read finds those rows, through the same index, as the engine's read finds its own.
     "read the undo seal": {},
+    # ledger/audit/sealed.RUN_SEALS_READ, at an unwind's first undo: every seal of the run, once (kept as recorded,
+    # as the read above, for the same reason).
+    "read the run's undo seals": {},
 }
 ROW_KEYS = {"run_id": "run", "compensates_id": "action", "action_id": "action"}  # ids a row holds of other tables
 SEQUENCES = {"run": "ledger_run", "action": "ledger_action", "checkpoint": "ledger_checkpoint"}
 
 
 def _kind(sql: str) -> str | None:
-    from ledger.audit.sealed import UNDO_SEAL_READ
+    from ledger.audit.sealed import RUN_SEALS_READ, UNDO_SEAL_READ
 
     called = re.search(r"public\.(unwind_[a-z_]+)\(", sql)
     if called:
@@ -54,6 +57,8 @@ def _kind(sql: str) -> str | None:
         return "read for the unwind"
     if sql == UNDO_SEAL_READ:
         return "read the undo seal"
+    if sql == RUN_SEALS_READ:
+        return "read the run's undo seals"
     return None
 
 

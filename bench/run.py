@@ -141,6 +141,8 @@ def main() -> None:
             with part(results, "api"):
                 log(f"api: {API_N} alternating requests, then 1/4/16 agents for {API_SECONDS:g} s each")
                 results["api"] = api.measure(tenant, n=API_N, seconds=API_SECONDS, server=server)
+            with part(results, "api_production"):
+                results["api"]["production"] = api.production(tenant, n=API_N, seconds=API_SECONDS)
             connection.close()
             with part(results, "mcp"):
                 log(f"mcp: {API_N} REST/MCP/no-op requests in turn, then 1/4/16 agents, REST and MCP by turns")
@@ -250,6 +252,13 @@ def table(r: dict) -> str:
                 f"process CPU per action {sum(cpu.values()):.2f} ms (server {cpu['server']:.2f}, PostgreSQL "
                 f"{cpu['postgresql']:.2f}, load generator {cpu['load_generator']:.2f}), {top['cpu_busy']:.2f} of "
                 f"{r['environment']['cpus']} CPUs busy")
+        prod = api.get("production")
+        if prod:
+            o, top = prod["overhead"], prod["throughput"][-1]
+            cpu = top.get("cpu_ms_per_action", {})
+            add(f"   on docs/production.md's command ({prod['server']}): propose→201 {_ms(o['action'])}, no-op "
+                f"{_ms(o['noop'])}, overhead {o['overhead_p50_ms']:.1f} ms; {top['agents']} agents "
+                f"{top['actions_per_s']:.1f} actions/s" + (f", server CPU {cpu['server']:.2f} ms an action" if cpu else ""))
     add("")
     u9 = e["unwind9"]
     add(f"3. unwind: failure of step 10 → nine compensations recorded, p50 {_ms(u9)} (p99 {u9['p99']:.1f} ms), "
