@@ -929,3 +929,22 @@ def test_a_run_is_not_closed_while_a_step_is_in_flight(model):
            ("any_move", {"index": 0, "step": 0, "which": 10, "who": "alice"}),
            ("any_move", {"index": 0, "step": 0, "which": 4, "who": "alice"}),
            then=refused)
+
+
+def test_an_undo_forced_over_a_drift_is_recorded_where_it_is_forced(model):
+    """Found by the model: a hotel, a ticket change and a capture (the pivot); the agent cancels, so the run waits
+    for a person; someone else changes the ticket; the operator compensates: the refund waits for an approver, who
+    rejects it, and the ticket's restore refuses to overwrite the drift. The operator compensates again, forcing it;
+    a new refund waits for an approver, so the ticket's step stays compensating. run_compensate wrote the force into
+    each step's plan by a bare update that the event of the step's move did not see, and into the step's earlier
+    undos with no event at all: the chain no longer verified, on every path. Now the step's recorded move writes it,
+    and an undo that is retried takes it in the recorded move that retries it."""
+    def forced(state):
+        assert_equal(runs_of(state), [("unwinding", "")])
+        assert_equal(steps_of(state), [("travel.reserve_hotel", "compensated"), ("crm.update_ticket", "compensating"),
+                                       ("payments.capture", "compensating")])
+
+    replay(model, ("first_run", {"picks": [6, 7, 1]}), ("agent_ends", {"index": 0, "name": "cancel"}),
+           ("drift", {"index": 0}), ("operator", {"index": 0, "choice": "compensate", "unknown": ""}),
+           ("decide", {"index": 0, "approve": False, "who": "alice"}),
+           ("operator", {"index": 0, "choice": "compensate", "unknown": ""}), then=forced)

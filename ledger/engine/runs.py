@@ -16,7 +16,7 @@ from ledger.canonical import storable
 from ledger.errors import IdempotencyMismatch, StateConflict, ValidationFailed
 from ledger.engine.leases import lease_at_write, queued_seconds
 from ledger.models import (
-    RUN_IDLE_TIMEOUT_SECONDS, Action, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
+    RUN_IDLE_TIMEOUT_SECONDS, ActionKind, ActionStatus as A, Agent, Checkpoint, Run, RunStatus as R, Tenant,
     Tool,
 )
 from ledger.policy.law import check_plan
@@ -278,10 +278,12 @@ def run_compensate(*, run: Run, actor: str, reason: str = "", force: bool = Fals
         if unknown:
             unknowns.decide_unknown(run, unknown, actor=actor, log=audit)
         for forward in run.actions.filter(kind=ActionKind.FORWARD, status=A.COMPENSATION_FAILED):
-            if force:
-                Action.objects.filter(pk=forward.pk).update(compensation_plan=dict(forward.compensation_plan, force=True))
-                Action.objects.filter(compensates=forward).update(compensation_plan={"strategy": "none", "force": True})
-            action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force})
+            # The person's word to overwrite goes into the step's plan by the move that records it (the event
+            # fingerprints the row as written); the undo that is retried takes it from there when it is
+            # (unwinding.claim_next_compensation), and its earlier undos stay as they were tried.
+            forced = {"compensation_plan": dict(forward.compensation_plan, force=True)} if force else {}
+            action_transition(forward, A.COMPENSATING, log=audit, actor=actor, note={"retry": True, "force": force},
+                              **forced)
         run_transition(run, R.UNWINDING, log=audit, actor=actor, note={"reason": reason[:1000], "force": force, "cause": "operator"},
                        attention_reason="")
         runstate.checkpoint_save(run, "operator_compensate", log=audit)

@@ -137,11 +137,16 @@ def claim_next_compensation(run_id: int, *, owner: str, log: AuditLog, run: Run 
             return None
         if compensation.status in (A.FAILED, A.APPROVED):
             retry = compensation.status == A.FAILED
+            # A step a person forced since this undo was planned (run_compensate): the undo is retried forced, written
+            # by the move that retries it, so that its event fingerprints it so.
+            forced = {"compensation_plan": dict(compensation.compensation_plan, force=True)} \
+                if candidate.compensation_plan.get("force") and not compensation.compensation_plan.get("force") else {}
             action_transition(compensation, A.RUNNING, log=log, actor=attempts.SYSTEM, attempts=compensation.attempts + 1,
                               max_attempts=compensation.attempts + compensation.tool.max_attempts if retry
                               else compensation.max_attempts,
                               lease_owner=owner,
-                              lease_expires_at=lease_at_write(compensation.tool.timeout_seconds, row=compensation))
+                              lease_expires_at=lease_at_write(compensation.tool.timeout_seconds, row=compensation),
+                              **forced)
             attempts.start_attempt(compensation, owner, log=log)
             return compensation
         return None  # awaiting approval, running elsewhere, waiting for a retry or for the agent's report
