@@ -215,9 +215,19 @@ def _undo_problem(undo: Action, forward: Action, undo_args, events: list[AuditEv
 # which ends the call): a step the read lacks, or whose row fails the check, is read again on its own before
 # anything is refused.
 _UNWIND_SEALS: ContextVar[dict | None] = ContextVar("unwind_undo_seals", default=None)
-RUN_SEALS_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
-                  " WHERE e.tenant_id = %s AND e.run_ref = %s AND e.created_at >= %s AND e.action_ref IS NOT NULL"
-                  f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")
+
+
+def _seals_read(of: str) -> str:
+    """A read of sealing events (`UNDO_SEALED_KINDS`), as text (Django's query building cost more than the read,
+    about 0.5 ms a compensation on the failing saga's profile): parameters the tenant, the step or run `of` names,
+    the partition key's lower bound, the kinds. No ORDER BY: `by_seq`."""
+    return (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e WHERE e.tenant_id = %s"
+            f" AND {of} AND e.created_at >= %s AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")
+
+
+# An unwind's one read of its run's seals; and a step's own, for an undo outside an unwind (or one the first lacks).
+RUN_SEALS_READ = _seals_read("e.run_ref = %s AND e.action_ref IS NOT NULL")
+UNDO_SEAL_READ = _seals_read("e.action_ref = %s")
 
 
 @contextmanager
@@ -242,13 +252,6 @@ def _seals_of_the_unwind(undo: Action, forward: Action) -> list[AuditEvent] | No
             event = sql.instance(AuditEvent, row)
             read["by_step"].setdefault(event.action_ref, []).append(event)
     return read["by_step"].get(forward.pk, [])
-
-
-# Read once per undo outside an unwind, before it leaves: as text, Django's query building cost more than the read
-# (about 0.5 ms a compensation on the failing saga's profile).
-UNDO_SEAL_READ = (f"SELECT {sql.columns(AuditEvent, 'e')[0]} FROM {AuditEvent._meta.db_table} e"
-                  " WHERE e.tenant_id = %s AND e.action_ref = %s AND e.created_at >= %s"
-                  f" AND e.kind IN ({', '.join(['%s'] * len(UNDO_SEALED_KINDS))})")  # no ORDER BY: `by_seq`
 
 
 def recorded_undo_seal(forward: Action, *, events: list[AuditEvent] | None = None) -> tuple[str | None, int | None]:
