@@ -112,6 +112,46 @@ def test_resume_after_a_half_done_unwind_is_refused_everywhere_and_changes_nothi
     assert not RecoveryItem.objects.filter(run_id=run_id, status="open").exists()
 
 
+def test_close_is_refused_while_a_step_is_in_flight_and_changes_nothing(live):
+    """The lifecycle model's finding (test_a_run_is_not_closed_while_a_step_is_in_flight), over HTTP: the customer asks
+    to undo step 1 while step 2's call is still out (claimed, its lease running). The operator's close is refused by
+    the API, the console's page and its form with the model's sentence, and nothing changes; once the step has landed,
+    close is offered and accepted."""
+    from ledger.engine import execution
+    from ledger.engine.proposal import action_propose
+    from ledger.policy.versions import tenant_defaults_set
+    from recovery.requests import customer_request_open
+
+    tenant_defaults_set(tenant=live.acme, values={"customer_requests_seconds": 86400}, actor="test")
+    run = open_run(live, goal="Onboard Dana")
+    user = act(run, "hr.create_user", {"email": "dana@company.com", "name": "Dana Ito"})
+    proposal = action_propose(run=run, tool_name="licenses.provision", args={"user_id": user.result["id"]},
+                              actor="agent:booker")
+    assert proposal.claimed and proposal.action.status == "running"  # its call is out; its lease has not ended
+    _, token = trail_link_create(run=run, user=live.oscar, sent_to="carol@example.com")
+    customer_request_open(token=token, action_id=user.pk, kind="undo", text="Please undo this.")
+    item = RecoveryItem.objects.get(run_id=run.pk, status="open")
+    before = fingerprint(run.pk)
+
+    items = f"{live.base}/api/v1/recovery-items/{item.pk}"
+    answer = requests.post(f"{items}/close", json={"reason": "handled by hand"}, auth=("oscar", "pw-oscar"))
+    assert answer.status_code == 409 and answer.headers["Content-Type"].startswith("application/problem+json")
+    assert "still in flight (step 2, licenses.provision)" in answer.json()["detail"]
+    by_name = {move["name"]: move for move in requests.get(items, auth=("oscar", "pw-oscar")).json()["moves"]}
+    assert not by_name["close"]["allowed"] and by_name["close"]["refusal"] == answer.json()["detail"]
+    oscar = login(live, "oscar")
+    page = f"{live.base}/console/recovery/{item.pk}/"
+    assert 'data-op="close"' not in oscar.get(page).text
+    posted = form_post(oscar, page, f"{page}close/", reason="handled by hand")
+    assert posted.status_code == 409 and "still in flight" in posted.text
+    assert fingerprint(run.pk) == before
+
+    execution.execute(proposal.action.pk, owner=proposal.owner, sole_owner=True, claimed=proposal.action)
+    closed = requests.post(f"{items}/close", json={"reason": "handled by hand"}, auth=("oscar", "pw-oscar"))
+    assert closed.status_code == 200, closed.text
+    assert Run.objects.get(pk=run.pk).status == "closed"
+
+
 def flight_then_held_email(world) -> tuple[Run, Action, Action]:
     hold(world, "email.send", {"for": "60s", "customer_can_stop": True})
     run = open_run(world, goal="Book Carol's flight")
