@@ -72,15 +72,28 @@ def test_approval_pending_then_approved(unwind, http_tools):
 
 
 def test_rejected_carries_the_reason_and_the_run_unwinds(unwind, http_tools):
+    decided = []
+
+    def reject(gate):
+        try:
+            decided.append(decide(http_tools, gate, "ben", "reject", "not this month"))
+        finally:
+            connections.close_all()
+
     with pytest.raises(Rejected) as rejected, unwind.run(goal="Onboard and charge") as run:
         run.act("hr.create_user", USER)
         try:
             run.act("payments.charge", CHARGE)
         except ApprovalPending as pending:
-            gate = pending
-            threading.Timer(0.2, lambda: (decide(http_tools, gate, "ben", "reject", "not this month"),
-                                          connections.close_all())).start()
-            gate.wait(10)
+            # The agent sees the rejection as soon as it commits, before the approver's response has been written:
+            # the test waits for that response too, or the database is emptied under it (a 500 seen in CI).
+            approver = threading.Timer(0.2, reject, args=(pending,))
+            approver.start()
+            try:
+                pending.wait(10)
+            finally:
+                approver.join(10)
+    assert decided and decided[0]["status"] == "rejected"
     assert rejected.value.reason == "not this month"
     assert rejected.value.run_status in ("unwinding", "compensated")  # the rejection is known before the unwind ends
     assert eventually(lambda: run.refresh().status == "compensated")
