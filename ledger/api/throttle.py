@@ -11,18 +11,18 @@ RETURNING the new `tat` (no row returned: refused). Only a refused request reads
 Retry-After. It runs in autocommit, its own statement on the request's connection, so the row is locked for that
 statement only: a key's requests on several processes wait on each other for microseconds, never for a request.
 
-Times are whole microseconds, in integers: the guard compares exactly, so a burst is exactly N at any rate (floats
-summed N times drift by an ulp, and the Nth request of a burst would be refused one time in many). Rewritten with
+Times are whole microseconds, in integers (T rounded to one, D taken as N * T): the guard compares exactly, so a
+burst is exactly N at any rate, where floats summed N times can drift by an ulp and refuse the Nth. Rewritten with
 the burst, the guard is `tat <= now + (N - 1) * T`: Python works out that bound and the new values, the statement
 only compares and picks.
 
 Whose clock: the web process's (`time.time()`), sent with the statement. Several machines may run web processes,
-and their clocks differ by a few milliseconds under NTP; a machine s seconds ahead of the others lets a key through
-at most s/T requests earlier, once, and the average stays N per D, since every request let through moves `tat` on by
-T whichever clock it reads. A clock that steps back makes its key wait that much longer, no more. The database's
-clock (PostgreSQL's clock_timestamp()) would remove the skew at the cost of the arithmetic moving into each vendor's
-SQL, and SQLite's clock is this machine's anyway; for sharing the server fairly a few milliseconds do not matter,
-while what an agent may do (policy, approvals, budgets) is judged on the database's clock elsewhere.
+and their clocks differ by a few milliseconds under NTP: a machine s seconds ahead of the others lets a key make at
+most s/T requests more, once, and the average stays N per D, since every request let through moves `tat` on by T
+whichever clock it read. A clock s seconds behind (or one that steps back) makes the key wait s longer, no more.
+The database's clock (PostgreSQL's clock_timestamp()) would remove the skew, at the cost of the arithmetic moving
+into each vendor's SQL (SQLite's clock is this machine's anyway) and of a decision no test can set the time of; for
+sharing the server fairly a few milliseconds do not matter.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def _connection():
     db = connections[DEFAULT_DB_ALIAS]
     if db.in_atomic_block and not db.atomic_blocks[-1]._from_testcase:
         # Inside a transaction the key's row would stay locked until it ends, and the key's requests on every
-        # process would wait for it. (A test's own rolled-back transaction is let be: nothing else waits on it.)
+        # process would wait for it. A test's own rolled-back transaction (pytest-django's `db`, marked as Django's
+        # durable check reads it) is let be: no other connection uses the row meanwhile.
         raise RuntimeError("the agent-key throttle runs in autocommit, outside any transaction: it is called "
                            "inside one (ATOMIC_REQUESTS, or an atomic block around the view)")
     return db
