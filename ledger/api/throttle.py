@@ -89,7 +89,11 @@ class AgentKeyThrottle(throttling.SimpleRateThrottle):
     Counted in the database, as every decision that must hold across web processes is: the request path depends on
     no other server, and the throttle answers whenever the database does. (It was kept in Django's cache: each
     process's own memory, so four workers let a key make four times its rate, or Redis, which let every key through
-    unthrottled while Redis did not answer.) A rate of 0 refuses every agent request."""
+    unthrottled while Redis did not answer.) A rate of 0 refuses every agent request.
+
+    Cost on PostgreSQL, a loop of calls on a loaded 2-core machine: 130-240 µs a request let through, where a
+    `SELECT 1` took 60-135 µs; 225-310 µs a refusal (it reads the row again). The cache cost 15-30 µs in a process's
+    memory, 280-520 µs on Redis (a read and a write)."""
 
     scope = "agent"
 
