@@ -289,6 +289,8 @@ UNWIND_TRAIL_LINK_MAX_AGE = env_int("UNWIND_TRAIL_LINK_MAX_AGE", 7 * 24 * 3600, 
 # per agent within the window (seconds), counted in the database under the tenant's chain lock.
 UNWIND_HOLD_NOTICES_PER_AGENT = env_int("UNWIND_HOLD_NOTICES_PER_AGENT", 20, minimum=0)
 UNWIND_HOLD_NOTICE_WINDOW = env_int("UNWIND_HOLD_NOTICE_WINDOW", 3600, minimum=1)
+# Requests per agent key, REST and MCP together (ledger/api/throttle.py): a burst of that many, then that many per
+# period on average (GCRA), counted in the database, so the same for any number of web processes.
 UNWIND_THROTTLE_RATE = env_str("UNWIND_THROTTLE_RATE", "6000/min")
 # How long an approver's emailed approve/reject link stays valid, in seconds: it also dies with its request's expiry.
 UNWIND_APPROVAL_LINK_MAX_AGE = env_int("UNWIND_APPROVAL_LINK_MAX_AGE", 24 * 3600, minimum=60)
@@ -342,7 +344,8 @@ if UNWIND_AUDIT_EXPORT_DIR and not (UNWIND_AUDIT_SIGNING_KEY_FILE or UNWIND_AUDI
                                "UNWIND_AUDIT_PUBLIC_KEY_FILE (to verify them).")
 # --- end of the audit chain block -------------------------------------------------------------------------
 
-# Worker (django-q2). ORM broker by default: no extra server. Set UNWIND_REDIS_URL to use Redis.
+# Worker (django-q2). ORM broker by default: no extra server. Set UNWIND_REDIS_URL to use Redis as the broker, its
+# only use (the agent-key throttle counts in the database).
 UNWIND_WORKERS = env_int("UNWIND_WORKERS", 2, minimum=1)
 UNWIND_TASK_TIMEOUT = env_int("UNWIND_TASK_TIMEOUT", 120, minimum=1)
 UNWIND_REDIS_URL = env_str("UNWIND_REDIS_URL", "")
@@ -365,17 +368,10 @@ if UNWIND_REDIS_URL:
     Q_CLUSTER.pop("orm")
     Q_CLUSTER["redis"] = UNWIND_REDIS_URL
 
-# Throttle counters live in the cache: per process by default, shared by every web process with Redis. A Redis
-# that stops answering lets requests through unthrottled (ledger/api/auth.py, AgentKeyThrottle); its timeouts keep
-# an unreachable host from holding each request for the operating system's connect timeout.
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": UNWIND_REDIS_URL,
-                "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
-    if UNWIND_REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
-}
-
 # The API: agents authenticate with "Authorization: Bearer <key>", people with their session or HTTP
-# Basic; refusals are RFC 9457 problems; each agent key may make UNWIND_THROTTLE_RATE requests.
+# Basic; refusals are RFC 9457 problems; each agent key may make UNWIND_THROTTLE_RATE requests, counted in the
+# database where every web process sees them (ledger/api/throttle.py). Django's cache (each process's own memory)
+# holds nothing a request decides from, so there is no CACHES setting.
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -384,7 +380,7 @@ REST_FRAMEWORK = {
         "ledger.api.lockout.LockoutAwareBasicAuthentication",  # HTTP Basic, locked out like the login form
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_THROTTLE_CLASSES": ["ledger.api.auth.AgentKeyThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["ledger.api.throttle.AgentKeyThrottle"],
     "DEFAULT_PARSER_CLASSES": ["ledger.api.parsers.StrictJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",

@@ -174,6 +174,20 @@ class WaitSlot(models.Model):
         return f"{self.holder} wait {self.number}"
 
 
+class AgentThrottle(models.Model):
+    """The agent-key throttle's state for one key (ledger/api/throttle.py, GCRA): the key's theoretical arrival time,
+    moved on by one interval per request let through. One row per agent key that ever made a request, so every web
+    process on every machine decides from the same one. A row whose `tat` has passed means what no row means: a full
+    burst is free. UNLOGGED on PostgreSQL (migration 0033): after a crash of the database every key starts afresh."""
+
+    key = models.CharField(max_length=16, primary_key=True, help_text="The agent key's prefix (Agent.key_prefix).")
+    tat = models.BigIntegerField(help_text="Theoretical arrival time: microseconds since the Unix epoch, on the web "
+                                           "processes' clocks.")
+
+    def __str__(self):
+        return f"throttle of {self.key}"
+
+
 class DeployKey(models.Model):
     """A pipeline's credential for pushing reviewed tools and policy: not an agent, so it can never act.
 

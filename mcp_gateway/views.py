@@ -7,11 +7,14 @@ for it.
 """
 from __future__ import annotations
 
+import math
+
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT, AgentKeyThrottle
+from ledger.api.auth import DEPLOY_KEY_CANNOT_ACT
 from ledger.api.problems import problem
+from ledger.api.throttle import AgentKeyThrottle
 from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate
 from mcp_gateway import http, modern
 
@@ -61,7 +64,7 @@ def mcp_endpoint(request):
     if not throttle.allow_request(KeyHolder(agent), None):
         response = refusal(request, status=429, code="throttled", title="Too many requests",
                            detail="this agent key is over UNWIND_THROTTLE_RATE (shared with the REST API); retry later")
-        response["Retry-After"] = str(int(throttle.wait() or 1))
+        response["Retry-After"] = str(max(1, math.ceil(throttle.wait())))
         return response
     if request.method not in ("POST", "DELETE"):
         response = refusal(request, status=405, code="method_not_allowed", title="Method not allowed",

@@ -1,12 +1,11 @@
 """Who may call what: agent keys, people, separation of duties, tenant isolation (404), throttling."""
 import pytest
 from django.contrib.auth import get_user_model
-from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest
-from ledger.api.auth import AgentKeyThrottle
+from ledger.api.throttle import AgentKeyThrottle
 from ledger.models import Run
 from ledger.engine.proposal import action_propose
 from ledger.tenancy import agent_revoke
@@ -115,78 +114,14 @@ def test_another_tenants_key_gets_404_on_every_object(api_db):
 
 def test_throttling_is_per_agent_key(api_db, settings):
     settings.UNWIND_THROTTLE_RATE = "3/min"
-    cache.clear()
     for _ in range(3):
         assert api_db.agent.get("/api/v1/tools").status_code == 200
     refused = api_db.agent.get("/api/v1/tools")
     body = assert_problem(refused, 429, "throttled")
-    assert 1 <= int(refused["Retry-After"]) <= 60 and body["retry_after"] == int(refused["Retry-After"])
+    assert 1 <= int(refused["Retry-After"]) <= 20 and body["retry_after"] == int(refused["Retry-After"])
     assert api_db.intruder.get("/api/v1/tools").status_code == 200
     for _ in range(4):
         assert api_db.person("victor").get("/api/v1/tools").status_code == 200
-
-
-class _Keyed:
-    """A request as the throttle reads it: an agent's key."""
-
-    def __init__(self, prefix: str):
-        from ledger.models import Agent
-        self.auth = Agent(key_prefix=prefix)
-
-
-def _decisions(throttle_class, times: list[float]) -> list[tuple[bool, float | None]]:
-    """Each request's (allowed, wait) from `throttle_class` at `times`, on one key, a fresh instance a request."""
-    answers = []
-    for now in times:
-        throttle = throttle_class()
-        throttle.timer = lambda now=now: now
-        allowed = throttle.allow_request(_Keyed("k1"), None)
-        answers.append((allowed, None if allowed else round(throttle.wait(), 9)))
-    return answers
-
-
-def test_the_throttle_decides_as_drfs_sliding_log_request_for_request(settings):
-    """The packed history changes how it is stored, not what it decides: the same requests, at the same times,
-    are let through or refused (with the same Retry-After) as DRF's SimpleRateThrottle does."""
-    import random
-
-    from rest_framework.throttling import SimpleRateThrottle
-
-    class DRFs(SimpleRateThrottle):
-        scope = "agent"
-
-        def get_rate(self):
-            return settings.UNWIND_THROTTLE_RATE
-
-        def get_cache_key(self, request, view):
-            return "reference_" + request.auth.key_prefix
-
-    settings.UNWIND_THROTTLE_RATE = "5/s"
-    shuffled = random.Random(40)
-    times, now = [], 1_000.0
-    for _ in range(300):
-        now += shuffled.choice([0.0, 0.125, 0.25, 0.25, 0.5, 1.0, 1.25])  # exact in binary: some land on the edge
-        times.append(now)
-    cache.clear()
-    ours, reference = _decisions(AgentKeyThrottle, times), _decisions(DRFs, times)
-    assert ours == reference
-    assert sum(allowed for allowed, _ in ours) not in (0, len(times))  # both answers were exercised
-
-
-def test_the_throttle_keeps_its_history_packed_and_reads_drfs_list(settings):
-    settings.UNWIND_THROTTLE_RATE = "3/min"
-    cache.clear()
-    throttle = AgentKeyThrottle()
-    # A history written in DRF's form (newest first) by a process started before the packed one: it still counts.
-    cache.set("throttle_agent_k1", [1_030.0, 1_020.0, 1_010.0], 60)
-    throttle.timer = lambda: 1_040.0
-    assert throttle.allow_request(_Keyed("k1"), None) is False
-    assert throttle.wait() == pytest.approx(30.0)  # the oldest, at 1,010, leaves the window at 1,070
-    throttle = AgentKeyThrottle()
-    throttle.timer = lambda: 1_070.5
-    assert throttle.allow_request(_Keyed("k1"), None) is True
-    stored = cache.get("throttle_agent_k1")
-    assert isinstance(stored, bytes) and len(stored) == 3 * 8  # 1,020, 1,030 and 1,070.5: eight bytes each
 
 
 def test_a_malformed_throttle_rate_fails_loudly(settings):

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-from django.core.cache import cache
 from django.db import connection, connections
 from django_q.conf import Conf
 from django_q.tasks import async_task
@@ -77,7 +76,6 @@ def test_a_short_chaos_run_keeps_every_guarantee(transactional_db, live_server, 
     # process finds nothing of its own to run (seen on a 2-core machine at load 7).
     settings.UNWIND_LEASE_SECONDS = 20
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the workers, as in production
-    cache.clear()
     cast = cast_create(tool_timeout=3)  # resets both tenants' sandbox worlds
     env = dict(os.environ, DATABASE_URL=database_url(), UNWIND_TOOL_BASE_URL=live_server.url, UNWIND_TASKS_SYNC="0",
                UNWIND_SWEEP_INTERVAL="0.2", UNWIND_WORKERS="1", UNWIND_LEASE_SECONDS="3", UNWIND_REDIS_URL="",

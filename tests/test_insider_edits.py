@@ -19,7 +19,6 @@ from datetime import timedelta
 
 import pytest
 import requests
-from django.core.cache import cache
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
@@ -144,7 +143,6 @@ def insider(http_tools, workers, settings, monkeypatch):
     settings.UNWIND_THROTTLE_RATE = "100000/min"
     settings.UNWIND_LEASE_SECONDS = 20  # the claims of the queued work: covers the worker's start
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues work for the worker, as in production
-    cache.clear()
     yield Insider(http_tools, workers)
     workers.check()  # it lived through the test
 

@@ -371,9 +371,6 @@ def test_the_example_session_runs_against_the_server(gateway):
 
 
 def test_an_agent_key_over_its_rate_is_throttled(gateway, settings):
-    from django.core.cache import cache
-
-    cache.clear()
     settings.UNWIND_THROTTLE_RATE = "3/min"
     headers = {"Authorization": f"Bearer {gateway.world.key}", "Accept": "application/json, text/event-stream"}
     initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

@@ -24,7 +24,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from django.core.cache import cache
 from django.db import connection
 from django_q.conf import Conf
 
@@ -91,7 +90,6 @@ def patient(http_tools, settings):
     settings.UNWIND_PATIENT_BACKOFF = 0.3
     settings.UNWIND_MAX_BACKOFF = 1.2
     settings.UNWIND_RETRY_PATIENCE = 60
-    cache.clear()
     send, undo = Tool(), Tool()
     send.up()
     settings.UNWIND_TOOL_ORIGINS = [send.origin, undo.origin]
@@ -240,7 +238,6 @@ def test_a_task_after_the_workers_connection_was_ended_runs_at_once(http_tools, 
     settings.UNWIND_THROTTLE_RATE = "100000/min"
     settings.UNWIND_LEASE_SECONDS = 60
     monkeypatch.setattr(Conf, "SYNC", False)  # the live server queues the work for the worker
-    cache.clear()
     agent = requests.Session()
     agent.headers["Authorization"] = f"Bearer {http_tools.key}"
     base = http_tools.live_server.url

@@ -7,7 +7,6 @@ import zlib
 
 import pytest
 import schemathesis
-from django.core.cache import cache
 from hypothesis import HealthCheck, Phase
 from hypothesis import settings as hsettings
 from schemathesis.checks import not_a_server_error
@@ -54,7 +53,6 @@ schema = schemathesis.openapi.from_wsgi("/api/schema/", application)  # generati
 @pytest.fixture
 def ledger(transactional_db, tools, settings):
     """acme with a completed run, a compensated one, one waiting for approval and one in the recovery queue."""
-    cache.clear()
     settings.UNWIND_THROTTLE_RATE = "1000000/min"
     type(tools.ada).objects.filter(pk=tools.ada.pk).update(is_staff=True)  # acme's admin also reads /metrics
     _, deploy_key = deploy_key_create(tenant=tools.acme, name="ci", actor="test")

@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
-from django.core.cache import cache
 
 from tests.api_support import basic
 from tests.conftest import World, seed_sandboxes
@@ -117,7 +116,6 @@ class Wired:
 
 @pytest.fixture
 def wired(transactional_db, live_server, settings, _engine_settings):
-    cache.clear()
     settings.UNWIND_THROTTLE_RATE = "100000/min"
     settings.UNWIND_TOOL_BASE_URL = live_server.url
     world = World()

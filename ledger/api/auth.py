@@ -12,26 +12,16 @@ distinguished from a missing one: every lookup is filtered by the caller's tenan
 """
 from __future__ import annotations
 
-import logging
-import threading
-import time
-from array import array
-from bisect import bisect_right, insort
 from dataclasses import dataclass
 
-from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.core.validators import slug_re
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from redis.exceptions import RedisError
-from rest_framework import authentication, exceptions, permissions, throttling
+from rest_framework import authentication, exceptions, permissions
 
 from ledger.api.lockout import LockoutAwareBasicAuthentication
 from ledger.errors import NotFound, PermissionDenied, ValidationFailed
 from ledger.models import ROLE_ORDER, Agent, DeployKey, Membership, Tenant
 from ledger.tenancy import DEPLOY_KEY_PREFIX, agent_authenticate, deploy_key_authenticate
-
-log = logging.getLogger("unwind.api")
 
 
 class KeyPrincipal:
@@ -273,121 +263,6 @@ class IsStaff(permissions.BasePermission):
     def has_permission(self, request, view):
         user = request.user
         return bool(user and user.is_authenticated and getattr(user, "is_staff", False))
-
-
-# --- throttling ------------------------------------------------------------------------------------------
-
-class CacheOutage:
-    """When this process last found the throttle's cache (Redis) not answering, so that it stops asking for a while.
-
-    Only this process's view of its own connection: whether a key is over its rate is never decided from it. While
-    it is set, each request skips the cache instead of waiting on a connect that fails (up to the cache's socket
-    timeouts, config/settings.py); the first request after `RETRY_AFTER` seconds asks again."""
-
-    RETRY_AFTER = 2.0
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._since: float | None = None
-        self._checked = 0.0
-
-    def skipping(self) -> bool:
-        with self._lock:
-            if self._since is None or time.monotonic() - self._checked >= self.RETRY_AFTER:
-                return False
-            return True
-
-    def began(self, exc: Exception) -> None:
-        with self._lock:
-            now = time.monotonic()
-            first, self._checked = self._since is None, now
-            if first:
-                self._since = now
-        if first:
-            log.warning("the throttle's cache does not answer (%s): agent keys are not throttled until it does; "
-                        "/healthz says degraded", exc)
-
-    def ended(self) -> None:
-        if self._since is None:  # the usual case, read without the lock: a stale answer only delays the log line
-            return
-        with self._lock:
-            since, self._since = self._since, None
-        if since is not None:
-            log.warning("the throttle's cache answers again after %.1f s: agent keys are throttled again",
-                        time.monotonic() - since)
-
-
-cache_outage = CacheOutage()
-
-
-class AgentKeyThrottle(throttling.SimpleRateThrottle):
-    """Requests per agent key, at UNWIND_THROTTLE_RATE (e.g. 6000/min). People are not throttled here.
-
-    It fails open: while its cache (Redis, shared by the web processes) does not answer, every request is let
-    through unthrottled, and `/healthz` says degraded (the same Redis is the broker). The throttle only shares the
-    server fairly: what an agent may do (policy, approvals, the ordering law, a tool's budgets and rate limits) is
-    decided from PostgreSQL and holds without it, while refusing every request would leave agents' runs half done
-    (issue 39, finding 4: 693 requests answered 500 in a 10 s outage and 7 runs were abandoned with steps done)."""
-
-    scope = "agent"
-
-    def allow_request(self, request, view) -> bool:
-        if cache_outage.skipping():
-            return True
-        try:
-            allowed = self._allow(request, view)
-        except RedisError as exc:
-            cache_outage.began(exc)
-            return True
-        cache_outage.ended()
-        return allowed
-
-    def _allow(self, request, view) -> bool:
-        """DRF's sliding log (at most `num_requests` in any `duration` seconds), its history kept as packed doubles,
-        oldest first, instead of a pickled list of floats newest first. DRF's list is read and written whole on
-        every request: at the bench's 16 agents (1,500 requests a key a minute) that cost 40 µs a request, at 6,000
-        (the default rate, reached) 155 µs, and the same bytes travel to Redis and back. Packed, it is a copy of
-        bytes each way. The decision is DRF's, request for request; a history in DRF's form (written before this
-        change) is read as it stands."""
-        if self.rate is None:
-            return True
-        self.key = self.get_cache_key(request, view)
-        if self.key is None:
-            return True
-        stored = self.cache.get(self.key)
-        self.now = self.timer()
-        history = array("d")
-        if isinstance(stored, bytes):
-            history.frombytes(stored)
-        elif isinstance(stored, list):
-            history.extend(reversed(stored))
-        # Keep what is younger than the window, as DRF drops an entry `<= now - duration`.
-        history = history[bisect_right(history, self.now - self.duration):]
-        self.history = history
-        if len(history) >= self.num_requests:
-            return self.throttle_failure()
-        insort(history, self.now)  # in order even if another process's clock is a little behind
-        self.cache.set(self.key, history.tobytes(), self.duration)
-        return True
-
-    def wait(self) -> float | None:
-        """DRF's `wait`, reading the oldest request at the front of the packed history."""
-        history = getattr(self, "history", None)
-        remaining = self.duration - (self.now - history[0]) if history else self.duration
-        available = self.num_requests - len(history or ()) + 1
-        return None if available <= 0 else remaining / float(available)
-
-    def get_rate(self) -> str:
-        rate = settings.UNWIND_THROTTLE_RATE
-        number, _, period = rate.partition("/")
-        if not number.strip().isdigit() or period.strip()[:1] not in ("s", "m", "h", "d"):
-            raise ImproperlyConfigured(f"UNWIND_THROTTLE_RATE must look like 6000/min or 20/s, not {rate!r}.")
-        return f"{int(number)}/{period.strip()}"
-
-    def get_cache_key(self, request, view):
-        if not isinstance(request.auth, Agent):
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": request.auth.key_prefix}
 
 
 def require_role(caller: Caller, tenant_id: int, role: str) -> None:
