@@ -10,7 +10,7 @@ import json
 import re
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from ledger.engine import attempts, fastpath, plans, plpgsql, runstate, runsteps, unwind_plans, unwinding
@@ -123,6 +123,27 @@ def test_a_key_longer_than_a_block_signs_alike(tools, settings):
 def head_of(world) -> tuple[int, str]:
     head = AuditHead.objects.get(pk=world.acme.pk)
     return head.seq, head.hash
+
+
+@pytest.mark.parametrize("moved", ["elsewhere", "its sequence"])
+def test_the_chain_moves_only_the_head_its_caller_locked(tools, moved):
+    """`unwind_chain_append` moves the head at the ctid its caller locked (no second look-up by the tenant): given a
+    head that is not there, or no longer at the number its caller read, it raises, and its events are not kept."""
+    onboard(tools, "chained")
+    seq, prev = head_of(tools)
+    events = AuditEvent.objects.filter(tenant=tools.acme).count()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT ctid FROM ledger_audithead WHERE tenant_id = %s FOR NO KEY UPDATE", [tools.acme.pk])
+        (head,) = cursor.fetchone()
+        if moved == "elsewhere":
+            head, seq_told = "(4294967295,1)", seq
+        else:
+            seq_told = seq - 1
+        with pytest.raises(Exception, match="not where its caller locked it"), transaction.atomic():
+            cursor.execute("SELECT unwind_chain_append(%s, %s::tid, %s, %s, %s, %s, 'k', now(), %s::jsonb)",
+                           [tools.acme.pk, head, seq_told, prev, b"i" * 64, b"o" * 64,
+                            json.dumps([["run.note", "agent:x", None, None, "{}", "a", "b"]])])
+    assert head_of(tools) == (seq, prev) and AuditEvent.objects.filter(tenant=tools.acme).count() == events
 
 
 def test_a_cancelled_run_is_refused_by_the_python_path(tools):

@@ -15,6 +15,7 @@ CREATE OR REPLACE FUNCTION unwind_compensated(
 -- the run's unwind lease taken; then the next undo claimed (its step moved, the compensation with the run's next
 -- step number and the defaults' version, its attempt) or the run's new columns and its checkpoint; the events.
 DECLARE
+    v_head tid;
     v_seq bigint;
     v_prev text;
     v_same boolean;
@@ -27,11 +28,11 @@ DECLARE
 BEGIN
     -- The run as the caller decided from it: its status and the fields its events fingerprint, and its unwind lease
     -- when the decision read it.
-    SELECT h.seq, h.hash,
+    SELECT h.ctid, h.seq, h.hash,
            unwind_run_held(r, p_run_status, p_pivot, p_agent, p_on_behalf_of, p_goal, p_intent, p_plan)
            AND (NOT p_lease_compared OR r.lease_expires_at IS NOT DISTINCT FROM p_lease),
            r.next_seq
-      INTO v_seq, v_prev, v_same, v_step
+      INTO v_head, v_seq, v_prev, v_same, v_step
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
@@ -105,7 +106,7 @@ BEGIN
     IF p_checkpoint IS NOT NULL THEN
         INSERT INTO ledger_checkpoint SELECT * FROM jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint);
     END IF;
-    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    PERFORM unwind_chain_append(p_tenant, v_head, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN jsonb_build_object('outcome', 'ok', 'step', v_step, 'defaults_version', v_dv, 'row', jsonb_build_object(
         'run_lease', v_lease, 'undo_lease', CASE WHEN p_next IS NOT NULL THEN v_row.lease_expires_at END));
 END $$;

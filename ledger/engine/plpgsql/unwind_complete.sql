@@ -8,6 +8,7 @@ CREATE OR REPLACE FUNCTION unwind_complete(
 -- 'stale', having written nothing, and the caller decides again from a fresh read. Then it writes the plan's rows
 -- as given: the run's new columns, the checkpoint whole (its state decided in Python), the events.
 DECLARE
+    v_head tid;
     v_seq bigint;
     v_prev text;
     v_same boolean;
@@ -16,9 +17,9 @@ DECLARE
     v_run ledger_run;
 BEGIN
     -- The run as the caller decided from it: its status, and the fields its events fingerprint.
-    SELECT h.seq, h.hash,
+    SELECT h.ctid, h.seq, h.hash,
            unwind_run_held(r, p_run_status, p_pivot, p_agent, p_on_behalf_of, p_goal, p_intent, p_plan)
-      INTO v_seq, v_prev, v_same
+      INTO v_head, v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
@@ -34,7 +35,7 @@ BEGIN
     IF NOT v_same OR v_steps <> p_steps OR v_newer THEN
         RETURN jsonb_build_object('outcome', 'stale');
     END IF;
-    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    PERFORM unwind_chain_append(p_tenant, v_head, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     WITH checkpointed AS (
         INSERT INTO ledger_checkpoint SELECT * FROM jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint))
     UPDATE ledger_run r SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at

@@ -11,6 +11,7 @@ CREATE OR REPLACE FUNCTION unwind_outcome(
 -- was decided from (the columns the plan sets, each a key of p_changes; the others as they are), its attempt ended,
 -- the run's new columns and its checkpoint (when the plan has them: an unwind started), the events.
 DECLARE
+    v_head tid;
     v_seq bigint;
     v_prev text;
     v_same boolean;
@@ -18,10 +19,10 @@ DECLARE
 BEGIN
     -- The run as the caller decided from it: its status and the fields its events fingerprint, its cancel mark and
     -- its unwind lease.
-    SELECT h.seq, h.hash,
+    SELECT h.ctid, h.seq, h.hash,
            unwind_run_held(r, p_run_status, p_pivot, p_agent, p_on_behalf_of, p_goal, p_intent, p_plan)
            AND (r.cancel_requested_at IS NOT NULL) = p_cancelled AND r.lease_expires_at IS NOT DISTINCT FROM p_lease
-      INTO v_seq, v_prev, v_same
+      INTO v_head, v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
@@ -71,6 +72,6 @@ BEGIN
     IF p_checkpoint IS NOT NULL THEN
         INSERT INTO ledger_checkpoint SELECT * FROM jsonb_populate_record(NULL::ledger_checkpoint, p_checkpoint);
     END IF;
-    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    PERFORM unwind_chain_append(p_tenant, v_head, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     RETURN 'ok';
 END $$;

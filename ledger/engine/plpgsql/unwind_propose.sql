@@ -8,6 +8,7 @@ CREATE OR REPLACE FUNCTION unwind_propose(
 -- chain head, then the run, and checks the guards the decision was made under; any that fails answers 'stale',
 -- having written nothing, and the caller decides again from a fresh read.
 DECLARE
+    v_head tid;
     v_seq bigint;
     v_prev text;
     v_same boolean;
@@ -24,9 +25,9 @@ DECLARE
     v_used numeric[];
 BEGIN
     -- The run as the caller decided from it: its status, its cancel mark and its next step's number.
-    SELECT h.seq, h.hash, r.status = p_run_status AND (r.cancel_requested_at IS NOT NULL) = p_cancelled
+    SELECT h.ctid, h.seq, h.hash, r.status = p_run_status AND (r.cancel_requested_at IS NOT NULL) = p_cancelled
                           AND r.next_seq = p_step
-      INTO v_seq, v_prev, v_same
+      INTO v_head, v_seq, v_prev, v_same
       FROM ledger_audithead h, ledger_run r
      WHERE h.tenant_id = p_tenant AND r.id = p_run AND r.tenant_id = p_tenant
        FOR NO KEY UPDATE;
@@ -98,7 +99,7 @@ BEGIN
     IF v_moved <> 1 THEN
         RETURN jsonb_build_object('outcome', 'taken');  -- a replay
     END IF;
-    PERFORM unwind_chain_append(p_tenant, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
+    PERFORM unwind_chain_append(p_tenant, v_head, v_seq, v_prev, p_ikey, p_okey, p_key_id, p_at, p_events);
     -- The id of this caller's next proposal, drawn now: it spares that proposal a read when it comes soon.
     RETURN jsonb_build_object('outcome', 'ok', 'step', p_step, 'defaults_version', v_dv, 'used', to_jsonb(v_used),
                               'next_id', nextval(pg_get_serial_sequence('ledger_action', 'id')));
