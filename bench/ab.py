@@ -15,7 +15,8 @@ API uses) and, for the API, a gunicorn of that side's code on a free port. The H
 standard library's, as part 2), the same for both. Each round runs PER_ROUND sagas of each kind and PER_ROUND
 proposals (each after a no-op request) on one side and then the other; rounds alternate which side goes first;
 round 0 warms up. Prints each side's p50 and the ratio after / before: what "no regression beyond noise" is
-judged by (issue 27; the API since issue 40), and the server's CPU per proposal read from /proc.
+judged by (issue 27; the API since issue 40), each round's own ratio (how many rounds were lower shows whether a
+small difference is more than the machine's drift), and the server's CPU per proposal read from /proc.
 """
 from __future__ import annotations
 
@@ -124,6 +125,7 @@ def compare(roots: dict[str, Path], rounds: int, per_round: int, parts=PARTS) ->
     from bench.server import Server
 
     times = {name: {"ok": [], "fail": [], "action": [], "noop": [], "server_cpu": 0.0} for name in roots}
+    by_round: list[dict] = []  # each measured round's values, by side: its own after / before, to show the spread
     with ExitStack() as stack:
         children, servers, agents = {}, {}, {}
         for name, root in roots.items():
@@ -140,6 +142,9 @@ def compare(roots: dict[str, Path], rounds: int, per_round: int, parts=PARTS) ->
                 if "api" in parts:
                     got.update(proposals(agents[name], servers[name].process.pid, per_round))
                 if number:  # round 0 warms up
+                    if name == order[0]:
+                        by_round.append({})
+                    by_round[-1][name] = got
                     for case, values in got.items():
                         times[name][case] += values
     result = {}
@@ -148,7 +153,9 @@ def compare(roots: dict[str, Path], rounds: int, per_round: int, parts=PARTS) ->
             continue
         before, after = (statistics.median(times[name][case]) * 1000 for name in roots)
         result[case] = {"before_p50_ms": round(before, 3), "after_p50_ms": round(after, 3),
-                        "ratio": round(after / before, 3), "n": len(times["after"][case])}
+                        "ratio": round(after / before, 3), "n": len(times["after"][case]),
+                        "rounds": [round(statistics.median(r["after"][case]) / statistics.median(r["before"][case]), 3)
+                                   for r in by_round]}
     if "action" in result:
         result["api_overhead"] = {
             name: round(result["action"][f"{name}_p50_ms"] - result["noop"][f"{name}_p50_ms"], 3) for name in roots}
@@ -183,7 +190,9 @@ LABELS = {"ok": "engine, saga succeeds", "fail": "engine, saga fails (2 compensa
 
 def report(result: dict) -> str:
     lines = [f"{LABELS[case]}: before {f['before_p50_ms']:.2f} ms, after {f['after_p50_ms']:.2f} ms, "
-             f"after / before {f['ratio']:.3f} (n = {f['n']} each)" for case, f in result.items() if case in LABELS]
+             f"after / before {f['ratio']:.3f} (n = {f['n']} each; by round {', '.join(map(str, f['rounds']))}: "
+             f"lower in {sum(r < 1 for r in f['rounds'])} of {len(f['rounds'])})"
+             for case, f in result.items() if case in LABELS]
     if "api_overhead" in result:
         o, c = result["api_overhead"], result["server_cpu_ms"]
         lines.append(f"API overhead (proposal − no-op, p50): before {o['before']:.2f} ms, after {o['after']:.2f} ms")
