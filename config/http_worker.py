@@ -66,13 +66,11 @@ class ReadDeadlineProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.head_parts += len(name) + len(value)
-        if self.head_parts > MAX_HEAD:
-            raise HeadTooLarge
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         if self.head_parts > MAX_HEAD:
-            raise HeadTooLarge  # a request target alone past the bound
+            raise HeadTooLarge
         self.reading_head = False
         super().on_headers_complete()
 
