@@ -29,7 +29,7 @@ if settings.UNWIND_DB_POOL and _database["ENGINE"].endswith("postgresql"):
                                     "timeout": settings.UNWIND_DB_POOL_TIMEOUT}
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 
-from asgiref.sync import ThreadSensitiveContext  # noqa: E402
+from asgiref.sync import ThreadSensitiveContext, sync_to_async  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402 - after the settings are loaded
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
@@ -45,6 +45,15 @@ class Handler(ASGIHandler):
     loop twice (Django's `MiddlewareMixin`), which every other request would pay for too."""
 
     threads = RequestThreads()
+
+    def load_middleware(self, is_async=False):
+        """The middleware chain Django builds for a WSGI server, views included, called in the request's thread in
+        one hop from the loop. Django's ASGI chain ends in an asynchronous handler instead, so below the innermost
+        synchronous middleware each request hopped from its thread to the loop (`async_to_sync`) and back to its
+        thread for the view (`sync_to_async`): two crossings of the loop per request, however few the synchronous
+        middleware (issue 40)."""
+        super().load_middleware(is_async=False)
+        self._middleware_chain = sync_to_async(self._middleware_chain, thread_sensitive=True)
 
     async def __call__(self, scope, receive, send):
         """Django's own, but the request's thread is one of the process's idle ones (config/request_threads.py)
