@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 
-IDLE_KEPT = 8  # about what one of four web processes serves at once at 16 agents
+IDLE_KEPT = 16  # what one web process may serve at once at 16 agents (they are not spread evenly)
 
 
 class RequestThread(ThreadPoolExecutor):
