@@ -186,8 +186,9 @@ def production(tenant, *, n: int, seconds: float, workers: int = 4) -> dict:
     """The same overhead and 16 agents on docs/production.md's command (uvicorn's ASGI worker, a pool): the figures
     above are the sync WSGI workers' (what bench/ab.py compares on); this is what a deployment that follows the
     docs serves (0.77× the sync workers' actions a second at 16 agents in 70d2578's full run, at 1.4× the server's
-    CPU an action; taking the four sync-only middlewares out, so that no thread hop is left but the view's, changed
-    nothing measurable)."""
+    CPU an action). Taking sync-only middlewares out changed nothing because the hops were not theirs: Django's ASGI
+    chain ends in an async handler, so every request crossed the loop twice below the innermost sync middleware,
+    and started two threads; issue 40 removed both and moved the worker to httptools (docs/production.md)."""
     from bench.server import Server
 
     with Server(workers=workers, production=True) as server:

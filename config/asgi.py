@@ -3,17 +3,18 @@ config.http_worker.Worker`).
 
 Under ASGI the waits (ledger/api/waits.py) are awaited on each web process's event loop instead of holding a worker
 or a thread: a view that would wait answers a `pending` placeholder, which goes back through the middleware like any
-response, and `Handler.send_response` waits for its step before it sends the answer. Django runs each request's
-synchronous code (middleware, views) in a thread made for that request, which ends with it (or, for a wait, when its
-synchronous code is done). So two things about database connections are set here, for the web server only:
+response, and `Handler.send_response` waits for its step before it sends the answer. Each request's synchronous
+code (middleware, views) runs in a thread the request has to itself until it ends (or, for a wait, until its
+synchronous code is done), one of the process's idle request threads (config/request_threads.py). So two things
+about database connections are set here, for the web server only:
 
 - With UNWIND_DB_POOL (PostgreSQL), connections come from a pool of that size per process: a burst of requests
   waits for a connection instead of opening one each until PostgreSQL refuses everyone. Only here, not in the
   settings every process reads: the worker (django-q2) forks its cluster, and a pool's connections and threads do
   not survive a fork.
 - Without a pool, a request thread's connection would outlive the request (CONN_MAX_AGE keeps it for the thread's
-  next request, which never comes) until garbage collection closed it: it is closed when the request ends. The
-  threads that outlive requests (the inline pool's, the waits') keep theirs for CONN_MAX_AGE as before.
+  next request, however long that takes): it is closed when the request ends, so that an idle thread holds none.
+  The inline pool's threads and the waits' keep theirs for CONN_MAX_AGE as before.
 """
 import os
 
@@ -28,10 +29,12 @@ if settings.UNWIND_DB_POOL and _database["ENGINE"].endswith("postgresql"):
                                     "timeout": settings.UNWIND_DB_POOL_TIMEOUT}
 django.setup(set_prefix=False)  # as django.core.asgi.get_asgi_application does
 
+from asgiref.sync import ThreadSensitiveContext, sync_to_async  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402 - after the settings are loaded
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
 
+from config.request_threads import RequestLane, RequestThreads  # noqa: E402
 from ledger.api import waits  # noqa: E402
 
 
@@ -40,6 +43,29 @@ class Handler(ASGIHandler):
     answer (`waits.answered_on_loop`). The middleware stay synchronous, and every request runs them in one thread,
     once: a wait done in an asynchronous view instead would have every middleware hop between that thread and the
     loop twice (Django's `MiddlewareMixin`), which every other request would pay for too."""
+
+    threads = RequestThreads()
+
+    def load_middleware(self, is_async=False):
+        """The middleware chain Django builds for a WSGI server, views included, called in the request's thread in
+        one hop from the loop. Django's ASGI chain ends in an asynchronous handler instead, so below the innermost
+        synchronous middleware each request hopped from its thread to the loop (`async_to_sync`) and back to its
+        thread for the view (`sync_to_async`): two crossings of the loop per request, however few the synchronous
+        middleware (issue 40)."""
+        super().load_middleware(is_async=False)
+        self._middleware_chain = sync_to_async(self._middleware_chain, thread_sensitive=True)
+
+    async def __call__(self, scope, receive, send):
+        """Django's own, but the request's thread is one of the process's idle ones (config/request_threads.py)
+        rather than one started for it and joined by another after it."""
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        lane = RequestLane(self.threads)
+        try:
+            async with ThreadSensitiveContext(executor=lane):
+                await self.handle(scope, receive, send)
+        finally:
+            lane.let_go()
 
     async def run_get_response(self, request):
         response = await super().run_get_response(request)

@@ -34,6 +34,7 @@ from django.db import close_old_connections, connection, connections
 from django.utils import timezone
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
+from config import request_threads
 from config.http_worker import REQUEST_READ_TIMEOUT
 from ledger.api import waits
 from ledger.models import WaitSlot
@@ -256,8 +257,9 @@ def test_one_agent_holding_200_waits_slows_no_one_else(production_server, served
     assert seen["still_open"] == MANY  # nobody's wait was dropped to serve the others
     # An open wait holds no thread: with its ~50 waits open a web process has its main thread, the database pool's
     # (a scheduler and three workers, started by its first query), the LANES threads that answer waits and the one
-    # that polls for them, and two for requests in flight; under Django's own handling each wait held one more.
-    most = 1 + 4 + waits.LANES + 1 + 2
+    # that polls for them, the idle request threads it keeps for its next requests, and two for requests in flight;
+    # under Django's own handling each wait held one more.
+    most = 1 + 4 + waits.LANES + 1 + request_threads.IDLE_KEPT + 2
     assert all(threads <= most for threads in seen["threads_open"].values()), (threads_before, seen["threads_open"])
     assert seen["connections_held"] <= 4 * POOL + 2  # the pool bounds the web server's connections, waits or not
     assert [(a.status_code, a.json()["status"]) for a in seen["rest"]] == [(200, "skipped")] * 150

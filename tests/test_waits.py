@@ -29,7 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
 from approvals.models import ApprovalRequest
-from config import http_worker
+from config import http_worker, request_threads
 from ledger.api import waits
 from ledger.models import Action, AuditEvent, WaitSlot
 from ledger.tenancy import agent_create
@@ -186,8 +186,16 @@ def test_waits_answer_as_soon_as_their_step_settles(served, settings):
 
 
 def server_threads() -> int:
-    """This process's threads but the test's own clients' (the ASGI server runs in it)."""
-    return sum(1 for thread in threading.enumerate() if not thread.name.startswith("client"))
+    """This process's threads but the test's own clients' (the ASGI server runs in it) and the idle request threads
+    the server keeps for its next requests (config/request_threads.py), which no request holds."""
+    return sum(1 for thread in threading.enumerate() if not thread.name.startswith("client")) \
+        - asgi_application().threads.idle()
+
+
+def asgi_application():
+    from config.asgi import application  # what tests/asgi_server.py serves, imported once the test database is set
+
+    return application
 
 
 def mcp_status_stream(base: str, headers: dict, action_id: int, seconds: float) -> dict:
@@ -224,6 +232,7 @@ def test_an_open_wait_holds_no_thread(asgi_served, settings):
         answers = [future.result(timeout=15) for future in held]
         finals = [future.result(timeout=15) for future in streamed]
     assert during <= before + 1, (before, during)  # one: a request being answered as it is counted
+    assert asgi_application().threads.idle() <= request_threads.IDLE_KEPT
     assert [final["result"]["structuredContent"]["status"] for final in finals] == ["skipped"] * 5
     assert [(a.status_code, a.json()["status"]) for a in answers[:15]] == [(200, "skipped")] * 15
     assert [a.json()["result"]["structuredContent"]["status"] for a in answers[15:]] == ["skipped"] * 5

@@ -42,6 +42,7 @@ from django.core.handlers.exception import response_for_exception
 from django.db import IntegrityError, close_old_connections, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
+from config.request_threads import RequestLane
 from ledger.api import selectors
 from ledger.api.problems import DatabaseUnavailableMiddleware
 from ledger.engine.leases import db_now
@@ -282,15 +283,22 @@ def unanswered(request, error: Exception) -> HttpResponseBase:
 
 
 def let_go_of_the_request_thread() -> None:
-    """Before an ASGI request waits: end the thread Django made for its synchronous code (its middleware's and
-    view's), so that an open wait holds no thread at all.
+    """Before an ASGI request waits: give up the thread that ran its synchronous code (its middleware's and view's),
+    so that an open wait holds no thread at all.
 
-    Django runs each ASGI request in a `ThreadSensitiveContext`, whose first thread-sensitive call starts a thread
-    for the request that lives, idle, until the request ends: through the whole wait. Its work is done and its
-    database connections are closed, so it is ended now; what the request still runs after the wait in that
-    context (closing the response: `request_finished`) starts another for the moment it runs."""
+    The production handler (config/asgi.py) runs each request on a `RequestLane`: the thread goes back to the
+    process's idle request threads now, and what the request still runs after the wait (closing the response:
+    `request_finished`) takes one again for the moment it runs. Django's own handler starts a thread for the request
+    that would live, idle, until the request ends: its work is done and its database connections are closed, so it
+    is ended now, and the call after the wait starts another."""
     context = SyncToAsync.thread_sensitive_context.get(None)
-    executor = SyncToAsync.context_to_thread_executor.pop(context, None) if context is not None else None
+    if context is None:
+        return
+    executor = SyncToAsync.context_to_thread_executor.get(context)
+    if isinstance(executor, RequestLane):
+        executor.let_go()
+        return
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
     if executor is not None:
         executor.shutdown(wait=False)
 
