@@ -35,7 +35,16 @@ class Agent:
 
     def post(self, path: str, body: dict) -> tuple[int, bytes]:
         """POST `body` as JSON; (status, body). gunicorn's sync workers close each connection after answering, and
-        the client opens the next one by itself."""
+        the client opens the next one by itself. The ASGI worker keeps a connection 2 s (`--keep-alive`): one left
+        idle longer (the warm-up goes agent by agent, slow on a busy machine) is closed under the next request, which
+        is then sent once more on a new connection, as HTTP clients do (urllib3)."""
+        try:
+            return self._send(path, body)
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            self.connection.close()
+            return self._send(path, body)
+
+    def _send(self, path: str, body: dict) -> tuple[int, bytes]:
         self.connection.request("POST", path, body=json.dumps(body), headers=self.headers)
         response = self.connection.getresponse()
         return response.status, response.read()
