@@ -42,7 +42,6 @@ from django.core.handlers.exception import response_for_exception
 from django.db import IntegrityError, close_old_connections, connections, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from config.request_threads import RequestLane
 from ledger.api import selectors
 from ledger.api.problems import DatabaseUnavailableMiddleware
 from ledger.engine.leases import db_now
@@ -295,8 +294,9 @@ def let_go_of_the_request_thread() -> None:
     if context is None:
         return
     executor = SyncToAsync.context_to_thread_executor.get(context)
-    if isinstance(executor, RequestLane):
-        executor.let_go()
+    let_go = getattr(executor, "let_go", None)  # a RequestLane (config/request_threads.py, above the ledger)
+    if let_go is not None:
+        let_go()
         return
     executor = SyncToAsync.context_to_thread_executor.pop(context, None)
     if executor is not None:
