@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -60,3 +61,15 @@ class Served:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
+
+
+def read_until_closed(client: socket.socket) -> bytes:
+    """Everything a server still sends on `client` until it closes the connection (a reset counts as closed; the
+    socket's own timeout fails a server that keeps it open)."""
+    received = b""
+    try:
+        while chunk := client.recv(65536):
+            received += chunk
+    except ConnectionResetError:
+        pass
+    return received

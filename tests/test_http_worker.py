@@ -16,7 +16,7 @@ import requests
 
 from config.http_worker import MAX_HEAD
 from tests.gunicorn_short_deadline import DEADLINE
-from tests.live_processes import Served
+from tests.live_processes import Served, read_until_closed
 
 # The worker reads the test database (/healthz asks it), so the tests take it, committed as a live server needs.
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -72,23 +72,12 @@ def trickle(worker: Served, client: socket.socket, piece: bytes, *, for_seconds:
     return None, served
 
 
-def answer_to(client: socket.socket) -> bytes:
-    """Everything the server sends until it closes the connection."""
-    received = b""
-    try:
-        while chunk := client.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
-
-
 def test_a_head_trickled_past_the_deadline_is_cut_off_while_others_are_served(worker):
     with connect(worker) as silent, connect(worker) as slow:
         slow.sendall(head(worker))
         took, served = trickle(worker, slow, b"X-Slow: 1\r\n", for_seconds=DEADLINE + 3)
         silent.settimeout(3)
-        assert answer_to(silent) == b""  # a connection that never sends a byte is closed too
+        assert read_until_closed(silent) == b""  # a connection that never sends a byte is closed too
     assert took is not None and took <= DEADLINE + 1, took  # counted from the connection
     assert served and all(status == 200 for status in served), served
 
@@ -137,20 +126,20 @@ def test_blank_lines_between_requests_do_not_keep_a_connection_open(worker):
 def test_requests_sent_in_one_packet_are_all_answered(worker):
     with connect(worker) as client:
         client.sendall(head(worker) + b"\r\n" + head(worker, "GET", "Connection: close") + b"\r\n")
-        answers = answer_to(client)
+        answers = read_until_closed(client)
     assert answers.count(b"HTTP/1.1 200") == 2, answers[:500]
 
 
 def test_a_head_within_the_bound_is_served(worker):
     with connect(worker) as client:
         client.sendall(head(worker, "GET", f"X-Large: {'a' * (MAX_HEAD - 1024)}", "Connection: close") + b"\r\n")
-        assert answer_to(client).startswith(b"HTTP/1.1 200")
+        assert read_until_closed(client).startswith(b"HTTP/1.1 200")
 
 
 def test_a_head_past_the_bound_in_one_packet_is_refused(worker):
     with connect(worker) as client:
         client.sendall(head(worker, "GET", f"X-Large: {'a' * MAX_HEAD}") + b"\r\n")
-        assert answer_to(client).startswith(b"HTTP/1.1 400")  # and closed
+        assert read_until_closed(client).startswith(b"HTTP/1.1 400")  # and closed
     assert requests.get(f"{worker.url}/healthz", timeout=5).status_code == 200
 
 
@@ -167,7 +156,7 @@ def test_a_header_line_that_never_ends_is_refused_once_past_the_bound(worker):
         except (BrokenPipeError, ConnectionResetError):
             pass  # closed already
         client.settimeout(5)
-        answer = answer_to(client)
+        answer = read_until_closed(client)
         took = time.monotonic() - started
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400"), answer[:200]  # unread bytes may reset the 400
     assert took < DEADLINE * 0.8, took

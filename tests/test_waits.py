@@ -36,6 +36,7 @@ from ledger.tenancy import agent_create
 from tests.api_support import effects
 from tests.asgi_server import asgi_server
 from tests.conftest import needs_postgres
+from tests.live_processes import read_until_closed
 from tests.test_database_unavailable import Cut, assert_unavailable
 
 pytest_plugins = ["tests.api_fixtures"]  # the api fixture: acme and globex with the sandbox tools, transactional
@@ -344,17 +345,6 @@ def test_concurrent_takers_never_hold_more_than_the_bound(settings):
 def slow_socket(port: int):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
         yield client
-
-
-def read_until_closed(client: socket.socket) -> bytes:
-    """What the server still sent before it closed the connection (fails if it keeps it open past the timeout)."""
-    received = b""
-    try:
-        while chunk := client.recv(65536):
-            received += chunk
-    except ConnectionResetError:
-        pass
-    return received
 
 
 @pytest.mark.django_db(transaction=True)
