@@ -476,3 +476,43 @@ def test_an_approval_wait_is_an_event_of_the_proposing_requests_span(tools, coll
     assert proposal.action.status == "awaiting_approval"
     assert [(e.name, e.attributes["unwind.action.id"]) for e in request.events] == [
         ("unwind.approval_required", proposal.action.pk)]
+
+
+def test_a_request_span_is_named_by_its_route_or_by_its_redacted_path(collected, client):
+    """The SERVER span is named by the route a request matched, else by its path with any secret in it redacted (an
+    agent key pasted into a URL under /api/ stays out of the trace)."""
+    client.get("/api/v1/runs/12345", HTTP_TRACEPARENT=f"00-{'a' * 32}-{'b' * 16}-01")
+    client.get("/api/v1/nowhere/uw_0123456789ab_s3cretpart", HTTP_TRACEPARENT=f"00-{'a' * 32}-{'c' * 16}-01")
+    names = [s.name for s in collected.get_finished_spans() if s.kind.name == "SERVER"]
+    assert names == ["GET /api/v1/runs/<id:run_id>", "GET /api/v1/nowhere/uw_0123456789ab_[redacted]"], names
+
+
+def test_an_agents_baggage_goes_nowhere(collected):
+    """Trace context only picks the parent of Unwind's spans (SECURITY.md): the agent's `baggage` header is not kept
+    in the request's context, so a step proposed in it neither stores it nor sends it on to a tool; each span is the
+    child of its own headers' span."""
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from opentelemetry import baggage, trace
+
+    from ledger import tracing
+
+    first, second = f"00-{'1' * 32}-{'2' * 16}-01", f"00-{'3' * 32}-{'4' * 16}-01"
+    seen = []
+
+    def view(request):
+        outgoing = {}
+        tracing.inject(outgoing)  # what a call to a tool would carry
+        seen.append((trace.get_current_span().get_span_context().trace_id, dict(baggage.get_all()),
+                     tracing.current_carrier(), outgoing))
+        return HttpResponse()
+
+    middleware = tracing.TraceMiddleware(view)
+    factory = RequestFactory()
+    middleware(factory.get("/api/v1/runs", HTTP_TRACEPARENT=first, HTTP_BAGGAGE="tenant=globex,role=admin"))
+    middleware(factory.get("/api/v1/runs", HTTP_TRACEPARENT=second))
+    assert [(trace_id, found) for trace_id, found, _, _ in seen] == [(int("1" * 32, 16), {}), (int("3" * 32, 16), {})]
+    for _, _, stored, outgoing in seen:
+        assert set(stored) == {"traceparent"} and set(outgoing) == {"traceparent"}, (stored, outgoing)
+    parents = [s.parent.span_id for s in collected.get_finished_spans() if s.kind.name == "SERVER"]
+    assert parents == [int("2" * 16, 16), int("4" * 16, 16)]
