@@ -257,7 +257,7 @@ def email_correction(ctx: Context) -> None:
 
 def charge_rules(ctx: Context) -> None:
     """Issue 28: a rule reads the amount: a small charge runs at once, a large one asks a person, and says why."""
-    s = "6 rules"
+    s = "5 rules"
     run = ctx.client.run(goal="Add a seat to Carol's flight", on_behalf_of="carol@company.com")
     seat = run.act("payments.capture", {"customer": "cus_carol", "amount_cents": 2500, "currency": "EUR"})
     ctx.expect(s, "small charge runs without a person", "captured", seat.get("status"))
@@ -298,7 +298,7 @@ def waiting_in_the_inbox(ctx: Context) -> Waiting | None:
         run.act("payments.charge", {"customer": "cus_carol", "amount_cents": 92000, "currency": "EUR"},
                 intent={"goal": "pay for the Berlin trip", "reasoning": "flight and hotel are booked", "confidence": 0.88})
     except ApprovalPending as pending:
-        ctx.runs["5 inbox"] = run.id
+        ctx.runs["7 inbox"] = run.id
         waiting = Waiting(run_id=run.id, action_id=pending.action_id, approval_id=pending.approval_id)
         threading.Thread(target=finish_after_the_decision, args=(Unwind(ctx.base_url, ctx.key), waiting),
                          name="demo-agent", daemon=True).start()
@@ -330,7 +330,7 @@ def approved_in_the_inbox(ctx: Context, waiting: Waiting | None, approver: tuple
                           operator: tuple[str, str]) -> None:
     """What the README invites (demo --check does it): the approver approves the waiting €920.00 charge on its page,
     the demo's agent completes its run, and the run's correction trail, opened from a share link, says so."""
-    s = "5 inbox"
+    s = "7 inbox"
     if waiting is None:
         ctx.expect(s, "a charge waits in the inbox", True, False)
         return
@@ -363,7 +363,7 @@ def half_undone(ctx: Context) -> None:
     """Seed 001 with undoing failing too: Resume is refused (409), the undos are retried instead. The license service
     refuses the revoke (a 409): a person is asked at once. (A 503 would be waited out first, for up to
     UNWIND_RETRY_PATIENCE, as an outage of the undo's tool is.)"""
-    s = "7 law"
+    s = "6 law"
     ctx.fault("licenses.revoke", mode="status", status=409, times=0)
     ctx.fault("email.send", mode="status", status=504, times=0)
     run = ctx.client.run(goal="Onboard Bea Rossi (bea@company.com)", on_behalf_of="hr@company.com")
@@ -397,7 +397,7 @@ def half_undone(ctx: Context) -> None:
 def stop_says_what_it_undoes(ctx: Context) -> None:
     """Carol's Stop on a held email before the pivot: the page says it also cancels the flight, then that she
     decided."""
-    s = "7 law"
+    s = "6 law"
     ctx.hold("email.send", HOLD)
     run = ctx.client.run(goal="Flight to Porto", on_behalf_of="carol@company.com")
     run.act("travel.book_flight", {"passenger": "Carol", "flight": "TP1947", "date": "2027-02-03"})

@@ -56,3 +56,20 @@ def test_every_setting_the_configuration_reads_is_documented_with_its_default():
     missing = sorted(name for name in names if not any(f"`{name}`" in row.split(" | ")[0] for row in rows))
     assert missing == [], f"not in docs/settings.md: {missing}"
     assert all(len(row.split(" | ")) >= 3 for row in rows)  # variable | default | meaning
+
+
+def test_the_demos_scenario_numbers_are_the_readmes():
+    """`make demo` labels its checks and its list of runs by scenario ("5 rules"); a newcomer reads them beside the
+    README's table, so each number names the same scenario in both (the demo once said 6 and 7 for the table's 5
+    and 6)."""
+    source = (ROOT / "sandbox" / "demo.py").read_text()
+    labels = set(re.findall(r'(?:\bs = |ctx\.runs\[)"(\d) ([a-z]+)"', source))
+    table = sections()["What the demo shows"]
+    rows = dict(re.findall(r"^\| (\d) \| ([^|]+) \|", table, re.M))
+    assert rows and labels
+    for number, word in labels:
+        if number in rows:
+            assert word in rows[number].lower(), (number, word, rows[number])
+        else:  # the charge left in the inbox: named in the paragraph after the table
+            assert f"scenario {number} in the demo's list" in table, (number, word)
+    assert set(rows) <= {number for number, _ in labels}
