@@ -153,6 +153,34 @@ def measure(n: int, unwind_n: int, *, rounds: int = 10, warmup: int = 10) -> dic
     return result
 
 
+def long_runs(sizes: tuple[int, ...], n: int) -> dict:
+    """A proposal as the API makes it, by the length of its run: the run and its steps read (`run_for_write`, as
+    every POST /runs/{id}/actions does), then proposed and executed; `n` of them, timed, once the run has each of
+    `sizes` steps (the steps before are taken untimed). Each proposal decides from, and its call checks, every step
+    of the run (ledger/engine/runsteps.py), so this grows with the run: the figure that shows by how much."""
+    from ledger.api.selectors import run_for_write
+
+    tenant, agent, _ = tenant_with_tools()
+    saga = Saga(tenant, agent)
+    stamp = int(time.time() * 1000) % 10**9
+    run = saga.open(f"long run {stamp}")
+    result, taken = {}, 0
+    for size in sizes:
+        while taken < size:
+            saga.act(run, "bench.step", {"n": taken, "run": stamp})
+            taken += 1
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            fresh = run_for_write(tenant_ids=[tenant.pk], agent_id=None, run_id=run.pk)
+            _, failed = saga.act(fresh, "bench.step", {"n": taken, "run": stamp})
+            times.append(time.perf_counter() - started)
+            assert not failed
+            taken += 1
+        result[str(size)] = summary(times)
+    return result
+
+
 def python_path(n: int, *, rounds: int = 5) -> dict:
     """The same sagas with the PostgreSQL functions (ledger/engine/fastpath.py) and on the Python path every database
     can take (UNWIND_FAST_PATH off), alternating in rounds: what the functions change, measured side by side."""
