@@ -186,7 +186,7 @@ def test_a_threshold_changed_after_the_read_falls_back_with_nothing_written(tool
     stale = "low" if threshold != "low" else "high"
     def guards(threshold):  # the run as read, without steps, and the threshold the decision used
         return fastpath.ProposeGuards(run_status=proposal_run.status, cancelled=False, step=proposal_run.next_seq,
-                                      steps=[], threshold=threshold, key_free_in=(0,))
+                                      steps=runsteps.guard([]), threshold=threshold, key_free_in=(0,))
 
     assert fastpath.propose(action, guards=guards(stale), owner="me", actor="agent:x",
                             event={"tool": tool.name, "key_source": "header"}) == ("stale", None)
@@ -613,3 +613,21 @@ def test_a_proposal_that_waited_on_a_lock_gets_its_whole_lease(fast, settings, _
     assert release.is_set()  # it did wait for the lock
     lease = Action.objects.get(pk=proposal.action.pk).lease_expires_at.timestamp()
     assert lease - committed > 1.0, (lease - committed)
+
+
+def test_the_functions_digest_of_a_runs_steps_is_pythons(tools):
+    """`unwind_run_steps` (what every writer compares under its locks) and `runsteps.guard` (what a decision sends)
+    digest a run's steps alike: none, several, and after one moved; and a move changes the digest."""
+    from ledger.db import sql
+
+    def in_sql(run_id):
+        return sql.fetch_one("SELECT unwind_run_steps(%s)", [run_id])[0]
+
+    run = open_run(tools)
+    assert json.loads(in_sql(run.pk)) == runsteps.guard([]) == runsteps.guard(runsteps.read(run.pk))
+    act(run, "hr.create_user", {"email": "d1@b.io", "name": "D"})
+    second = act(run, "hr.create_user", {"email": "d2@b.io", "name": "E"})
+    before = runsteps.guard(runsteps.read(run.pk))
+    assert json.loads(in_sql(run.pk)) == before
+    Action.objects.filter(pk=second.pk).update(status="failed")
+    assert json.loads(in_sql(run.pk)) == runsteps.guard(runsteps.read(run.pk)) != before

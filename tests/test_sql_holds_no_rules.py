@@ -141,8 +141,11 @@ def test_a_completion_decided_from_stale_steps_is_decided_again_not_written(tool
     run = open_run(tools)
     first = act(run, "hr.create_user", {"email": "k@b.io", "name": "K"})
     second = act(run, "hr.create_user", {"email": "l@b.io", "name": "L"})
-    runsteps.keep(run, runsteps.read(run.pk))  # what the process holds: both succeeded
+    held = runsteps.read(run.pk)
+    runsteps.keep(run, held)  # what the process holds: both succeeded
     Action.objects.filter(pk=second.pk).update(status=ActionStatus.FAILED)
+    now = [s._replace(status=ActionStatus.FAILED) if s.pk == second.pk else s for s in held]
+    assert [(s.pk, s.status) for s in now] == [(first.pk, "succeeded"), (second.pk, "failed")]
     answers = []
     module, name = (fastpath, "complete") if one_call else (plans, "write_completion")
     write = getattr(module, name)
@@ -154,8 +157,8 @@ def test_a_completion_decided_from_stale_steps_is_decided_again_not_written(tool
     monkeypatch.setattr(module, name, recorded)
     done = run_complete(run=run, actor="agent:booker")
     # The writer was asked, and refused to write the stale decision; the one made again was written.
-    assert answers[0] == ([[first.pk, "succeeded"], [second.pk, "succeeded"]], plans.STALE)
-    assert len(answers) == 2 and answers[1][0] == [[first.pk, "succeeded"], [second.pk, "failed"]]
+    assert answers[0] == (runsteps.guard(held), plans.STALE)
+    assert len(answers) == 2 and answers[1][0] == runsteps.guard(now)
     assert done.status == "completed" and answers[1][1].status == "completed"
     state = Checkpoint.objects.filter(run=run).order_by("-id").first().state
     assert state["completed_action_ids"] == [first.pk] and state["pending_action_ids"] == [second.pk]

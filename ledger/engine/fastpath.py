@@ -566,13 +566,13 @@ def _twin_checked(tool: Tool, plan: dict) -> tuple[str | None, int | None]:
 class ProposeGuards:
     """What a proposal was decided under, which `unwind_propose` checks under its locks before it writes (any that
     fails: 'stale', nothing written): the run's status, its cancel mark, its next step's number and its actions
-    ([id, status] in order, `runsteps.guard`); the tool's version, its twin, the tenant's slug and approval
+    (a digest of [id, status] in order, `runsteps.guard`); the tool's version, its twin, the tenant's slug and approval
     threshold (from the action's tool); and the key scopes besides the agent's own where the key must be free."""
 
     run_status: str
     cancelled: bool
     step: int
-    steps: list
+    steps: str
     threshold: str | None
     key_free_in: tuple
 

@@ -40,8 +40,8 @@ STALE = "stale"  # a writer's answer when a guard failed: nothing was written; r
 class RunGuards:
     """What a decision on a run was made under, which a writer compares with the run it locked: the run's status
     and the other fields its events fingerprint (`audit.chain.RUN_FIELDS`: the events are built from the decision's
-    copy of the run), and its actions, [id, status] of each in order (`runsteps.guard`), which say every step the
-    decision counted and how."""
+    copy of the run), and its actions, [id, status] of each in order as a digest (`runsteps.guard`), which say every
+    step the decision counted and how."""
 
     status: str
     pivot_committed: bool
@@ -50,7 +50,7 @@ class RunGuards:
     goal: str
     intent: dict
     plan: list
-    steps: list | None
+    steps: str | None
 
     @classmethod
     def of(cls, run: Run, steps: list[runsteps.Seen] | None) -> RunGuards:
@@ -58,12 +58,12 @@ class RunGuards:
         return cls(run.status, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal, run.intent, run.plan,
                    None if steps is None else runsteps.guard(steps))
 
-    def steps_now(self, run_id: int) -> list[list] | None:
+    def steps_now(self, run_id: int) -> str | None:
         """The run's steps as this guard compares them, read now (under the caller's lock): None when it has none."""
         return None if self.steps is None else runsteps.guard(runsteps.read(run_id))
 
-    def hold(self, run: Run, steps: list[list] | None) -> bool:
-        """Whether `run` and its actions' `steps` ([id, status], in order; `steps_now`), both read under the run's
+    def hold(self, run: Run, steps: str | None) -> bool:
+        """Whether `run` and its actions' `steps` (their digest: `steps_now`), both read under the run's
         lock, are still what the decision was made from."""
         return self == RunGuards(run.status, run.pivot_committed, run.agent_id, run.on_behalf_of, run.goal,
                                  run.intent, run.plan, steps)
@@ -131,7 +131,7 @@ class StepGuards:
     def of(cls, run: Run, steps: list[runsteps.Seen] | None, step_from: str) -> StepGuards:
         return cls(RunGuards.of(run, steps), run.cancel_requested_at is not None, run.lease_expires_at, step_from)
 
-    def hold(self, run: Run, steps: list[list] | None) -> bool:
+    def hold(self, run: Run, steps: str | None) -> bool:
         return (self.run.hold(run, steps) and self.cancelled == (run.cancel_requested_at is not None)
                 and self.lease_expires_at == run.lease_expires_at)
 
@@ -238,7 +238,7 @@ class UnwindGuards:
     lease_expires_at: datetime | None
     threshold: str | None
 
-    def hold(self, run: Run, steps: list[list] | None, threshold: str | None) -> bool:
+    def hold(self, run: Run, steps: str | None, threshold: str | None) -> bool:
         return (self.run.hold(run, steps)
                 and (not self.lease_compared or self.lease_expires_at == run.lease_expires_at)
                 and (self.threshold is None or self.threshold == threshold))

@@ -4,12 +4,13 @@ The same-content match (one effect per logical action), the ordering law's confl
 steps a proposal must wait for are decided here from a list of the run's actions (`Seen`): on the Python path from
 the list read under the run's lock (`read`), on PostgreSQL's one-call proposal from the list the process holds
 (kept on the Run it proposes with, or read just before), which the call then checks under its locks is still the
-run's (each action's id and status, in order: `guard`) and answers 'stale' otherwise. The SQL holds none of these
+run's (a digest of each action's id and status, in order: `guard`) and answers 'stale' otherwise. The SQL holds none of these
 rules: it compares and writes.
 """
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -97,9 +98,11 @@ def moved(run: Run, pk: int, status: str) -> None:
         keep(run, [s._replace(status=status) if s.pk == pk else s for s in steps])
 
 
-def guard(steps: list[Seen]) -> list[list]:
-    """What the one-call proposal compares with the run's actions under its locks: [id, status] of each, in order."""
-    return [[s.pk, s.status] for s in steps]
+def guard(steps: list[Seen]) -> str:
+    """What a writer compares with the run's actions under its locks (`unwind_run_steps` on PostgreSQL): the SHA-256 of
+    "id:status" of each, in order, joined by ","; a digest, so that what is sent and compared does not grow with the
+    run (bench/README.md, long runs)."""
+    return hashlib.sha256(",".join(f"{s.pk}:{s.status}" for s in steps).encode()).hexdigest()
 
 
 # --- the rules ----------------------------------------------------------------------------------------------------
