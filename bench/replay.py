@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import hashlib
 import json
 import re
 import time
@@ -26,7 +27,7 @@ from psycopg.types.json import Jsonb
 from bench.common import BENCH_DB, psycopg_url, summary
 
 # Where the ids sit among each statement's arguments: plain ids by position, rows in JSON by position (the table
-# their "id" is of), the list of [action id, status] the unwinding calls check, the lease the first undo takes.
+# their "id" is of), the steps' guard (a digest of [action id, status]) the calls check, the lease the first undo takes.
 SPEC = {
     "unwind_open_run": {"rows": {1: "run"}},
     "unwind_propose": {"ids": {1: "run"}, "rows": {2: "action"}, "key": 4, "steps": 9},
@@ -69,15 +70,38 @@ def record(saga, key: int, fail: bool) -> list[tuple[str, str, list]]:
     statements = []
 
     def recording(execute, sql, params, many, context):
-        answer = execute(sql, params, many, context)
         kind = _kind(sql)
         assert kind is not None, f"a statement the replay does not know: {sql[:80]}"
-        statements.append((kind, sql, copy.deepcopy(list(params or []))))
-        return answer
+        kept = copy.deepcopy(list(params or []))
+        at = SPEC[kind].get("steps")
+        if at is not None and kept[at] is not None:
+            kept[at] = _steps_digested(connection, kept[1], kept[at])
+        statements.append((kind, sql, kept))
+        return execute(sql, params, many, context)
 
     with connection.execute_wrapper(recording):
         assert saga.onboard(key, fail) == ("compensated" if fail else "completed")
     return statements
+
+
+class Steps(list):
+    """The [action id, status] pairs a call's guard digested (`runsteps.guard`), so that a replay can digest them
+    again with its own ids."""
+
+
+def digest(pairs) -> Jsonb:
+    """The guard as the engine sends it (ledger/engine/runsteps.guard): the SHA-256 of "id:status" joined by ","."""
+    return Jsonb(hashlib.sha256(",".join(f"{pk}:{status}" for pk, status in pairs).encode()).hexdigest())
+
+
+def _steps_digested(connection, run_id: int, sent: Jsonb) -> Steps:
+    """The run's steps as the call's guard digested them, read just before the call (one saga at a time: nothing
+    else moves them), checked against the digest sent."""
+    with connection.connection.cursor() as cursor:  # the driver's own cursor: not recorded
+        cursor.execute("SELECT a.id, a.status FROM ledger_action a WHERE a.run_id = %s ORDER BY a.seq", [run_id])
+        pairs = Steps(cursor.fetchall())
+    assert digest(pairs).obj == sent.obj, "the run's steps are not those the call's guard digested"
+    return pairs
 
 
 def _text(value):
@@ -126,7 +150,7 @@ class Replay:
             if params[at] is not None:
                 params[at] = new[table][params[at]]
         if "steps" in spec and params[spec["steps"]] is not None:  # (None: a decision that read no step)
-            params[spec["steps"]] = Jsonb([[new["action"][i], status] for i, status in params[spec["steps"]].obj])
+            params[spec["steps"]] = digest((new["action"][i], status) for i, status in params[spec["steps"]])
         if "lease" in spec and params[spec["lease"]] is not None:
             params[spec["lease"]] = lease
         if "key" in spec:
