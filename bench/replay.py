@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import datetime
-import hashlib
 import json
 import re
 import time
@@ -90,8 +89,10 @@ class Steps(list):
 
 
 def digest(pairs) -> Jsonb:
-    """The guard as the engine sends it (ledger/engine/runsteps.guard): the SHA-256 of "id:status" joined by ","."""
-    return Jsonb(hashlib.sha256(",".join(f"{pk}:{status}" for pk, status in pairs).encode()).hexdigest())
+    """The guard as the engine sends it (`runsteps.guard`)."""
+    from ledger.engine import runsteps
+
+    return Jsonb(runsteps.digest(pairs))
 
 
 def _steps_digested(connection, run_id: int, sent: Jsonb) -> Steps:

@@ -99,10 +99,15 @@ def moved(run: Run, pk: int, status: str) -> None:
 
 
 def guard(steps: list[Seen]) -> str:
-    """What a writer compares with the run's actions under its locks (`unwind_run_steps` on PostgreSQL): the SHA-256 of
-    "id:status" of each, in order, joined by ","; a digest, so that what is sent and compared does not grow with the
-    run (bench/README.md, long runs)."""
-    return hashlib.sha256(",".join(f"{s.pk}:{s.status}" for s in steps).encode()).hexdigest()
+    """What a writer compares with the run's actions under its locks (`unwind_run_steps` on PostgreSQL): a digest of
+    [id, status] of each, in order (`digest`), so that what is sent and compared does not grow with the run
+    (bench/README.md, long runs)."""
+    return digest((s.pk, s.status) for s in steps)
+
+
+def digest(pairs) -> str:
+    """The SHA-256 of "id:status" of each (id, status) pair, joined by ",", in hex: what `unwind_run_steps` computes."""
+    return hashlib.sha256(",".join(f"{pk}:{status}" for pk, status in pairs).encode()).hexdigest()
 
 
 # --- the rules ----------------------------------------------------------------------------------------------------
