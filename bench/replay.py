@@ -83,11 +83,6 @@ def record(saga, key: int, fail: bool) -> list[tuple[str, str, list]]:
     return statements
 
 
-class Steps(list):
-    """The [action id, status] pairs a call's guard digested (`runsteps.guard`), so that a replay can digest them
-    again with its own ids."""
-
-
 def digest(pairs) -> Jsonb:
     """The guard as the engine sends it (`runsteps.guard`)."""
     from ledger.engine import runsteps
@@ -95,12 +90,13 @@ def digest(pairs) -> Jsonb:
     return Jsonb(runsteps.digest(pairs))
 
 
-def _steps_digested(connection, run_id: int, sent: Jsonb) -> Steps:
-    """The run's steps as the call's guard digested them, read just before the call (one saga at a time: nothing
-    else moves them), checked against the digest sent."""
+def _steps_digested(connection, run_id: int, sent: Jsonb) -> list[tuple[int, str]]:
+    """The run's steps, (action id, status) in order, as the call's guard digested them (kept in its place, so that a
+    replay digests them again with its own ids): read just before the call (one saga at a time: nothing else moves
+    them), checked against the digest sent."""
     with connection.connection.cursor() as cursor:  # the driver's own cursor: not recorded
         cursor.execute("SELECT a.id, a.status FROM ledger_action a WHERE a.run_id = %s ORDER BY a.seq", [run_id])
-        pairs = Steps(cursor.fetchall())
+        pairs = cursor.fetchall()
     assert digest(pairs).obj == sent.obj, "the run's steps are not those the call's guard digested"
     return pairs
 

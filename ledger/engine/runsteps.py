@@ -4,8 +4,8 @@ The same-content match (one effect per logical action), the ordering law's confl
 steps a proposal must wait for are decided here from a list of the run's actions (`Seen`): on the Python path from
 the list read under the run's lock (`read`), on PostgreSQL's one-call proposal from the list the process holds
 (kept on the Run it proposes with, or read just before), which the call then checks under its locks is still the
-run's (a digest of each action's id and status, in order: `guard`) and answers 'stale' otherwise. The SQL holds none of these
-rules: it compares and writes.
+run's (a digest of each action's id and status, in order: `guard`) and answers 'stale' otherwise. The SQL holds none
+of these rules: it compares and writes.
 """
 from __future__ import annotations
 
