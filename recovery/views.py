@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST, require_safe
 from ledger.engine import holds, moves
 from ledger.api import selectors as ledger_selectors
 from ledger.archive import reader as archive_reader
+from ledger.db.partitions import recent
 from ledger.errors import ArchiveUnavailable, NotFound, PermissionDenied, StateConflict, UnwindError, ValidationFailed
 from ledger.models import ActionStatus, Role, Run, RunStatus, Tool
 from ledger.engine.runs import resume_refusal
@@ -162,7 +163,7 @@ def _confirm_context(item: RecoveryItem, operation: str, form: ResolveForm) -> d
         "label": move.label if move else OPERATIONS[operation], "form": form,
         "plans": [selectors.dress(a) for a in move.undoes] if move and operation == "compensate" else [],
         "retries": move.touching(moves.RETRY, moves.RESEND) if move and operation == "resume" else [],
-        "checkpoint": item.run.checkpoints.order_by("-id").first(),
+        "checkpoint": item.run.checkpoints.filter(created_at__gte=recent(item.run.created_at)).order_by("-id").first(),
     }
 
 

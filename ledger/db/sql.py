@@ -58,16 +58,23 @@ def insert(obj: models.Model) -> models.Model:
 
 
 def _where(db, meta, where: dict) -> tuple[str, list]:
-    """`col = %s AND …` for every `where` item (None: IS NULL; "pk": the primary key), with its parameters."""
+    """`col = %s AND …` for every `where` item (None: IS NULL; "pk": the primary key; a name ending in "__gte":
+    `col >= %s`), with its parameters."""
     conditions, params = [], []
     for name, value in where.items():
+        name, at_least = (name[:-5], True) if name.endswith("__gte") else (name, False)
         field = meta.pk if name == "pk" else meta.get_field(name)
-        if value is None:
+        if value is None and not at_least:
             conditions.append(f"{_q(field.column)} IS NULL")
         else:
-            conditions.append(f"{_q(field.column)} = %s")
+            conditions.append(f"{_q(field.column)} {'>=' if at_least else '='} %s")
             params.append(field.get_db_prep_value(value, db, prepared=False))
     return " AND ".join(conditions), params
+
+
+def conditions(model: type[models.Model], where: dict) -> tuple[str, list]:
+    """`_where`'s conditions on `model`'s columns, for a statement written by hand."""
+    return _where(_db(), model._meta, where)
 
 
 def update_statement(model: type[models.Model], where: dict, **values) -> tuple[str, list]:

@@ -143,8 +143,7 @@ def _close_lost_attempt(action: Action) -> bool:
     """End the reclaimed step's current attempt as lost; True when it was sent (or, for a tool that honours keys,
     may have been: those are not marked). The update locks the attempt's row, as `attempts.mark_sent` does, so a
     mark made under the lease just before it ran out is seen here, and none can be made after."""
-    sql.update(Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
-               finished_at=timezone.now(), outcome="lost")
+    sql.update(Attempt, attempts.open_attempt(action), finished_at=timezone.now(), outcome="lost")
     if action.tool.honours_idempotency_key:
         return True
     return Attempt.objects.filter(action=action, number=action.attempts, sent_at__isnull=False,

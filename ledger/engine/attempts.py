@@ -144,7 +144,7 @@ def settles_at(action: Action):
     return until if until > leases.db_now() else None  # sent_at is the database's clock
 
 
-MARK_SENT = ("UPDATE ledger_attempt SET sent_at = {now} WHERE action_id = %s AND number = %s AND finished_at IS NULL"
+MARK_SENT = ("UPDATE ledger_attempt SET sent_at = {now} WHERE {attempt}"
              " AND EXISTS (SELECT 1 FROM ledger_action WHERE id = %s AND status = %s AND lease_owner = %s"
              " AND lease_expires_at > {now})")
 
@@ -157,7 +157,8 @@ def mark_sent(action: Action, owner: str) -> bool:
     attempt was sent under a lease still held, or it was never sent and is sent again."""
     now, at = leases.now_in_sql()  # the lease was written on the database's clock: judged on it too
     with connection.cursor() as cursor:
-        cursor.execute(MARK_SENT.format(now=now), [*at, action.pk, action.attempts, action.pk, A.RUNNING, owner, *at])
+        attempt, params = sql.conditions(Attempt, open_attempt(action))
+        cursor.execute(MARK_SENT.format(now=now, attempt=attempt), [*at, *params, action.pk, A.RUNNING, owner, *at])
         return cursor.rowcount == 1
 
 
@@ -187,11 +188,28 @@ def start_attempt(action: Action, owner: str, *, log: AuditLog | None = None, re
     write(statement, log)
 
 
+def started_after(action: Action):
+    """The lower bound of the start of `action`'s attempts: its creation less the partitions' margin (`recent`), so
+    that on PostgreSQL a statement that finds one reads only the months since the step was recorded
+    (ledger/db/partitions.py), not each month's index (issue 42). None for a step not read back from the database."""
+    return None if action.created_at is None else recent(action.created_at)
+
+
+def open_attempt(action: Action, number: int | None = None) -> dict:
+    """Where the attempt of `action` numbered `number` (its current one unless told) is while it has not ended: what
+    ending it or marking it sent updates, within the months since the step was recorded (`started_after`)."""
+    where = {"action": action.pk, "number": action.attempts if number is None else number, "finished_at": None}
+    since = started_after(action)
+    if since is not None:
+        where["started_at__gte"] = since
+    return where
+
+
 def finish_attempt(action: Action, outcome: str, *, latency_ms: float | None, error: ToolError | None = None,
                    log: AuditLog | None = None) -> None:
     """Close the action's current attempt, if still open; with `log`, as part of that transaction's commit."""
     statement = sql.update_statement(
-        Attempt, {"action": action.pk, "number": action.attempts, "finished_at": None},
+        Attempt, open_attempt(action),
         finished_at=timezone.now(), outcome=outcome, latency_ms=latency_ms,
         error_class=error.error_class if error else "", error_message=error.message[:2000] if error else "")
     write(statement, log)

@@ -81,7 +81,8 @@ from psycopg.types.json import Jsonb
 
 from ledger.audit import chain as audit
 from ledger.db import sql
-from ledger.engine import plans, plpgsql
+from ledger.db.partitions import recent
+from ledger.engine import attempts, plans, plpgsql
 from ledger.engine.dispatch import enqueue
 from ledger.canonical import dumps
 from ledger.models import Action, ActionStatus as A, Run, Tenant, Tool
@@ -193,6 +194,23 @@ def _row(obj: models.Model, *, fields=None, adding: bool = False) -> Jsonb:
             value = value.isoformat()
         row[column] = value
     return Jsonb(row)
+
+
+def _ending(attempt, step: Action) -> Jsonb:
+    """The end of `step`'s attempt as the calls take it (ATTEMPT_FIELDS), and `partitions_from`: the lower bound of its
+    start (`attempts.started_after`), so that the update reads only the months since the step was recorded."""
+    row = _row(attempt, fields=ATTEMPT_FIELDS)
+    since = attempts.started_after(step)
+    row.obj["partitions_from"] = None if since is None else since.isoformat()
+    return row
+
+
+def _checkpoint(checkpoint, run: Run) -> Jsonb:
+    """A checkpoint's row to insert, and `partitions_from`: the lower bound of its run's checkpoints' creation, which
+    `unwind_complete` reads (only the months since the run began)."""
+    row = _row(copy.copy(checkpoint), adding=True)
+    row.obj["partitions_from"] = recent(run.created_at).isoformat()
+    return row
 
 
 @lru_cache(maxsize=None)
@@ -335,7 +353,7 @@ def complete(plan: plans.Completion) -> Run | str | None:
         f" %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
         [run.tenant_id, run.pk, guards.status, guards.pivot_committed, guards.agent_id, guards.on_behalf_of,
          guards.goal, Jsonb(guards.intent), Jsonb(guards.plan), Jsonb(guards.steps),
-         _row(run, fields=COMPLETION_CHANGES), _row(copy.copy(plan.checkpoint), adding=True),
+         _row(run, fields=COMPLETION_CHANGES), _checkpoint(plan.checkpoint, run),
          *_chain(run.tenant_id, plan.events, now)])
     if outcome[0] == plans.STALE:
         return plans.STALE
@@ -459,7 +477,7 @@ def compensated(plan: plans.UnwindStep) -> plans.Unwound | str | None:
          guards.threshold,
          plan.lease,
          *((plan.undo.pk, plan.undo_from, _row(plan.undo, fields=SUCCESS_FIELDS),
-            _row(plan.attempt, fields=ATTEMPT_FIELDS), plan.forward.pk, plan.forward_from,
+            _ending(plan.attempt, plan.undo), plan.forward.pk, plan.forward_from,
             _row(plan.forward, fields=("status", "updated_at", "finished_at")))
            if plan.undo is not None else (None,) * 7),
          *((claim.forward.pk, claim.forward_from, _row(claim.forward, fields=("status", "updated_at")),
@@ -637,7 +655,7 @@ def outcome(plan: plans.Outcome) -> Run | str | None:
     now = timezone.now()
     answer = _call(
         "unwind_outcome", f"{STEP_GUARD_ARGS}, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, {CHAIN_ARGS}",
-        [*_step_guards(plan), _row(plan.action, fields=plan.changes), _row(plan.attempt, fields=ATTEMPT_FIELDS),
+        [*_step_guards(plan), _row(plan.action, fields=plan.changes), _ending(plan.attempt, plan.action),
          _row(run, fields=plan.run_changes) if plan.run_changes else None,
          _row(copy.copy(plan.checkpoints[0]), adding=True) if plan.checkpoints else None,
          *_chain(run.tenant_id, plan.events, now)])

@@ -27,6 +27,7 @@ from typing import Callable
 from ledger import events
 from ledger.audit.chain import AuditLog
 from ledger.db import sql
+from ledger.db.partitions import recent
 from ledger.engine import attempts, runsteps
 from ledger.engine.dispatch import enqueue
 from ledger.engine.leases import lease_at_write
@@ -103,7 +104,8 @@ def write_completion(plan: Completion, *, log: AuditLog) -> Run | str:
     run = sql.get_locked(Run, plan.run.pk)
     drawn = plan.checkpoint.pk is not None
     if not plan.guards.hold(run, plan.guards.steps_now(run.pk)) or (
-            drawn and Checkpoint.objects.filter(run_id=run.pk, pk__gt=plan.checkpoint.pk).exists()):
+            drawn and Checkpoint.objects.filter(run_id=run.pk, pk__gt=plan.checkpoint.pk,
+                                                created_at__gte=recent(run.created_at)).exists()):
         return STALE
     sql.update(Run, {"pk": run.pk}, **plan.changes)  # under the run's lock, in the status the guards checked
     for name, value in plan.changes.items():
@@ -201,7 +203,7 @@ def write_outcome(plan: Outcome, *, log: AuditLog) -> Run | str:
             Action, {"pk": plan.action.pk, "run": run.pk, "status": guards.step_from}, **plan.changes) != 1:
         return STALE
     log.write_at_commit(sql.update_statement(
-        Attempt, {"action": plan.action.pk, "number": plan.attempt.number, "finished_at": None},
+        Attempt, attempts.open_attempt(plan.action, plan.attempt.number),
         **{name: getattr(plan.attempt, name) for name in ATTEMPT_END}))
     for other, changes, status_from in plan.others:
         if sql.update(Action, {"pk": other.pk, "run": run.pk, "status": status_from}, **changes) != 1:
@@ -364,7 +366,7 @@ def write_unwind(plan: UnwindStep, *, log: AuditLog, then: Callable[[Run], Actio
                       **plan.undo_changes) != 1:
             return STALE
         log.write_at_commit(sql.update_statement(
-            Attempt, {"action": plan.undo.pk, "number": plan.attempt.number, "finished_at": None},
+            Attempt, attempts.open_attempt(plan.undo, plan.attempt.number),
             **{name: getattr(plan.attempt, name) for name in ATTEMPT_END}))
         if sql.update(Action, {"pk": plan.forward.pk, "status": plan.forward_from}, **plan.forward_changes) != 1:
             raise StateConflict(f"action {plan.forward.pk} moved under run {run.pk}'s lock")

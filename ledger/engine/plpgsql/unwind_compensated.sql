@@ -64,7 +64,8 @@ BEGIN
            SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms,
                error_class = f.error_class, error_message = f.error_message
           FROM jsonb_populate_record(NULL::ledger_attempt, p_undo_attempt) f
-         WHERE t.action_id = p_undo AND t.number = f.number AND t.finished_at IS NULL;
+         WHERE t.action_id = p_undo AND t.number = f.number AND t.finished_at IS NULL
+           AND t.started_at >= coalesce((p_undo_attempt->>'partitions_from')::timestamptz, '-infinity');
         UPDATE ledger_action a SET status = n.status, updated_at = n.updated_at, finished_at = n.finished_at
           FROM jsonb_populate_record(NULL::ledger_action, p_forward_changes) n
          WHERE a.id = p_forward AND a.run_id = p_run AND a.status = p_forward_from;

@@ -28,9 +28,10 @@ BEGIN
     END IF;
     -- Its actions as the caller decided from them ([id, status] in order: whether one is in flight, and the
     -- checkpoint's lists and summary); and no checkpoint of the run after the one's id, drawn before the locks (the
-    -- run's checkpoints are read in id order).
+    -- run's checkpoints are read in id order), among the months since the run began (`partitions_from`).
     SELECT unwind_run_steps(p_run),
-           EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > (p_checkpoint->>'id')::bigint)
+           EXISTS (SELECT 1 FROM ledger_checkpoint c WHERE c.run_id = p_run AND c.id > (p_checkpoint->>'id')::bigint
+                     AND c.created_at >= coalesce((p_checkpoint->>'partitions_from')::timestamptz, '-infinity'))
       INTO v_steps, v_newer;
     IF NOT v_same OR v_steps <> p_steps OR v_newer THEN
         RETURN jsonb_build_object('outcome', 'stale');

@@ -8,7 +8,8 @@ CREATE OR REPLACE FUNCTION unwind_outcome(
 -- outcome_plans.py `success`, `failure`, plans.Outcome): it knows no rule. It locks the chain head, then the run, and
 -- checks the guards the decision was made under; any that fails answers 'stale', having written nothing, and the
 -- caller decides again from a fresh read. Then it writes the plan's rows as given: the step moved from the status it
--- was decided from (the columns the plan sets, each a key of p_changes; the others as they are), its attempt ended,
+-- was decided from (the columns the plan sets, each a key of p_changes; the others as they are), its attempt ended
+-- (found among the months since the step was recorded: `partitions_from`),
 -- the run's new columns and its checkpoint (when the plan has them: an unwind started), the events.
 DECLARE
     v_head tid;
@@ -60,7 +61,8 @@ BEGIN
        SET finished_at = f.finished_at, outcome = f.outcome, latency_ms = f.latency_ms, error_class = f.error_class,
            error_message = f.error_message
       FROM jsonb_populate_record(NULL::ledger_attempt, p_attempt) f
-     WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL;
+     WHERE t.action_id = p_action AND t.number = f.number AND t.finished_at IS NULL
+       AND t.started_at >= coalesce((p_attempt->>'partitions_from')::timestamptz, '-infinity');
     IF p_run_changes IS NOT NULL THEN
         UPDATE ledger_run r
            SET status = CASE WHEN p_run_changes ? 'status' THEN n.status ELSE r.status END,
