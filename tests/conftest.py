@@ -66,8 +66,9 @@ ENGINE_PATH_MODULES = {
     "test_g08_tenant_isolation", "test_g09_audit_chain", "test_g10_cancellation", "test_holds", "test_holds_api",
     "test_inline_twin", "test_insider_audit", "test_insider_edits", "test_leases_at_write", "test_lifecycle_model",
     "test_limit_totals", "test_mcp_servers", "test_one_decision", "test_one_effect", "test_parity",
-    "test_retry_patience", "test_rules_one_call", "test_rules_properties", "test_saga_moves_http", "test_settling",
-    "test_sql_holds_no_rules", "test_tracing", "test_undo_plan_http", "test_wire_json_results",
+    "test_partitions_engine", "test_retry_patience", "test_rules_one_call", "test_rules_properties",
+    "test_saga_moves_http", "test_settling", "test_sql_holds_no_rules", "test_tracing", "test_undo_plan_http",
+    "test_wire_json_results",
 }
 # Modules with tests that need PostgreSQL whose subject the engine's path does not touch: what they check is the same
 # code on either path, so the Python-path run leaves them out (5.5 of its 25 minutes in CI) and the PostgreSQL run
