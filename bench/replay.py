@@ -94,8 +94,10 @@ def _steps_digested(connection, run_id: int, sent: Jsonb) -> list[tuple[int, str
     """The run's steps, (action id, status) in order, as the call's guard digested them (kept in its place, so that a
     replay digests them again with its own ids): read just before the call (one saga at a time: nothing else moves
     them), checked against the digest sent."""
+    from ledger.engine import runsteps
+
     with connection.connection.cursor() as cursor:  # the driver's own cursor: not recorded
-        cursor.execute("SELECT a.id, a.status FROM ledger_action a WHERE a.run_id = %s ORDER BY a.seq", [run_id])
+        cursor.execute(runsteps.GUARD_SQL, [run_id])
         pairs = cursor.fetchall()
     assert digest(pairs).obj == sent.obj, "the run's steps are not those the call's guard digested"
     return pairs

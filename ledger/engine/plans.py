@@ -61,7 +61,7 @@ class RunGuards:
 
     def steps_now(self, run_id: int) -> str | None:
         """The run's steps as this guard compares them, read now (under the caller's lock): None when it has none."""
-        return None if self.steps is None else runsteps.guard(runsteps.read(run_id))
+        return None if self.steps is None else runsteps.guard_now(run_id)
 
     def hold(self, run: Run, steps: str | None) -> bool:
         """Whether `run` and its actions' `steps` (their digest: `steps_now`), both read under the run's

@@ -98,6 +98,16 @@ def moved(run: Run, pk: int, status: str) -> None:
         keep(run, [s._replace(status=status) if s.pk == pk else s for s in steps])
 
 
+# A run's actions as its guard names them, (id, status) in order: what a writer digests under its lock.
+GUARD_SQL = "SELECT a.id, a.status FROM ledger_action a WHERE a.run_id = %s ORDER BY a.seq"
+
+
+def guard_now(run_id: int) -> str:
+    """`guard` of the run's actions as they stand now (the Python writers call it under the run's lock), reading only
+    the two columns it digests."""
+    return digest(sql.fetch_all(GUARD_SQL, [run_id]))
+
+
 def guard(steps: list[Seen]) -> str:
     """What a writer compares with the run's actions under its locks (`unwind_run_steps` on PostgreSQL): a digest of
     [id, status] of each, in order (`digest`), so that what is sent and compared does not grow with the run
