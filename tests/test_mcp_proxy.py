@@ -80,6 +80,10 @@ def upstream(http_tools, settings, tmp_path):
     server = Upstream(tmp_path / "effects.jsonl")
     settings.UNWIND_TOOL_ORIGINS = [server.origin]
     settings.UNWIND_MCP_SERVERS = {"crm": {"url": server.url}, "desk": server.stdio()}
+    # A step's first call to "desk" starts its process (Python and the MCP SDK): on a loaded CI machine that took
+    # longer than the 5 s a request waits for a step, and the agent was answered 202 before the upstream's answer.
+    # These tests are about the answer, so the request waits for it.
+    settings.UNWIND_INLINE_WAIT = 30.0
     http_tools.upstream = server
     yield http_tools
     server.close()
