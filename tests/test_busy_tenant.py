@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from ledger.models import Action
 from tests.conftest import needs_postgres
@@ -229,4 +230,32 @@ def test_the_agent_api_in_a_busy_tenant_reads_its_run(busy_tenant, settings):
         done = agent.post(f"/api/v1/runs/{run.pk}/complete", {}, content_type="application/json")
         assert done.status_code == 200, done.content
     assert len(plans) > 10
+    assert not wide_reads(plans), "\n".join(wide_reads(plans))
+
+
+def test_a_limit_reads_its_run_and_its_first_minute_not_every_step_of_its_tool(busy_tenant):
+    """A limit per run reads the run's steps, and a 24-hour limit per tenant the steps of its window's first partial
+    minute (then running totals): neither reads every step of its tool. PostgreSQL had joined both reads with the
+    index of the steps by tool, which holds all the tool's steps (0.9 ms a proposal at 20,000 of them, in
+    bench/rules.py's busy tenant). Here the tool has 6,000 steps in another run, 20 of them in the window's first
+    minute, and the count is the one both paths make (on the one call inside unwind_propose)."""
+    from datetime import timedelta
+
+    from ledger.policy import limits
+
+    tenant = busy_tenant.acme
+    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(days=1)
+    with connection.cursor() as cursor:  # 20 of the earlier steps fall 45 s into a minute a day ago
+        cursor.execute("UPDATE ledger_action SET created_at = %s WHERE id IN (SELECT id FROM ledger_action"
+                       " WHERE tenant_id = %s AND idempotency_key LIKE 'busy-%%' ORDER BY id LIMIT 20)",
+                       [minute + timedelta(seconds=45), tenant.pk])
+    run = open_run(busy_tenant, goal="limited")
+    act(run, "hr.create_user", {"email": "l1@x.io", "name": "L"})
+    policy = [{"per": "run", "count": 10**6}, {"per": "tenant", "count": 10**6, "window": 86400}]
+    at = minute + timedelta(days=1, seconds=30)  # the window starts 30 s into that minute: its first part holds them
+    limits.used_by(policy, tool_name="hr.create_user", run=run, now=at)  # the totals built, as a policy write does
+    with plans_heard() as plans:
+        used = limits.used_by(policy, tool_name="hr.create_user", run=run, now=at)
+    assert used[0] == 1 and used[1] >= 20, used
+    assert any("ledger_action" in plan and "run_id" in plan for plan in plans), "the run's count was not seen"
     assert not wide_reads(plans), "\n".join(wide_reads(plans))
