@@ -90,11 +90,12 @@ def test_same_key_with_other_arguments_is_422(api):
 
 def test_a_slow_tool_answers_202_and_the_same_key_meanwhile_is_409(api, settings):
     settings.UNWIND_INLINE_WAIT = 0.2
-    fault("hr.create_user", "latency", ms=1200)
+    fault("hr.create_user", "latency", ms=3000)
     run = api.open_run()
     started = time.monotonic()
     first = api.propose(run["id"], "hr.create_user", USER, key="slow-1")
-    assert first.status_code == 202 and time.monotonic() - started < 1.0
+    # Answered after the 0.2 s it waits, not after the tool's 3 s (the margin is a loaded CI machine's).
+    assert first.status_code == 202 and time.monotonic() - started < 2.5
     assert first.json()["status"] == "running"
     duplicate = api.propose(run["id"], "hr.create_user", USER, key="slow-1")
     assert assert_problem(duplicate, 409, "in_flight")["action_id"] == first.json()["id"]

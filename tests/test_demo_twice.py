@@ -63,7 +63,7 @@ def test_a_second_demo_on_the_same_port_changes_nothing_and_says_why(first_demo)
     took = time.monotonic() - started
     said = second.stdout + second.stderr
     assert second.returncode != 0, said
-    assert took < 15, f"took {took:.1f} s"
+    assert took < 30, f"took {took:.1f} s"  # refused before migrating and seeding (a minute), on a loaded machine
     # The next port that was free when it looked: port + 1 unless another process on the machine held that one too
     # (CI runs three suites beside each other, each with servers on ports the kernel hands out).
     suggested = re.search(r"make demo PORT=(\d+)", said)
