@@ -21,6 +21,11 @@ TIMEOUT_MS = 15_000
 # the 15 s above.
 SCREENSHOT_TIMEOUT_MS = 90_000
 
+
+def full_page(page_, path) -> None:
+    """A screenshot of the whole page into `path`, given SCREENSHOT_TIMEOUT_MS."""
+    page_.screenshot(path=str(path), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+
 NO_PLAYWRIGHT = "the playwright package is not installed (pip install -e '.[test]')"
 NO_CHROMIUM = "Chromium is not installed at /usr/bin/chromium (apt-get install -y chromium)"
 
@@ -86,7 +91,7 @@ class Shots:
     def take(self, step: str) -> Path:
         self.count += 1
         path = self.folder / f"{self.count:02d}-{step}.png"
-        self.page.screenshot(path=str(path), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+        full_page(self.page, path)
         return path
 
 
@@ -156,8 +161,7 @@ def test_operator_compensates_an_item_from_the_queue(tools, live_server, page):
         # the customer reads a role and the company, never the operator's login
         sync_api.expect(outsider.locator(".statements")).to_contain_text("An operator at Acme reviewed it")
         sync_api.expect(outsider.locator("main")).not_to_contain_text("oscar")
-        outsider.screenshot(path=str(page.shots.folder / "99-shared-trail.png"), full_page=True,
-                           timeout=SCREENSHOT_TIMEOUT_MS)
+        full_page(outsider, page.shots.folder / "99-shared-trail.png")
     finally:
         anonymous.close()
 

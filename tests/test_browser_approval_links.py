@@ -21,7 +21,7 @@ from ledger.policy.versions import tools_load
 from tests.conftest import World, in_process_policy, seed_sandboxes
 from tests.helpers import act, open_run
 from tests.test_browser import ARTIFACTS, CHROMIUM, NO_CHROMIUM, NO_PLAYWRIGHT, TIMEOUT_MS, log_in, watch_csp
-from tests.test_browser import SCREENSHOT_TIMEOUT_MS
+from tests.test_browser import full_page
 from tests.test_browser import browser, page  # noqa: F401 - fixtures
 from tests.test_notifications import body_parts, smtp  # noqa: F401 - the SMTP fixture
 
@@ -91,7 +91,7 @@ def test_approve_from_the_email_on_a_desktop_with_no_password(live, smtp, settin
     sync_api.expect(page.locator("h1")).to_contain_text("Approve payments.charge")
     sync_api.expect(page.locator("main")).to_contain_text("the holds are in place")
     sync_api.expect(page.locator("main")).to_contain_text("€482.00")  # the tool's display hint: money, not cents
-    page.screenshot(path=str(DOCS_IMG / "approve-link-desktop.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(page, DOCS_IMG / "approve-link-desktop.png")
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"  # opening it decided nothing
 
     page.get_by_role("button", name="Approve").click()
@@ -114,7 +114,7 @@ def test_approve_from_the_email_on_a_phone_in_two_taps(live, smtp, settings, pho
     phone.goto(url)  # tap one: the link in the mail
     sync_api.expect(phone.locator("h1")).to_contain_text("Approve payments.charge")
     fits(phone)
-    phone.screenshot(path=str(DOCS_IMG / "approve-link-390.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(phone, DOCS_IMG / "approve-link-390.png")
     phone.get_by_role("button", name="Approve").tap()  # tap two
     sync_api.expect(phone.locator("main")).to_contain_text("Approved by alice")
     fits(phone)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_browser import CHROMIUM, TIMEOUT_MS, Shots, browser, log_in, page, sync_api, watch_csp  # noqa: F401
-from tests.test_browser import SCREENSHOT_TIMEOUT_MS
+from tests.test_browser import full_page
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium")]
 
@@ -68,7 +68,7 @@ def shoot(page_, name: str) -> None:
     otherwise among the test's artifacts, so that a test run leaves the work tree as it was."""
     folder = DOCS_IMG if os.environ.get("UNWIND_DOCS_SCREENSHOTS") == "1" else page_.shots.folder
     folder.mkdir(parents=True, exist_ok=True)
-    page_.screenshot(path=str(folder / f"pages-{name}.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(page_, folder / f"pages-{name}.png")
 
 
 # --- data, through the real services ------------------------------------------------------------------

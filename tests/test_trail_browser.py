@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_browser import ARTIFACTS, CHROMIUM, TIMEOUT_MS, Shots, browser, log_in, page, sync_api, watch_csp  # noqa: F401
-from tests.test_browser import SCREENSHOT_TIMEOUT_MS
+from tests.test_browser import full_page
 
 DOCS_IMG = (Path(__file__).resolve().parent.parent / "docs" / "img" if os.environ.get("UNWIND_DOCS_SCREENSHOTS")
             else ARTIFACTS / "docs-img")
@@ -51,13 +51,13 @@ def test_the_customer_reads_the_trail_of_an_unwound_run_on_a_desktop_and_a_phone
     text = page.locator("body").inner_text()
     assert customer_leaks(text, run) == []
     assert page.locator("a").count() == 0 and page.locator("form").count() == 0  # no way into the staff site
-    page.screenshot(path=str(DOCS_IMG / "trail-desktop.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(page, DOCS_IMG / "trail-desktop.png")
 
     phone = phone_page(browser, request, page)
     phone.goto(url)
     sync_api.expect(phone.locator(".statements li").first).to_be_visible()
     fits(phone)
-    phone.screenshot(path=str(DOCS_IMG / "trail-phone.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(phone, DOCS_IMG / "trail-phone.png")
 
 
 def test_an_operator_reads_the_demo_email_in_the_outbox_on_a_desktop_and_a_phone(tools, live_server, page, browser,
@@ -75,7 +75,7 @@ def test_an_operator_reads_the_demo_email_in_the_outbox_on_a_desktop_and_a_phone
     sync_api.expect(rows).to_have_count(5)
     sync_api.expect(rows.filter(has_text="Approval needed")).to_have_count(4)
     sync_api.expect(rows.first).to_contain_text("Approval needed")
-    page.screenshot(path=str(DOCS_IMG / "outbox-desktop.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(page, DOCS_IMG / "outbox-desktop.png")
     page.get_by_role("link", name="What happened to your request").click()
     sync_api.expect(page.locator("#message-body")).to_contain_text("Everything the agent changed has been undone.")
     message_url = page.url
@@ -87,4 +87,4 @@ def test_an_operator_reads_the_demo_email_in_the_outbox_on_a_desktop_and_a_phone
     phone.goto(message_url)
     sync_api.expect(phone.locator("#message-body")).to_contain_text("Read it online")
     fits(phone)
-    phone.screenshot(path=str(DOCS_IMG / "outbox-message-phone.png"), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
+    full_page(phone, DOCS_IMG / "outbox-message-phone.png")
