@@ -93,6 +93,26 @@ def xact_commits(name: str) -> int:
     return int(row[0]) if row else 0
 
 
+def wal_position() -> int:
+    """The server's write-ahead log position in bytes (pg_current_wal_lsn): the difference of two is the WAL every
+    database of the server wrote between them, so only what is measured may run meanwhile."""
+    import psycopg
+
+    with psycopg.connect(psycopg_url("postgres"), autocommit=True) as conn:
+        return int(conn.execute("select pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+
+
+def updates_of(name: str, table: str) -> tuple[int, int]:
+    """(updates, of them heap-only) of `table` in database `name` so far (pg_stat_user_tables; flushed when its
+    backends are idle a second or exit). A heap-only (HOT) update changes no indexed column and writes no index."""
+    import psycopg
+
+    with psycopg.connect(psycopg_url(name), autocommit=True) as conn:
+        row = conn.execute("select n_tup_upd, n_tup_hot_upd from pg_stat_user_tables where relname = %s",
+                           (table,)).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
 def page_times(user, urls: dict[str, str], requests: int) -> dict:
     """p50/p95/p99 and the queries per request of each console page, requested in this process (Django's test
     client, `user` logged in); the first three requests of each warm caches and imports and are not counted."""

@@ -205,33 +205,39 @@ def python_path(n: int, *, rounds: int = 5) -> dict:
     return {name: summary(values) for name, values in times.items()}
 
 
-def _dbos_process_transactions(case: str, n: int) -> int:
-    """Transactions DBOS commits in its system database over one process's life, running n sagas."""
+def _dbos_process_transactions(case: str, n: int) -> tuple[int, int]:
+    """Transactions DBOS commits in its system database over one process's life, running n sagas, and the WAL bytes
+    the server wrote while the sagas ran."""
     import subprocess
 
-    from bench.common import BENCH_DB, DBOS_DB, ROOT, psycopg_url, xact_commits
+    from bench.common import BENCH_DB, DBOS_DB, ROOT, psycopg_url, wal_position, xact_commits
 
-    before = xact_commits(DBOS_DB)
+    before, wal = xact_commits(DBOS_DB), 0
     peer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "dbos_saga.py")], cwd=str(ROOT), text=True,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ, PG_URL=psycopg_url(BENCH_DB), BENCH_DBOS_DB=DBOS_DB))
     assert peer.stdout.readline().strip() == "ready"
     if n:
+        wal = wal_position()
         peer.stdin.write(f"{case} {n} {int(time.time() * 1000) * 1000}\n")
         peer.stdin.flush()
         peer.stdout.readline()
+        wal = wal_position() - wal  # the sagas' own, not the process's start or end
     peer.stdin.write("quit\n")
     peer.stdin.flush()
     peer.wait(timeout=60)
     time.sleep(1.5)  # exited backends have flushed their statistics
-    return xact_commits(DBOS_DB) - before
+    return xact_commits(DBOS_DB) - before, wal
 
 
 def transactions_per_saga(n: int = 100) -> dict:
     """Transactions per saga as PostgreSQL counts them (pg_stat_database.xact_commit: every committed
-    transaction, read-only ones included, autocommit statements each one), for Unwind and for DBOS."""
+    transaction, read-only ones included, autocommit statements each one), for Unwind and for DBOS; the WAL bytes
+    the server wrote a saga (what each commit's flush waits for, besides the flush itself), and how many of
+    Unwind's updates of a step were heap-only (a step's status is in the predicates of its due and lease indexes,
+    so a move of status writes a new entry in every index of the table)."""
     from django.db import connection
 
-    from bench.common import BENCH_DB, xact_commits
+    from bench.common import BENCH_DB, updates_of, wal_position, xact_commits
 
     tenant, agent, _ = tenant_with_tools()
     saga = Saga(tenant, agent)
@@ -240,15 +246,22 @@ def transactions_per_saga(n: int = 100) -> dict:
     for case, fail in (("ok", False), ("fail", True)):
         connection.close()
         time.sleep(1.5)
-        before = xact_commits(BENCH_DB)
+        before, updates, wal = xact_commits(BENCH_DB), updates_of(BENCH_DB, "ledger_action"), wal_position()
         for i in range(n):
             saga.onboard(base + (50_000 if fail else 0) + i, fail)
+        wal = wal_position() - wal
         connection.close()
         time.sleep(1.5)
         out[f"unwind_{case}"] = round((xact_commits(BENCH_DB) - before) / n, 1)
-    launch = _dbos_process_transactions("ok", 0)
+        out[f"unwind_{case}_wal_bytes"] = round(wal / n)
+        after = updates_of(BENCH_DB, "ledger_action")
+        out[f"unwind_{case}_step_updates"] = round((after[0] - updates[0]) / n, 1)
+        out[f"unwind_{case}_step_updates_heap_only"] = round((after[1] - updates[1]) / n, 1)
+    launch, _ = _dbos_process_transactions("ok", 0)
     for case in ("ok", "fail"):
-        out[f"dbos_{case}"] = round((_dbos_process_transactions(case, n) - launch) / n, 1)
+        commits, wal = _dbos_process_transactions(case, n)
+        out[f"dbos_{case}"] = round((commits - launch) / n, 1)
+        out[f"dbos_{case}_wal_bytes"] = round(wal / n)
     return out
 
 

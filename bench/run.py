@@ -222,6 +222,12 @@ def table(r: dict) -> str:
     if tx:
         add(f"   transactions per saga as PostgreSQL counts them (reads included): Unwind {tx['unwind_ok']:g} ok / "
             f"{tx['unwind_fail']:g} failing, DBOS {tx['dbos_ok']:g} / {tx['dbos_fail']:g}")
+        if "unwind_ok_wal_bytes" in tx:
+            add(f"   WAL a saga: Unwind {tx['unwind_ok_wal_bytes'] / 1000:.1f} / {tx['unwind_fail_wal_bytes'] / 1000:.1f} KB "
+                f"(ok / failing), DBOS {tx['dbos_ok_wal_bytes'] / 1000:.1f} / {tx['dbos_fail_wal_bytes'] / 1000:.1f} KB; "
+                f"Unwind's updates of a step heap-only: {tx['unwind_ok_step_updates_heap_only']:g} of "
+                f"{tx['unwind_ok_step_updates']:g} (ok), {tx['unwind_fail_step_updates_heap_only']:g} of "
+                f"{tx['unwind_fail_step_updates']:g} (failing)")
     b = r.get("engine_breakdown")
     if b:
         top = ", ".join(f"{s['statement']} {s['ms_per_saga']:.1f}" for s in b["statements"][:4])

@@ -132,8 +132,45 @@ def child(n: int) -> None:
     trace.get_tracer_provider().force_flush()
     exported = export_thread_cpu() - cpu0
     tracing._tracer = tracer
+    in_flow = hooks_in_flow(saga, base + 3 * n + 100, max(10, n // 4))
     print(json.dumps({"times": times, "thread_cpu": cpu, "export_cpu_s": exported, "hooks": hook_costs(tracer),
-                      "spans_expected": (n + 10) * 8 + 2 * HOOK_RUNS * HOOK_REPEATS}), flush=True)
+                      "in_flow": in_flow,
+                      "spans_expected": (n + 10 + in_flow["sagas"]) * 8 + 2 * HOOK_RUNS * HOOK_REPEATS}), flush=True)
+
+
+def hooks_in_flow(saga: "ServedSaga", start: int, n: int) -> dict:
+    """What each hook costs the serving thread inside the saga (time.thread_time around it, tracing on), after the
+    timed sagas and apart from them: the middleware's own work (its span, the context it reads, the name it
+    redacts; the call it wraps excluded), the step hook (the `execute_tool` span) and the carrier a proposal
+    stores. `hook_costs` times the same hooks in a loop of their own, where they cost a fraction of this."""
+    from ledger import tracing
+
+    spent = {"middleware": 0.0, "wrapped": 0.0, "step": 0.0, "carrier": 0.0}
+    respond, enter, leave, carrier = saga._respond, tracing._Step.__enter__, tracing._Step.__exit__, \
+        tracing.current_carrier
+
+    def timed(key, function):
+        def run(*args):
+            started = time.thread_time()
+            try:
+                return function(*args)
+            finally:
+                spent[key] += time.thread_time() - started
+        return run
+
+    middleware = saga.traced
+    middleware.get_response = timed("wrapped", respond)
+    saga.traced = timed("middleware", middleware)
+    tracing._Step.__enter__, tracing._Step.__exit__ = timed("step", enter), timed("step", leave)
+    tracing.current_carrier = timed("carrier", carrier)
+    try:
+        for i in range(n):
+            assert saga.onboard(start + i, True) == "completed"
+    finally:
+        saga.traced, middleware.get_response = middleware, respond
+        tracing._Step.__enter__, tracing._Step.__exit__, tracing.current_carrier = enter, leave, carrier
+    spent["middleware"] -= spent.pop("wrapped")  # its own work: the call it wraps is the engine's
+    return {"sagas": n, **{f"{key}_us_per_saga": round(value / n * 1e6, 1) for key, value in spent.items()}}
 
 
 HOOK_RUNS, HOOK_REPEATS = 300, 5  # on: 300 spans a repeat, within the batch processor's queue (2048)
@@ -203,7 +240,7 @@ def measure(n: int, processes: int) -> dict:
     receiver = OtlpReceiver()
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
     cpu: dict[str, list[float]] = {mode: [] for mode in MODES}
-    per_process, hooks, export_cpu, expected = [], [], 0.0, 0
+    per_process, hooks, in_flow, export_cpu, expected = [], [], [], 0.0, 0
     try:
         for p in range(processes):
             env = bench_env(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_SERVICE_NAME="unwind-bench")
@@ -217,6 +254,7 @@ def measure(n: int, processes: int) -> dict:
             per_process.append({"on_minus_off_ms": round(by_mode["on"] - by_mode["off"], 3),
                                 "off_minus_absent_ms": round(by_mode["off"] - by_mode["absent"], 3)})
             hooks.append(measured["hooks"])
+            in_flow.append(measured["in_flow"])
             export_cpu += measured["export_cpu_s"]
             expected += measured["spans_expected"]
             log(f"tracing: process {p + 1}/{processes}, {n} sagas of each mode: {per_process[-1]}")
@@ -251,6 +289,10 @@ def measure(n: int, processes: int) -> dict:
     # The exporter's thread: its CPU over the timed sagas, per traced step (it runs beside the steps, not in them).
     result["export_thread_cpu_us_per_step"] = round(export_cpu / (len(times["on"]) * STEPS) * 1e6, 1)
     result["hooks"] = {key: min(h[key] for h in hooks) for key in hooks[0]}
+    # Each hook inside the saga, per saga (five calls through the middleware, three steps, three proposals): the
+    # mean of the processes' means.
+    result["hooks_in_flow"] = {key: round(sum(f[key] for f in in_flow) / len(in_flow), 1) for key in in_flow[0]
+                               if key != "sagas"} | {"sagas": sum(f["sagas"] for f in in_flow)}
     result["spans"] = {"expected": expected, "received": received}
     low, high = result["on_minus_off_per_step_p50_ms"]["interval95"]
     result["target_on_ms"] = TARGET_MS
@@ -291,7 +333,12 @@ def lines(r: dict) -> list[str]:
         f"middleware on {h['middleware_on_us']:.1f} µs, off {h['middleware_off_ns']:.0f} ns; exporter thread "
         f"{r['export_thread_cpu_us_per_step']:.0f} µs CPU per traced step; spans {r['spans']['received']}/"
         f"{r['spans']['expected']} received",
-    ]
+    ] + ([] if "hooks_in_flow" not in r else [
+        f"   the same hooks inside the saga (thread CPU, {r['hooks_in_flow']['sagas']} sagas): the middleware's own work "
+        f"{r['hooks_in_flow']['middleware_us_per_saga'] / 5:.0f} µs a call, the step hook "
+        f"{r['hooks_in_flow']['step_us_per_saga'] / STEPS:.0f} µs a step, the carrier a proposal stores "
+        f"{r['hooks_in_flow']['carrier_us_per_saga'] / STEPS:.0f} µs: "
+        f"{(r['hooks_in_flow']['middleware_us_per_saga'] + r['hooks_in_flow']['step_us_per_saga'] + r['hooks_in_flow']['carrier_us_per_saga']) / STEPS / 1000:.3f} ms a step"])
 
 
 def main() -> None:
