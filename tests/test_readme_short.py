@@ -39,7 +39,7 @@ def test_the_front_door_has_its_rooms():
     assert "docs/settings.md" in parts["Settings"] and "`DATABASE_URL`" in parts["Settings"]
     assert parts["Architecture"].count("```") == 2 and "ledger/" in parts["Architecture"]
     measured = parts["Measured: chaos and benchmarks"]
-    for figure in ("seed\n716114", "commit 502f768", "**100 %** (293/293)", "10.3 ms (8 commits"):
+    for figure in ("seed\n716114", "commit c2f081c", "**100 %** (293/293)", "12.6 ms (8 commits"):
         assert figure.replace("\n", " ") in measured.replace("\n", " "), figure
     runnable = re.findall(r"^```bash runnable\n(.*?)^```", README.read_text(), re.S | re.M)
     assert runnable and runnable[0].startswith(". var/demo.env")  # tests/test_runnable_docs.py runs it
