@@ -48,11 +48,13 @@ class ServedSaga:
     def __init__(self, tenant, agent):
         from django.http import HttpResponse
         from django.test import RequestFactory
+        from django.urls import resolve
 
         from bench.engine import Saga
         from ledger.tracing import TraceMiddleware
 
         self.saga = Saga(tenant, agent)
+        self.resolve = resolve
         self.factory = RequestFactory()
         self.call = None
         self.traced = TraceMiddleware(self._respond)
@@ -63,6 +65,9 @@ class ServedSaga:
         return self.response
 
     def serve(self, request, call, through: bool):
+        # The route, as Django's handler finds it inside the middleware's call (the same work in every mode): the
+        # request span takes its name from it, as in production.
+        request.resolver_match = self.resolve(request.path_info)
         if not through:
             return call()
         self.call = call
@@ -182,6 +187,7 @@ def hook_costs(tracer) -> dict:
     span (queued for the exporter's thread)."""
     from django.http import HttpResponse
     from django.test import RequestFactory
+    from django.urls import resolve
     from opentelemetry import trace
 
     from ledger import tracing
@@ -191,6 +197,7 @@ def hook_costs(tracer) -> dict:
     action = Action.objects.select_related("tool").filter(kind="forward").order_by("-pk").first()
     action.trace_context = {"traceparent": agent_span}
     request = RequestFactory().post(f"/api/v1/runs/{action.run_id}/actions", HTTP_TRACEPARENT=agent_span)
+    request.resolver_match = resolve(request.path_info)  # as Django's handler leaves it (ServedSaga.serve)
     response = HttpResponse(status=201)
     middleware = tracing.TraceMiddleware(lambda r: response)
 

@@ -212,9 +212,11 @@ class TraceMiddleware:
         if _tracer is None or not request.path.startswith(TRACED_PATHS):
             return self.get_response(request)
         carrier = request_carrier(request)
-        # Named by its path until the route is known, and by its route after: a path that matched no route keeps
-        # its name, so a token in it (an approval link pasted under /api/, say) is redacted as in the logs.
-        span, token = _open(f"{request.method} {redact(request.path)}", _extract(carrier) if carrier else None,
+        # Named by its method until the route is known (HTTP's semantic conventions name a span without a route so),
+        # then by its route; a path that matched no route names it by the path, with any token in it (an approval
+        # link pasted under /api/, say) redacted as in the logs. Redacting only then spares most requests the
+        # expressions (~17 µs a call inside a saga, bench/README.md).
+        span, token = _open(request.method, _extract(carrier) if carrier else None,
                             {"http.request.method": request.method}, kind=_api().SpanKind.SERVER)
         try:
             response = self.get_response(request)
@@ -224,6 +226,7 @@ class TraceMiddleware:
                 span.set_attributes({"http.route": "/" + match.route,
                                      "http.response.status_code": response.status_code})
             else:
+                span.update_name(f"{request.method} {redact(request.path)}")
                 span.set_attribute("http.response.status_code", response.status_code)
             if response.status_code >= 400:
                 problem = getattr(response, "data", None)

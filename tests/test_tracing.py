@@ -489,6 +489,33 @@ def test_a_request_span_is_named_by_its_route_or_by_its_redacted_path(collected,
     assert names == ["GET /api/v1/runs/<id:run_id>", "GET /api/v1/nowhere/uw_0123456789ab_[redacted]"], names
 
 
+def test_a_request_span_starts_named_by_its_method_alone(monkeypatch, client):
+    """What a processor or a sampler sees when the SERVER span starts is the method, never the path: the route (or
+    the redacted path) is known only once the request is answered, and the name becomes it then."""
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from ledger import tracing
+    from ledger.tracing_provider import make_provider
+
+    started, ended = [], []
+
+    class Watch(SpanProcessor):
+        def on_start(self, span, parent_context=None):
+            started.append(span.name)
+
+        def on_end(self, span):
+            ended.append(span.name)
+
+    provider = make_provider(tracing._wanted_span_id)
+    provider.add_span_processor(Watch())
+    monkeypatch.setattr(tracing, "_tracer", provider.get_tracer("test"))
+    client.get("/api/v1/nowhere/uw_0123456789ab_s3cretpart", HTTP_TRACEPARENT=f"00-{'a' * 32}-{'d' * 16}-01")
+    client.get("/api/v1/runs/12345", HTTP_TRACEPARENT=f"00-{'a' * 32}-{'e' * 16}-01")
+    provider.shutdown()
+    assert started == ["GET", "GET"], started
+    assert ended == ["GET /api/v1/nowhere/uw_0123456789ab_[redacted]", "GET /api/v1/runs/<id:run_id>"], ended
+
+
 def test_an_agents_baggage_goes_nowhere(collected):
     """Trace context only picks the parent of Unwind's spans (SECURITY.md): the agent's `baggage` header is not kept
     in the request's context, so a step proposed in it neither stores it nor sends it on to a tool; each span is the
