@@ -60,24 +60,38 @@ class Processes:
     """A runserver and (optionally) a worker, sharing the test database and the environment given."""
 
     def __init__(self, env: dict, *, worker: bool):
+        # A free port can be taken by another test run between our look and the server's bind (CI runs six side by
+        # side): then the server exits saying so, and it is started again on another.
+        for _ in range(3):
+            if self._start(env, worker):
+                return
+            errors = self.stop()
+            assert "That port is already in use" in errors, errors
+        raise AssertionError("three free ports were each taken before the server could bind one")
+
+    def _start(self, env: dict, worker: bool) -> bool:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "UNWIND_BASE_URL"))}
         self.env.update(DATABASE_URL=database_url(), UNWIND_TASKS_SYNC="0", UNWIND_SWEEP_INTERVAL="0.2",
                         UNWIND_WORKERS="1", PYTHONPATH=str(ROOT), UNWIND_TOOL_BASE_URL=self.url,
                         UNWIND_BASE_URL=self.url, OTEL_BSP_SCHEDULE_DELAY="100", **env)
-        self.started = [subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                                         cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]
+        server = subprocess.Popen([sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                                  cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.started = [server]
         if worker:
             self.started.append(subprocess.Popen([sys.executable, "manage.py", "worker"], cwd=ROOT, env=self.env,
                                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
-        def up():
+        def up_or_gone():
+            if server.poll() is not None:
+                return True
             try:
                 return requests.get(self.url + "/healthz", timeout=1).status_code in (200, 503)
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or someone else's server there
                 return False
-        assert wait_until(up, 60), self.stop()
+        assert wait_until(up_or_gone, 60), self.stop()
+        return server.poll() is None
 
     def stop(self) -> str:
         """Stop them; the end of their stderr (all of it in `self.stderr`)."""
