@@ -146,7 +146,7 @@ def child(n: int) -> None:
 def hooks_in_flow(saga: "ServedSaga", start: int, n: int) -> dict:
     """What each hook costs the serving thread inside the saga (time.thread_time around it, tracing on), after the
     timed sagas and apart from them: the middleware's own work (its span, the context it reads, the name it
-    redacts; the call it wraps excluded), the step hook (the `execute_tool` span) and the carrier a proposal
+    sets; the call it wraps excluded), the step hook (the `execute_tool` span) and the carrier a proposal
     stores. `hook_costs` times the same hooks in a loop of their own, where they cost a fraction of this."""
     from ledger import tracing
 
@@ -340,12 +340,15 @@ def lines(r: dict) -> list[str]:
         f"middleware on {h['middleware_on_us']:.1f} µs, off {h['middleware_off_ns']:.0f} ns; exporter thread "
         f"{r['export_thread_cpu_us_per_step']:.0f} µs CPU per traced step; spans {r['spans']['received']}/"
         f"{r['spans']['expected']} received",
-    ] + ([] if "hooks_in_flow" not in r else [
-        f"   the same hooks inside the saga (thread CPU, {r['hooks_in_flow']['sagas']} sagas): the middleware's own work "
-        f"{r['hooks_in_flow']['middleware_us_per_saga'] / 5:.0f} µs a call, the step hook "
-        f"{r['hooks_in_flow']['step_us_per_saga'] / STEPS:.0f} µs a step, the carrier a proposal stores "
-        f"{r['hooks_in_flow']['carrier_us_per_saga'] / STEPS:.0f} µs: "
-        f"{(r['hooks_in_flow']['middleware_us_per_saga'] + r['hooks_in_flow']['step_us_per_saga'] + r['hooks_in_flow']['carrier_us_per_saga']) / STEPS / 1000:.3f} ms a step"])
+    ] + ([] if "hooks_in_flow" not in r else [in_flow_line(r["hooks_in_flow"])])
+
+
+def in_flow_line(f: dict) -> str:
+    """`hooks_in_flow` per call, step and proposal (a saga: five calls, three steps, three proposals)."""
+    mw, step, carrier = f["middleware_us_per_saga"], f["step_us_per_saga"], f["carrier_us_per_saga"]
+    return (f"   the same hooks inside the saga (thread CPU, {f['sagas']} sagas): the middleware's own work "
+            f"{mw / 5:.0f} µs a call, the step hook {step / STEPS:.0f} µs a step, the carrier a proposal stores "
+            f"{carrier / STEPS:.0f} µs: {(mw + step + carrier) / STEPS / 1000:.3f} ms a step")
 
 
 def main() -> None:
